@@ -1,0 +1,29 @@
+# The two Quickstart commands (`make demo`, `make test`) work on a fresh machine:
+# each creates the virtualenv first if it is missing.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench-convergence clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, by its exact pin: the on-disk CPU wheel, never the CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/noloco-rt simulate --method noloco --stages 2 --replicas 4 --steps 600 --preset tiny --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check noloco_rt workers coordinator tests benchmarks
+	$(BIN)/python -m pytest -q
+
+bench-convergence: $(STAMP)
+	$(BIN)/python -m benchmarks.convergence --out benchmarks/results
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,21 @@
+"""`noloco-rt config show`."""
+
+from __future__ import annotations
+
+import click
+
+from noloco_rt.cli import config_options
+from noloco_rt.commands import effective_config
+from noloco_rt.config import config_to_toml
+
+
+@click.group()
+def config() -> None:
+    """Inspect the configuration."""
+
+
+@config.command()
+@config_options
+def show(config_path: str | None, assignments: tuple[str, ...]) -> None:
+    """Print the effective config (defaults, file, NOLOCO_* variables, flags) as TOML."""
+    click.echo(config_to_toml(effective_config(config_path, assignments)), nl=False)

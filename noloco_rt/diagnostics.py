@@ -1,0 +1,31 @@
+"""Diagnostics the paper relies on: replica spread and perplexity."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+@torch.no_grad()
+def replica_spread(replicas: Sequence[Sequence[torch.Tensor]]) -> float:
+    """sqrt( Σ_replicas Σ_params (p − mean_replicas p)² / (R · P) ).
+
+    `replicas` holds, per replica, the same list of tensors (one stage, or several
+    stages' lists concatenated); P counts scalar parameters.
+    """
+    if not replicas:
+        raise ValueError("spread of no replicas")
+    count = len(replicas)
+    squared = 0.0
+    numel = 0
+    for tensors in zip(*replicas, strict=True):
+        stacked = torch.stack([t.detach().double() for t in tensors])  # (R, *shape)
+        squared += float(((stacked - stacked.mean(dim=0)) ** 2).sum())
+        numel += tensors[0].numel()
+    return math.sqrt(squared / (count * numel)) if numel else 0.0
+
+
+def perplexity(loss_nats: float) -> float:
+    return math.exp(min(loss_nats, 50.0))

@@ -1,0 +1,61 @@
+"""The training state of one replica of one stage: what a worker holds.
+
+Fast weights θ are the module's parameters; slow weights φ and outer momentum δ
+live beside them; the inner optimizer's state stays local. The simulator and the
+distributed worker both drive a StageReplica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from noloco_rt.config import Config
+from noloco_rt.model import PipelineStage, build_stage
+from noloco_rt.optim import InnerOptimizer, OuterCoefficients, PeerOuterState, group_outer_step
+
+
+class StageReplica:
+    def __init__(self, module: PipelineStage, inner: InnerOptimizer) -> None:
+        self.module = module
+        self.inner = inner
+        self.fast: list[torch.Tensor] = [p.data for p in module.parameters()]
+        self.slow: list[torch.Tensor] = [t.detach().clone() for t in self.fast]  # φ = θ at start
+        self.momentum: list[torch.Tensor] = [torch.zeros_like(t) for t in self.fast]  # δ = 0
+        self.pending_microbatches = 0
+        self.outer_steps = 0
+
+    @classmethod
+    def create(cls, cfg: Config, stage: int, *, device: torch.device | str = "cpu") -> StageReplica:
+        """A replica initialised from the run seed: identical for every replica of a stage."""
+        module = build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=stage,
+                             num_stages=cfg.pipeline.stages, seed=cfg.run.seed, device=device)
+        return cls(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=cfg.run.steps))
+
+    @property
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return self.inner.params
+
+    def has_gradients(self) -> bool:
+        return self.pending_microbatches > 0
+
+    @torch.no_grad()
+    def finish_inner_step(self, *, grads_are_means: bool = False) -> float:
+        """Turn the summed gradients of the microbatches seen since the last step into
+        their mean (unless already averaged) and take one inner step; returns the grad norm."""
+        if not grads_are_means and self.pending_microbatches > 1:
+            torch._foreach_div_([p.grad for p in self.parameters if p.grad is not None],
+                                float(self.pending_microbatches))
+        self.pending_microbatches = 0
+        return self.inner.step()
+
+    def outer_state(self, *, theta_only: bool) -> PeerOuterState:
+        """A detached copy of what this replica contributes to a group's outer step."""
+        fast = [t.clone() for t in self.fast]
+        slow = [t.clone() for t in self.slow]
+        return PeerOuterState.of(fast, slow, theta_only=theta_only)
+
+    def apply_outer_step(self, peers: Sequence[PeerOuterState], coeffs: OuterCoefficients) -> None:
+        group_outer_step(self.slow, self.momentum, self.fast, peers, coeffs)
+        self.outer_steps += 1
