@@ -1,0 +1,73 @@
+"""The CLI as a user runs it: real subprocesses, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "noloco_rt.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    full_env.update(env or {})
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def test_help_lists_every_command_without_importing_them():
+    code = ("import sys\nfrom noloco_rt.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "loaded = [m for m in ('torch', 'workers', 'coordinator', 'noloco_rt.simulator') if m in sys.modules]\n"
+            "print('LOADED', loaded)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for command in ("config", "simulate"):
+        assert command in result.stdout
+    assert "LOADED []" in result.stdout
+
+
+def test_config_show_reflects_file_environment_and_flags(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[outer]\nmethod = "diloco"\n[run]\nsteps = 11\n')
+    result = run_cli("config", "show", "--config", str(path), "--set", "run.steps=12",
+                     env={"NOLOCO_OUTER_ALPHA": "0.2"})
+    assert result.returncode == 0, result.stderr
+    assert 'method = "diloco"' in result.stdout
+    assert "alpha = 0.2" in result.stdout
+    assert "steps = 12" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "env", "fragment"), [
+    (["simulate", "--method", "sgd"], {}, "'sgd' is not one of"),
+    (["simulate", "--stages", "0"], {}, "--stages"),
+    (["simulate", "--preset", "huge"], {}, "invalid model.preset = 'huge'"),
+    (["simulate", "--set", "outer.alpha=fast"], {}, "invalid outer.alpha = 'fast': must be a number"),
+    (["simulate", "--set", "alpha"], {}, "SECTION.FIELD=VALUE"),
+    (["simulate", "--config", "/nonexistent/x.toml"], {}, "file does not exist"),
+    (["config", "show"], {"NOLOCO_OUTER_METHOD": "adam"}, "invalid outer.method = 'adam'"),
+    (["simulate", "--set", "data.source=files", "--set", "data.paths=/nonexistent/*.txt"], {}, "matches no file"),
+    (["frobnicate"], {}, "No such command"),
+])
+def test_bad_input_is_one_clear_line(args, env, fragment):
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_simulate_writes_run_directory(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli("simulate", "--method", "noloco", "--stages", "2", "--replicas", "2", "--steps", "20",
+                     "--eval-every", "10", "--out", str(out), "--set", "run.eval_batches=2",
+                     "--set", "outer.h=10")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line)["event"] for line in result.stderr.splitlines() if line.startswith("{")]
+    assert events[0] == "simulation_started" and events[-1] == "simulation_done"
+    assert events.count("evaluation") == 2  # off a terminal: a JSON log line per evaluation
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 10, 20]
+    assert (out / "config.toml").exists() and (out / "curves.png").exists()

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import pytest
+
+from noloco_rt.config import ConfigError, config_to_toml, load_config, parse_assignment
+
+
+def test_defaults_are_valid():
+    cfg = load_config(environ={})
+    assert cfg.outer.method == "noloco" and cfg.model.preset == "tiny"
+    assert cfg.outer.resolved().gamma == cfg.outer.resolved().beta
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[outer]\nmethod = "diloco"\nalpha = 0.1\nbeta = 0.2\n[run]\nsteps = 7\n')
+    cfg = load_config(path, environ={})
+    assert (cfg.outer.method, cfg.outer.alpha, cfg.outer.beta, cfg.run.steps) == ("diloco", 0.1, 0.2, 7)
+    cfg = load_config(path, environ={"NOLOCO_OUTER_ALPHA": "0.3", "NOLOCO_RUN_STEPS": "9"})
+    assert (cfg.outer.alpha, cfg.outer.beta, cfg.run.steps) == (0.3, 0.2, 9)
+    cfg = load_config(path, environ={"NOLOCO_OUTER_ALPHA": "0.3"}, overrides=[parse_assignment("outer.alpha=0.4")])
+    assert cfg.outer.alpha == 0.4
+
+
+def test_environment_types_and_lists():
+    cfg = load_config(environ={"NOLOCO_DATA_SOURCE": "files", "NOLOCO_DATA_PATHS": "a.txt, b/*.txt",
+                               "NOLOCO_OPTIM_WARMUP_STEPS": "12", "NOLOCO_OUTER_GAMMA": "none"})
+    assert cfg.data.paths == ["a.txt", "b/*.txt"]
+    assert cfg.optim.warmup_steps == 12
+    assert cfg.outer.gamma is None
+
+
+@pytest.mark.parametrize(("environ", "field", "shown", "fragment"), [
+    ({"NOLOCO_OUTER_METHOD": "sgd"}, "outer.method", "'sgd'", "noloco, diloco, local, ddp"),
+    ({"NOLOCO_OUTER_ALPHA": "fast"}, "outer.alpha", "'fast'", "must be a number"),
+    ({"NOLOCO_OUTER_ALPHA": "nan"}, "outer.alpha", "'nan'", "finite"),
+    ({"NOLOCO_OUTER_BETA": "5"}, "outer.beta", "5.0", "[0, 2]"),
+    ({"NOLOCO_RUN_STEPS": "0"}, "run.steps", "= 0", ">= 1"),
+    ({"NOLOCO_RUN_STEPS": "1.5"}, "run.steps", "'1.5'", "integer"),
+    ({"NOLOCO_MODEL_PRESET": "huge"}, "model.preset", "'huge'", "tiny"),
+    ({"NOLOCO_OPTIM_LR_MIN": "1"}, "optim.lr_min", "1.0", "optim.lr"),
+    ({"NOLOCO_PIPELINE_STAGES": "9"}, "pipeline.stages", "9", "at most 4"),
+    ({"NOLOCO_NETWORK_REDIS_URL": "http://x"}, "network.redis_url", "'http://x'", "redis://"),
+    ({"NOLOCO_DATA_SOURCE": "files"}, "data.paths", "[]", "needs at least one"),
+    ({"NOLOCO_OUTER_NOPE": "1"}, "outer.nope", "'1'", "unknown field"),
+    ({"NOLOCO_BOGUS_X": "1"}, "NOLOCO_BOGUS_X", "'1'", "unknown NOLOCO_ variable"),
+])
+def test_bad_values_name_field_value_and_allowed(environ, field, shown, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(environ=environ)
+    message = str(info.value)
+    assert info.value.field_name == field
+    assert message.startswith(f"invalid {field} = ")
+    assert shown in message
+    assert fragment in message
+
+
+def test_bad_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml", environ={})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[outer\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken, environ={})
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[trainer]\nx = 1\n")
+    with pytest.raises(ConfigError, match="unknown section"):
+        load_config(unknown, environ={})
+
+
+def test_bad_assignment():
+    with pytest.raises(ConfigError, match="SECTION.FIELD=VALUE"):
+        parse_assignment("alpha=0.3")
+
+
+def test_toml_round_trip(tmp_path):
+    cfg = load_config(environ={"NOLOCO_OUTER_METHOD": "diloco", "NOLOCO_DATA_PATHS": "x.txt",
+                               "NOLOCO_RUN_RUN_ID": "exp-1", "NOLOCO_OUTER_ALPHA": "0.25"})
+    text = config_to_toml(cfg)
+    assert "# h = 100  (method default)" in text
+    path = tmp_path / "back.toml"
+    path.write_text(text)
+    assert load_config(path, environ={}) == cfg

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from noloco_rt.routing import draw_groups, route_next_hop
+
+
+def test_p2c_prefers_the_shorter_queue():
+    rng = random.Random(0)
+    picks = Counter(route_next_hop([("a", 0), ("b", 9)], rng, "p2c") for _ in range(200))
+    assert picks == {"a": 200}  # with two candidates both are always drawn
+
+
+def test_p2c_spreads_load_better_than_random():
+    def max_load(policy: str) -> int:
+        rng = random.Random(1)
+        load = [0] * 16
+        for _ in range(16 * 16):
+            pick = route_next_hop([(j, load[j]) for j in range(16)], rng, policy)
+            load[pick] += 1
+        return max(load)
+
+    assert max_load("p2c") < max_load("random")
+
+
+def test_random_policy_reaches_every_candidate():
+    rng = random.Random(2)
+    picks = {route_next_hop([(j, 0) for j in range(4)], rng, "random") for _ in range(200)}
+    assert picks == {0, 1, 2, 3}
+
+
+def test_route_errors():
+    with pytest.raises(ValueError, match="no live next-stage worker"):
+        route_next_hop([], random.Random(0))
+    with pytest.raises(ValueError, match="unknown routing policy"):
+        route_next_hop([(0, 0), (1, 0)], random.Random(0), "round-robin")
+
+
+@given(replicas=st.integers(1, 12), group_size=st.integers(2, 4), seed=st.integers(0, 1000))
+def test_noloco_groups_partition_the_stage(replicas, group_size, seed):
+    groups = draw_groups(replicas, "noloco", group_size, random.Random(seed))
+    for i, members in enumerate(groups):
+        assert members[0] == i
+        assert len(set(members)) == len(members)
+        # membership is symmetric: a partition
+        for j in members:
+            assert sorted(groups[j]) == sorted(members)
+        if replicas >= group_size:
+            assert group_size <= len(members) < 2 * group_size
+        else:
+            assert len(members) == replicas
+
+
+def test_noloco_groups_are_redrawn():
+    rng = random.Random(3)
+    draws = {tuple(map(tuple, draw_groups(8, "noloco", 2, rng))) for _ in range(20)}
+    assert len(draws) > 10
+
+
+def test_diloco_and_local_groups():
+    assert draw_groups(3, "diloco", 2, random.Random(0)) == [[0, 1, 2], [1, 0, 2], [2, 0, 1]]
+    assert draw_groups(3, "local", 2, random.Random(0)) == [[0], [1], [2]]
+    with pytest.raises(ValueError):
+        draw_groups(3, "ddp", 2, random.Random(0))
