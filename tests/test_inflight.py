@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import pytest
+
+from noloco_rt.inflight import InflightTable
+
+
+def test_resolve_once_and_stale_attempts():
+    table = InflightTable()
+    table.add(7, peer="a", now=0.0, deadline_s=1.0, context="graph")
+    assert table.resolve(7, 1) is None  # no such attempt
+    entry = table.resolve(7, 0)
+    assert entry is not None and entry.context == "graph"
+    assert table.resolve(7, 0) is None  # duplicate reply
+    assert len(table) == 0
+
+
+def test_expiry_and_retry_supersede_the_old_attempt():
+    table = InflightTable()
+    table.add(1, peer="a", now=0.0, deadline_s=1.0)
+    table.add(2, peer="a", now=0.5, deadline_s=1.0)
+    assert [e.microbatch_id for e in table.expired(1.2)] == [1]
+    entry = table.retry(1, peer="b", now=1.2, deadline_s=1.0)
+    assert (entry.attempt, entry.peer, entry.tried) == (1, "b", ["a", "b"])
+    assert table.resolve(1, 0) is None  # the late reply of the first attempt is stale
+    assert table.resolve(1, 1) is not None
+    assert table.expired(1.6) and table.expired(1.6)[0].microbatch_id == 2
+
+
+def test_double_add_is_a_bug():
+    table = InflightTable()
+    table.add(1, peer="a", now=0.0, deadline_s=1.0)
+    with pytest.raises(ValueError):
+        table.add(1, peer="a", now=0.0, deadline_s=1.0)
+    assert table.abandon(1) is not None and len(table) == 0
