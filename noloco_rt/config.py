@@ -242,6 +242,49 @@ class NetworkConfig:
                  "network", "redis_url", self.redis_url, "must start with redis://, rediss:// or unix://")
 
 
+SNAPSHOT_CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd")
+
+
+@dataclass(kw_only=True)
+class WorkerConfig:
+    """Timing and fault-handling knobs of `noloco-rt worker`."""
+
+    heartbeat_interval_s: float = 1.0
+    """Membership heartbeat; the record's TTL is 3 heartbeats."""
+    exchange_timeout_s: float = 10.0
+    """Deadline of one outer exchange request; then another peer is tried."""
+    exchange_attempts: int = 3
+    """Peers tried at an outer step before falling back to a local step."""
+    staleness_outer_steps: int = 1
+    """A peer snapshot more than this many outer steps behind is not used."""
+    snapshot_codec: str = "shuffle-zstd"
+    """Compression of outer-step snapshots."""
+    max_retries: int = 3
+    """Re-sends of a microbatch to other workers before it is dropped."""
+    deadline_floor_s: float = 2.0
+    deadline_ceiling_s: float = 30.0
+    bootstrap_timeout_s: float = 60.0
+    """How long a joiner looks for a peer to download its state from."""
+    leave_grace_s: float = 20.0
+    """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
+    checkpoint_every: int = 1
+    """Outer steps between periodic checkpoints (0: only on leave)."""
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_interval_s", "exchange_timeout_s", "deadline_floor_s", "bootstrap_timeout_s",
+                     "leave_grace_s"):
+            value = getattr(self, name)
+            _require(value > 0, "worker", name, value, "must be > 0")
+        _require(self.deadline_ceiling_s >= self.deadline_floor_s, "worker", "deadline_ceiling_s",
+                 self.deadline_ceiling_s, "must be >= worker.deadline_floor_s")
+        _require(self.exchange_attempts >= 1, "worker", "exchange_attempts", self.exchange_attempts, "must be >= 1")
+        _require(self.staleness_outer_steps >= 0, "worker", "staleness_outer_steps", self.staleness_outer_steps,
+                 "must be >= 0")
+        _choice("worker", "snapshot_codec", self.snapshot_codec, SNAPSHOT_CODECS)
+        _require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
+        _require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
+
+
 @dataclass(kw_only=True)
 class PathsConfig:
     out_dir: str = "runs/latest"
@@ -263,6 +306,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:

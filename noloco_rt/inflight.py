@@ -45,6 +45,9 @@ class InflightTable:
         self._entries[microbatch_id] = entry
         return entry
 
+    def get(self, microbatch_id: int) -> InflightEntry | None:
+        return self._entries.get(microbatch_id)
+
     def resolve(self, microbatch_id: int, attempt: int) -> InflightEntry | None:
         """The entry if (microbatch_id, attempt) is the live attempt, removing it; else None."""
         entry = self._entries.get(microbatch_id)
