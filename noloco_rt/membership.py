@@ -1,0 +1,220 @@
+"""The Redis membership table (DESIGN §5): discovery only, never collectives.
+
+One hash per worker incarnation at `<prefix>:<run>:worker:<uuid>` with a TTL of a few
+heartbeats. Readers cache the last view and keep using it while Redis is unreachable;
+a heartbeat that finds its key gone (Redis restarted, TTL lapsed) registers again.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlparse
+
+import redis
+
+from noloco_rt.logs import get_logger
+
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class WorkerState(enum.StrEnum):
+    JOINING = "JOINING"
+    ONLINE = "ONLINE"
+    LEAVING = "LEAVING"
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    worker_id: str
+    run_id: str
+    stage: int
+    data_addr: str
+    exchange_addr: str
+    state: WorkerState
+    outer_step: int = 0
+    queue_depth: int = 0
+    public_key: str = ""
+    heartbeat_time: float = 0.0
+
+    def to_fields(self) -> dict[str, str]:
+        return {"worker_id": self.worker_id, "run_id": self.run_id, "stage": str(self.stage),
+                "data_addr": self.data_addr, "exchange_addr": self.exchange_addr, "state": self.state.value,
+                "outer_step": str(self.outer_step), "queue_depth": str(self.queue_depth),
+                "public_key": self.public_key, "heartbeat_time": repr(self.heartbeat_time)}
+
+    @classmethod
+    def from_fields(cls, fields: dict[Any, Any]) -> MemberRecord:
+        """Strict parse; raises ValueError on anything malformed."""
+        text = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+                for k, v in fields.items()}
+        try:
+            return cls(worker_id=text["worker_id"], run_id=text["run_id"], stage=int(text["stage"]),
+                       data_addr=text["data_addr"], exchange_addr=text["exchange_addr"],
+                       state=WorkerState(text["state"]), outer_step=int(text["outer_step"]),
+                       queue_depth=int(text["queue_depth"]), public_key=text.get("public_key", ""),
+                       heartbeat_time=float(text["heartbeat_time"]))
+        except KeyError as exc:
+            raise ValueError(f"missing field {exc}") from None
+
+
+def connect(url: str, *, socket_timeout_s: float = 1.0) -> redis.Redis:
+    """A client for redis://, rediss:// (TLS) or unix:// URLs, passwords included, with short timeouts
+    so a dead Redis never stalls training for long."""
+    scheme = urlparse(url).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"redis URL must start with redis://, rediss:// or unix://, got {url!r}")
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+                                health_check_interval=0)
+
+
+def pick_fresh(records: Iterable[MemberRecord], now: float, max_age_s: float) -> list[MemberRecord]:
+    return [r for r in records if now - r.heartbeat_time <= max_age_s]
+
+
+class Membership:
+    def __init__(self, client: redis.Redis, *, run_id: str, prefix: str = "noloco", heartbeat_interval_s: float = 1.0,
+                 ttl_s: float | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.prefix = prefix
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.ttl_s = ttl_s if ttl_s is not None else 3 * heartbeat_interval_s
+        self.clock = clock
+        self.record: MemberRecord | None = None
+        self.redis_available = True
+        self.outages = 0
+        self.malformed_records = 0
+        self._cache: list[MemberRecord] = []
+        self._lock = threading.Lock()
+        self.log = get_logger(run=run_id)
+
+    def key(self, worker_id: str) -> str:
+        return f"{self.prefix}:{self.run_id}:worker:{worker_id}"
+
+    def _pattern(self) -> str:
+        return f"{self.prefix}:{self.run_id}:worker:*"
+
+    def _mark(self, available: bool) -> None:
+        if available and not self.redis_available:
+            self.log.info("redis_recovered")
+        elif not available and self.redis_available:
+            self.outages += 1
+            self.log.warning("redis_unreachable", note="using the cached member view")
+        self.redis_available = available
+
+    def _write(self, record: MemberRecord) -> None:
+        key = self.key(record.worker_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, mapping=record.to_fields())
+        pipe.pexpire(key, int(self.ttl_s * 1000))
+        pipe.execute()
+
+    def register(self, record: MemberRecord) -> bool:
+        """Publish our record; False if Redis is unreachable (the heartbeat retries)."""
+        with self._lock:
+            self.record = replace(record, heartbeat_time=self.clock())
+            try:
+                self._write(self.record)
+            except REDIS_ERRORS:
+                self._mark(False)
+                return False
+            self._mark(True)
+            return True
+
+    def heartbeat(self, **updates: Any) -> bool:
+        """Refresh the TTL with the given field updates; re-register if our key vanished.
+        Never raises for Redis errors; returns whether Redis took it."""
+        with self._lock:
+            if self.record is None:
+                return False
+            self.record = replace(self.record, heartbeat_time=self.clock(), **updates)
+            record = self.record
+            try:
+                key = self.key(record.worker_id)
+                pipe = self.client.pipeline(transaction=True)
+                pipe.exists(key)
+                pipe.hset(key, mapping=record.to_fields())
+                pipe.pexpire(key, int(self.ttl_s * 1000))
+                existed, _, _ = pipe.execute()
+            except REDIS_ERRORS:
+                self._mark(False)
+                return False
+            was_down = not self.redis_available
+            self._mark(True)
+            if not existed:
+                self.log.info("member_reregistered", after_outage=was_down)
+            return True
+
+    def set_state(self, state: WorkerState) -> bool:
+        return self.heartbeat(state=state)
+
+    def leave(self) -> bool:
+        """Remove our record at once (no waiting for the TTL)."""
+        with self._lock:
+            record, self.record = self.record, None
+            if record is None:
+                return True
+            try:
+                self.client.delete(self.key(record.worker_id))
+            except REDIS_ERRORS:
+                self._mark(False)
+                return False
+            return True
+
+    def live_members(self, stage: int | None = None,
+                     states: set[WorkerState] | None = frozenset({WorkerState.ONLINE})) -> list[MemberRecord]:
+        """Members of this run (optionally one stage, some states). While Redis is unreachable,
+        the last view read successfully."""
+        try:
+            keys = list(self.client.scan_iter(match=self._pattern(), count=500))
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            rows = pipe.execute()
+        except REDIS_ERRORS:
+            self._mark(False)
+            records = self._cache
+        else:
+            self._mark(True)
+            records = []
+            for row in rows:
+                if not row:
+                    continue  # expired between SCAN and HGETALL
+                try:
+                    records.append(MemberRecord.from_fields(row))
+                except ValueError:
+                    self.malformed_records += 1
+            self._cache = records
+        return [r for r in records if (stage is None or r.stage == stage) and (states is None or r.state in states)]
+
+
+class HeartbeatThread:
+    """Heartbeats from a daemon thread; Redis errors are absorbed so training never stops for them."""
+
+    def __init__(self, membership: Membership, updates: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.membership = membership
+        self.updates = updates or dict
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self.beats = 0
+        self.failures = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.membership.heartbeat_interval_s):
+            if self.membership.heartbeat(**self.updates()):
+                self.beats += 1
+            else:
+                self.failures += 1
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)

@@ -1,0 +1,69 @@
+"""`noloco-rt worker`: run one stage worker until its steps are done or it is told to leave."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from noloco_rt.cli import config_options
+
+
+@click.command()
+@click.option("--stage", type=click.IntRange(min=0), required=True, help="Pipeline stage this worker holds.")
+@click.option("--redis-url", default=None, help="Membership table (redis:// or rediss://, password allowed).")
+@click.option("--name", default=None, help="Stable name across restarts (checkpoint file, data stream); "
+                                            "default <host>-s<stage>-r<LOCAL_RANK>.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Inner steps before exiting (run.steps).")
+@click.option("--bind-host", default=None, help="Interface to bind (network.bind_host).")
+@click.option("--advertise-host", default=None, help="Address peers use to reach us (network.advertise_host).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Prometheus port (0: free one).")
+@config_options
+def worker(stage: int, redis_url: str | None, name: str | None, steps: int | None, bind_host: str | None,
+           advertise_host: str | None, metrics_port: int | None, config_path: str | None,
+           assignments: tuple[str, ...]) -> None:
+    """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
+    from noloco_rt.commands import effective_config
+
+    cfg = effective_config(config_path, assignments, {
+        "network": {"redis_url": redis_url, "bind_host": bind_host, "advertise_host": advertise_host,
+                    "metrics_port": metrics_port},
+        "run": {"steps": steps},
+    })
+    if not cfg.network.redis_url:
+        raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
+    if stage >= cfg.pipeline.stages:
+        raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
+                                 f"(pipeline.stages)", param_hint="--stage")
+
+    import os
+
+    import zmq
+
+    from noloco_rt.logs import configure_logging
+    from noloco_rt.membership import Membership, connect
+    from workers.metrics import WorkerMetrics
+    from workers.worker import (
+        StageWorker,
+        default_worker_name,
+        install_signal_handlers,
+        pick_device,
+    )
+
+    configure_logging(cfg.run.log_format)
+    name = name or default_worker_name(stage)
+    checkpoint_dir = Path(cfg.paths.checkpoint_dir or Path(cfg.paths.out_dir) / "checkpoints")
+    metrics = WorkerMetrics()
+    metrics_port_bound = metrics.serve(cfg.network.metrics_port, host=cfg.network.bind_host)
+    ctx = zmq.Context()
+    membership = Membership(connect(cfg.network.redis_url), run_id=cfg.run.run_id,
+                            heartbeat_interval_s=cfg.worker.heartbeat_interval_s)
+    device = pick_device(int(os.environ.get("LOCAL_RANK", "0")))
+    stage_worker = StageWorker(cfg, stage, membership=membership, ctx=ctx, name=name, device=device,
+                               checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics)
+    install_signal_handlers(stage_worker)
+    stage_worker.log.info("metrics_serving", port=metrics_port_bound)
+    code = stage_worker.run()
+    ctx.term()
+    sys.exit(code)

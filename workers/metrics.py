@@ -1,0 +1,34 @@
+"""Prometheus metrics of one worker, on a registry of its own (served on its metrics port)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.tokens = Counter("noloco_tokens", "Tokens processed (forward) by this worker", registry=r)
+        self.tokens_per_s = Gauge("noloco_tokens_per_second", "Recent tokens per second", registry=r)
+        self.forwarded = Counter("noloco_microbatches_forwarded", "Microbatches sent downstream", registry=r)
+        self.backwarded = Counter("noloco_microbatches_backwarded", "Gradients applied", registry=r)
+        self.retried = Counter("noloco_microbatches_retried", "Microbatches re-sent after a deadline", registry=r)
+        self.dropped = Counter("noloco_microbatches_dropped", "Microbatches or replies dropped", ["reason"],
+                               registry=r)
+        self.rejected = Counter("noloco_messages_rejected", "Messages rejected by validation", ["reason"],
+                                registry=r)
+        self.inner_steps = Counter("noloco_inner_steps", "Inner optimizer steps", registry=r)
+        self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind", ["kind"], registry=r)
+        self.exchange_bytes_raw = Counter("noloco_exchange_bytes_raw", "Snapshot bytes as float32", registry=r)
+        self.exchange_bytes_wire = Counter("noloco_exchange_bytes_wire", "Snapshot bytes on the wire", registry=r)
+        self.exchange_latency = Histogram("noloco_exchange_latency_seconds", "Outer exchange round trip",
+                                          registry=r, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.queue_depth = Gauge("noloco_queue_depth", "Forwards waiting or in flight at this worker", registry=r)
+        self.live_peers = Gauge("noloco_live_peers", "ONLINE workers seen per stage", ["stage"], registry=r)
+        self.loss = Gauge("noloco_train_loss", "Last training loss (last stage)", registry=r)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Start the HTTP endpoint; returns the port (a free one when port is 0)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_address[1])

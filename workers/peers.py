@@ -1,0 +1,84 @@
+"""The worker's view of its peers: live members from Redis (cached), minus a local blacklist.
+
+A peer that fails (send refused, deadline missed, bad reply) is blacklisted locally
+with exponential backoff, even while Redis still lists it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from noloco_rt.membership import MemberRecord, Membership, WorkerState
+from noloco_rt.routing import route_next_hop
+
+
+@dataclass
+class _Penalty:
+    until: float
+    failures: int
+
+
+class Blacklist:
+    def __init__(self, *, base_s: float = 1.0, max_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.base_s = base_s
+        self.max_s = max_s
+        self.clock = clock
+        self._penalties: dict[str, _Penalty] = {}
+
+    def fail(self, worker_id: str) -> float:
+        """Record a failure; returns how long the peer is now avoided."""
+        penalty = self._penalties.get(worker_id)
+        failures = penalty.failures + 1 if penalty else 1
+        duration = min(self.max_s, self.base_s * 2 ** (failures - 1))
+        self._penalties[worker_id] = _Penalty(self.clock() + duration, failures)
+        return duration
+
+    def succeed(self, worker_id: str) -> None:
+        self._penalties.pop(worker_id, None)
+
+    def blocked(self, worker_id: str) -> bool:
+        penalty = self._penalties.get(worker_id)
+        return penalty is not None and self.clock() < penalty.until
+
+
+class PeerView:
+    """Live ONLINE members per stage, refreshed from Redis at most every refresh_s."""
+
+    def __init__(self, membership: Membership, *, own_id: str, refresh_s: float = 0.5,
+                 rng: random.Random | None = None) -> None:
+        self.membership = membership
+        self.own_id = own_id
+        self.refresh_s = refresh_s
+        self.rng = rng or random.Random()
+        self.blacklist = Blacklist()
+        self._cache: dict[int, tuple[float, list[MemberRecord]]] = {}
+        self.local_load: dict[str, int] = {}
+        """Microbatches this worker has in flight at each peer (added to advertised depth)."""
+
+    def members(self, stage: int) -> list[MemberRecord]:
+        now = time.monotonic()
+        cached = self._cache.get(stage)
+        if cached is None or now - cached[0] >= self.refresh_s:
+            records = self.membership.live_members(stage=stage, states={WorkerState.ONLINE})
+            cached = (now, records)
+            self._cache[stage] = cached
+        return [r for r in cached[1] if r.worker_id != self.own_id and not self.blacklist.blocked(r.worker_id)]
+
+    def invalidate(self, stage: int) -> None:
+        self._cache.pop(stage, None)
+
+    def choose_next_hop(self, stage: int, policy: str, exclude: set[str] | None = None) -> MemberRecord | None:
+        candidates = [r for r in self.members(stage) if not exclude or r.worker_id not in exclude]
+        if not candidates:
+            return None
+        by_id = {r.worker_id: r for r in candidates}
+        loads = [(r.worker_id, r.queue_depth + self.local_load.get(r.worker_id, 0)) for r in candidates]
+        return by_id[route_next_hop(loads, self.rng, policy)]
+
+    def random_peers(self, stage: int) -> list[MemberRecord]:
+        peers = self.members(stage)
+        self.rng.shuffle(peers)
+        return peers
