@@ -487,12 +487,12 @@ class StageWorker:
             self.replica.finish_inner_step()
             self.counters.inner_steps += 1
             self.metrics.inner_steps.inc()
-            if self.losses:
-                loss = sum(self.losses) / len(self.losses)
-                if self.counters.inner_steps % 10 == 0 or self.counters.inner_steps == 1:
-                    self.log.info("train_loss", inner_step=self.counters.inner_steps, loss=round(loss, 4),
-                                  tokens_per_s=round(self._tokens_per_s(), 1))
-                self.losses.clear()
+            step = self.counters.inner_steps
+            if step % 10 == 0 or step == 1:
+                fields = {"loss": round(sum(self.losses) / len(self.losses), 4)} if self.losses else {}
+                self.log.info("train_progress", inner_step=step, tokens_per_s=round(self._tokens_per_s(), 1),
+                              **fields)
+            self.losses.clear()
             if self.counters.inner_steps % self.outer.h == 0:
                 self.outer_step()
         else:

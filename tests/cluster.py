@@ -1,0 +1,133 @@
+"""A local cluster for tests: a real redis-server and real `noloco-rt worker` processes.
+
+Workers log JSON lines to one file each; tests wait on those events with deadlines
+(never fixed sleeps) and everything is torn down, SIGKILL as the last resort.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from noloco_rt.embedded_redis import EmbeddedRedis
+from noloco_rt.membership import Membership, WorkerState, connect
+
+Event = dict[str, Any]
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    stage: int
+    process: subprocess.Popen
+    log_path: Path
+
+    def events(self, event: str | None = None) -> list[Event]:
+        found = []
+        if not self.log_path.exists():
+            return found
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written right now
+            if event is None or record.get("event") == event:
+                found.append(record)
+        return found
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def latest_inner_step(self) -> int:
+        steps = [e.get("inner_step", 0) for e in self.events() if "inner_step" in e]
+        return max(steps, default=0)
+
+
+class LocalCluster:
+    def __init__(self, tmp_path: Path, *, stages: int = 2, settings: dict[str, Any] | None = None) -> None:
+        self.tmp_path = tmp_path
+        self.stages = stages
+        self.redis = EmbeddedRedis().start()
+        self.workers: list[WorkerProcess] = []
+        self.settings = {"pipeline.stages": stages, "outer.h": 5, "pipeline.max_inflight": 2,
+                         "worker.heartbeat_interval_s": 0.25, "worker.deadline_floor_s": 1.0,
+                         "worker.deadline_ceiling_s": 5.0, "worker.exchange_timeout_s": 3.0,
+                         "worker.leave_grace_s": 10.0, "run.log_format": "json",
+                         "paths.out_dir": str(tmp_path), **(settings or {})}
+
+    def start_worker(self, stage: int, name: str, *, steps: int = 100_000, **settings: Any) -> WorkerProcess:
+        args = [sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage), "--redis-url",
+                self.redis.url, "--name", name, "--steps", str(steps), "--metrics-port", "0"]
+        for key, value in {**self.settings, **settings}.items():
+            args += ["--set", f"{key}={value}"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+        env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        log_path = self.tmp_path / f"{name}.log"
+        handle = log_path.open("w")
+        process = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        handle.close()
+        worker = WorkerProcess(name, stage, process, log_path)
+        self.workers.append(worker)
+        return worker
+
+    def membership(self) -> Membership:
+        return Membership(connect(self.redis.url), run_id="default")
+
+    def members(self, states: set[WorkerState] | None = None) -> list:
+        return self.membership().live_members(stage=None, states=states)
+
+    def wait_for(self, condition: Callable[[], Any], *, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            result = condition()
+            if result:
+                return result
+            for worker in self.workers:
+                if worker.process.poll() not in (None, 0, -signal.SIGKILL) and worker.process.returncode != 0:
+                    raise AssertionError(f"{worker.name} exited with {worker.process.returncode}:\n"
+                                         f"{worker.log_text()[-3000:]}")
+            time.sleep(interval_s)
+        logs = "\n".join(f"--- {w.name}\n{w.log_text()[-1500:]}" for w in self.workers)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{logs}")
+
+    def wait_event(self, worker: WorkerProcess, event: str, *, timeout_s: float,
+                   where: Callable[[Event], bool] = lambda e: True) -> Event:
+        return self.wait_for(lambda: next((e for e in worker.events(event) if where(e)), None),
+                             timeout_s=timeout_s, what=f"{event} from {worker.name}")
+
+    def wait_online(self, count: int, timeout_s: float = 60.0) -> None:
+        self.wait_for(lambda: len(self.members({WorkerState.ONLINE})) >= count, timeout_s=timeout_s,
+                      what=f"{count} ONLINE workers")
+
+    def stop(self, worker: WorkerProcess, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+        if worker.process.poll() is None:
+            worker.process.send_signal(sig)
+        try:
+            return worker.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait(5)
+            raise AssertionError(f"{worker.name} did not exit within {timeout_s} s of signal {sig}") from None
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for worker in self.workers:
+            try:
+                worker.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait(5)
+        self.redis.stop()

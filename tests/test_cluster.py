@@ -1,0 +1,138 @@
+"""The distributed runtime with real processes: redis-server, workers, ZeroMQ on 127.0.0.1.
+
+Each test starts its own small cluster (tiny model, 2 stages) and waits on the workers'
+JSON log events with deadlines; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import torch
+
+from noloco_rt.checkpoint import load_checkpoint
+from noloco_rt.config import load_config
+from noloco_rt.data import load_corpus, validation_batches
+from noloco_rt.membership import WorkerState
+from noloco_rt.model import build_stage, lm_loss
+from tests.cluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    running = LocalCluster(tmp_path)
+    yield running
+    running.close()
+
+
+def _val_loss(stage_weights: list[list[torch.Tensor]] | None) -> float:
+    cfg = load_config(environ={})
+    stages = [build_stage("tiny", vocab_size=256, stage=s, num_stages=2, seed=0) for s in range(2)]
+    if stage_weights is not None:
+        with torch.no_grad():
+            for module, weights in zip(stages, stage_weights, strict=True):
+                for param, value in zip(module.parameters(), weights, strict=True):
+                    param.copy_(value)
+    corpus = load_corpus(cfg.data)
+    losses = []
+    with torch.no_grad():
+        for inputs, targets in validation_batches(corpus.val, seq_len=64, batch_size=8, count=4):
+            losses.append(float(lm_loss(stages[1](stages[0](inputs)), targets)))
+    return sum(losses) / len(losses)
+
+
+def test_two_by_two_trains_exchanges_and_routes_to_every_peer(cluster, tmp_path):
+    first = [cluster.start_worker(0, f"a{r}", steps=30) for r in range(2)]
+    last = [cluster.start_worker(1, f"b{r}") for r in range(2)]
+    for worker in first:
+        cluster.wait_event(worker, "steps_done", timeout_s=180)
+        assert worker.process.wait(20) == 0
+    for worker in last:
+        assert cluster.stop(worker) == 0
+    summaries = {w.name: w.events("worker_summary")[-1] for w in first + last}
+    stage1_ids = {w.events("worker_started")[0]["worker"] for w in last}
+    for name, summary in summaries.items():
+        assert summary["peer_exchanges"] >= 1, (name, summary)
+    for worker in first:
+        assert set(summaries[worker.name]["routed_to"]) == stage1_ids  # both stage-1 workers got work
+    # Validation loss of the trained pipeline (stage 0 of a0, stage 1 of b0) against the untrained one.
+    weights = [load_checkpoint(tmp_path / "checkpoints" / f"{name}.pt", run_id="default", stage=s)["fast"]
+               for s, name in ((0, "a0"), (1, "b0"))]
+    trained, untrained = _val_loss(weights), _val_loss(None)
+    assert trained < untrained - 1.0, (trained, untrained)
+
+
+def _start_two_by_two(cluster):
+    workers = [cluster.start_worker(0, f"a{r}") for r in range(2)] + [cluster.start_worker(1, f"b{r}") for r in range(2)]
+    cluster.wait_online(4)
+    for worker in workers:
+        cluster.wait_event(worker, "train_progress", timeout_s=60)
+    return workers
+
+
+def test_worker_joining_mid_run_bootstraps_from_a_peer(cluster):
+    workers = _start_two_by_two(cluster)
+    for worker in workers[2:]:
+        cluster.wait_event(worker, "peer_exchange_done", timeout_s=90)
+    joiner = cluster.start_worker(1, "b-late")
+    booted = cluster.wait_event(joiner, "bootstrapped", timeout_s=60)
+    served = [e for w in workers[2:] for e in w.events("bootstrap_served")]
+    # The joiner's slow weights are exactly what a donor served (checksum of the payload).
+    assert booted["checksum"] in {e["checksum"] for e in served}
+    assert booted["outer_step"] >= 1
+    cluster.wait_event(joiner, "member_online", timeout_s=10)
+    cluster.wait_event(joiner, "train_progress", timeout_s=90)  # it received microbatches and stepped
+
+
+def test_sigterm_leaves_the_table_at_once_and_exits_cleanly(cluster):
+    workers = _start_two_by_two(cluster)
+    victim = workers[3]
+    victim_id = victim.events("worker_started")[0]["worker"]
+    victim.process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    cluster.wait_for(lambda: all(not m.worker_id.startswith(victim_id) for m in cluster.members(None)),
+                     timeout_s=5, what="the victim to leave the table", interval_s=0.02)
+    assert time.monotonic() - sent < 1.0
+    assert victim.process.wait(15) == 0
+    assert victim.events("checkpoint_written")[-1]["reason"] == "leave"
+    before = {w.name: w.latest_inner_step() for w in workers[:3]}
+    for worker in workers[:3]:
+        cluster.wait_for(lambda w=worker: w.latest_inner_step() >= before[w.name] + 10, timeout_s=90,
+                         what=f"{worker.name} to keep training")
+        assert not [e for e in worker.events() if e.get("level") == "error"], worker.name
+
+
+def test_redis_outage_training_goes_on_and_workers_reregister(cluster):
+    workers = _start_two_by_two(cluster)
+    cluster.redis.stop()
+    stopped = time.monotonic()
+    during = {w.name: w.latest_inner_step() for w in workers}
+    while time.monotonic() - stopped < 10:
+        assert all(w.process.poll() is None for w in workers)
+        time.sleep(0.2)
+    advanced = {w.name: w.latest_inner_step() - during[w.name] for w in workers}
+    cluster.redis.start()
+    back = time.monotonic()
+    cluster.wait_for(lambda: len(cluster.members({WorkerState.ONLINE})) == 4, timeout_s=5,
+                     what="all four workers back in the table", interval_s=0.05)
+    assert time.monotonic() - back < 5
+    assert all(w.process.poll() is None for w in workers)
+    assert all(steps > 0 for steps in advanced.values()), advanced  # training went on without Redis
+    assert all(w.events("redis_unreachable") for w in workers)
+
+
+def test_killed_downstream_worker_microbatches_are_resent(cluster):
+    workers = _start_two_by_two(cluster)
+    victim = workers[3]
+    cluster.stop(victim, signal.SIGKILL)
+    retried = cluster.wait_for(lambda: [e for w in workers[:2] for e in w.events("microbatch_retried")],
+                               timeout_s=60, what="a re-sent microbatch")
+    assert retried
+    before = {w.name: w.latest_inner_step() for w in workers[:3]}
+    for worker in workers[:3]:
+        cluster.wait_for(lambda w=worker: w.latest_inner_step() >= before[w.name] + 10, timeout_s=90,
+                         what=f"{worker.name} to keep training")
