@@ -90,7 +90,7 @@ def encode_tensors(tensors: list[torch.Tensor], codec: str, level: int = 3) -> E
         specs.append(TensorSpec(tuple(tensor.shape), name))
         raw_bytes += tensor.numel() * tensor.element_size()
         wire = tensor.to(_wire_dtype(codec, tensor.dtype))
-        chunks.append(wire.view(torch.uint8).numpy().tobytes() if wire.numel() else b"")
+        chunks.append(wire.reshape(-1).view(torch.uint8).numpy().tobytes() if wire.numel() else b"")
     body = b"".join(chunks)
     if codec == "raw":
         payload = body
@@ -130,8 +130,13 @@ def decode_tensors(encoded: EncodedTensors, *, max_decompressed_bytes: int) -> l
         body = encoded.payload
     else:
         try:
-            # max_output_size caps what zstd may allocate, whatever the frame header claims.
-            body = zstandard.ZstdDecompressor().decompress(encoded.payload, max_output_size=expected + 1)
+            declared = zstandard.frame_content_size(encoded.payload)
+            if declared > expected:  # -1 when the frame does not say
+                raise CodecError(f"zstd frame declares {declared} bytes, specs only {expected}")
+            # A bounded streaming read: at most expected + 1 bytes are ever produced, whatever
+            # the frame claims (one-shot decompress() trusts the frame header's size).
+            with zstandard.ZstdDecompressor().stream_reader(encoded.payload) as reader:
+                body = reader.read(expected + 1)
         except zstandard.ZstdError as exc:
             raise CodecError(f"zstd payload cannot be decompressed within {expected} bytes: {exc}") from None
     if len(body) != expected:

@@ -1,0 +1,134 @@
+"""Membership against a real redis-server on a free loopback port."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from noloco_rt.embedded_redis import EmbeddedRedis
+from noloco_rt.membership import (
+    HeartbeatThread,
+    MemberRecord,
+    Membership,
+    WorkerState,
+    connect,
+    pick_fresh,
+)
+
+
+@pytest.fixture
+def server():
+    with EmbeddedRedis() as running:
+        yield running
+
+
+def record(worker_id: str, stage: int = 0, state: WorkerState = WorkerState.JOINING, run: str = "r") -> MemberRecord:
+    return MemberRecord(worker_id=worker_id, run_id=run, stage=stage, data_addr=f"tcp://127.0.0.1:1{stage}",
+                        exchange_addr="tcp://127.0.0.1:2", state=state)
+
+
+def poll(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_register_states_and_stage_filter(server):
+    a = Membership(connect(server.url), run_id="r")
+    b = Membership(connect(server.url), run_id="r")
+    assert a.register(record("a", stage=0))
+    assert b.register(record("b", stage=1, state=WorkerState.ONLINE))
+    assert [m.worker_id for m in a.live_members(stage=1)] == ["b"]
+    assert a.live_members(stage=0) == []  # JOINING is not ONLINE
+    assert a.set_state(WorkerState.ONLINE)
+    assert [m.worker_id for m in b.live_members(stage=0)] == ["a"]
+    assert {m.worker_id for m in b.live_members(stage=None, states=None)} == {"a", "b"}
+    assert a.leave()
+    assert [m.worker_id for m in b.live_members(stage=None, states=None)] == ["b"]
+
+
+def test_runs_do_not_see_each_other(server):
+    Membership(connect(server.url), run_id="r").register(record("a", state=WorkerState.ONLINE))
+    assert Membership(connect(server.url), run_id="other").live_members(stage=0) == []
+
+
+def test_ttl_expires_without_heartbeats(server):
+    m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=0.1, ttl_s=0.3)
+    m.register(record("a", state=WorkerState.ONLINE))
+    assert m.live_members(stage=0)
+    poll(lambda: not m.live_members(stage=0), 3.0, "the record to expire")
+
+
+def test_heartbeat_thread_keeps_record_alive_and_updates_fields(server):
+    m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=0.05, ttl_s=0.3)
+    m.register(record("a", state=WorkerState.ONLINE))
+    beat = HeartbeatThread(m, lambda: {"queue_depth": 5})
+    beat.start()
+    try:
+        poll(lambda: beat.beats >= 10, 5.0, "ten heartbeats")  # well past the 0.3 s TTL
+        members = m.live_members(stage=0)
+        assert members and members[0].queue_depth == 5
+    finally:
+        beat.stop()
+
+
+def test_outage_uses_cached_view_and_reregisters(server):
+    m = Membership(connect(server.url), run_id="r")
+    other = Membership(connect(server.url), run_id="r")
+    m.register(record("a", state=WorkerState.ONLINE))
+    other.register(record("b", stage=1, state=WorkerState.ONLINE))
+    assert [r.worker_id for r in m.live_members(stage=1)] == ["b"]
+    server.stop()
+    assert [r.worker_id for r in m.live_members(stage=1)] == ["b"]  # cached
+    assert m.redis_available is False and m.outages == 1
+    assert m.heartbeat() is False  # absorbed, no exception
+    server.start()  # same port, empty table
+    poll(lambda: m.heartbeat(), 5.0, "a heartbeat to succeed")
+    assert m.redis_available
+    assert [r.worker_id for r in other.live_members(stage=0)] == ["a"]  # re-registered
+
+
+def test_malformed_records_are_skipped_and_counted(server):
+    client = connect(server.url)
+    client.hset("noloco:r:worker:bad", mapping={"stage": "zero", "worker_id": "bad"})
+    m = Membership(client, run_id="r")
+    m.register(record("a", state=WorkerState.ONLINE))
+    assert [r.worker_id for r in m.live_members(stage=0)] == ["a"]
+    assert m.malformed_records == 1
+
+
+def test_pick_fresh():
+    now = 100.0
+    records = [MemberRecord("a", "r", 0, "x", "y", WorkerState.ONLINE, heartbeat_time=99.5),
+               MemberRecord("b", "r", 0, "x", "y", WorkerState.ONLINE, heartbeat_time=90.0)]
+    assert [r.worker_id for r in pick_fresh(records, now, max_age_s=2.0)] == ["a"]
+
+
+def test_password_is_required_when_configured():
+    with EmbeddedRedis(password="s3cret") as secured:
+        assert "s3cret@" in secured.url
+        assert connect(secured.url).ping()
+        anonymous = redis.Redis(host="127.0.0.1", port=secured.port, socket_timeout=1)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+
+
+def test_embedded_redis_restart_keeps_port_and_leaves_no_process():
+    server = EmbeddedRedis().start()
+    port, pid = server.port, server.process.pid
+    server.restart()
+    assert server.port == port and server.process.pid != pid
+    assert connect(server.url).ping()
+    server.stop()
+    with pytest.raises(redis.ConnectionError):
+        connect(server.url).ping()
+
+
+def test_bad_url():
+    with pytest.raises(ValueError, match="redis://"):
+        connect("http://localhost:6379")
