@@ -153,6 +153,7 @@ class InnerOptimizer:
         self.cfg = cfg
         self.total_steps = total_steps
         self.steps_taken = 0
+        self.skipped_nonfinite = 0
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay, foreach=True)
 
@@ -161,12 +162,19 @@ class InnerOptimizer:
                      warmup_steps=self.cfg.warmup_steps, total_steps=self.total_steps)
 
     def step(self) -> float:
-        """Clip, step and clear gradients; returns the grad norm before clipping."""
+        """Clip, step and clear gradients; returns the grad norm before clipping.
+
+        A non-finite gradient (a poisoned or broken microbatch) is discarded without
+        touching weights or optimizer state; it is counted in skipped_nonfinite."""
         if self.cfg.grad_clip > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=True))
         else:
             norm = float(torch.linalg.vector_norm(torch.stack(
                 [p.grad.norm() for p in self.params if p.grad is not None])))
+        if not math.isfinite(norm):
+            self.skipped_nonfinite += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
         self.optimizer.step()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -154,7 +155,10 @@ def _tensor_spec(spec: Any, limits: WireLimits) -> tuple[tuple[int, ...], torch.
 
 
 def decode_message(parts: Sequence[Any], *, expected_run_id: str, limits: WireLimits = WireLimits(),
-                   check_finite: bool = True) -> DecodedMessage:
+                   check_finite: bool = True, copy: bool = True) -> DecodedMessage:
+    """Validate and decode. copy=False returns tensors that view the received frames
+    (read-only memory: the caller must not modify them in place); it saves a memcpy of
+    every activation on the data path."""
     if not parts:
         raise WireReject(RejectReason.MALFORMED_HEADER, "no frames")
     if len(parts) - 1 > limits.max_frames:
@@ -186,9 +190,13 @@ def decode_message(parts: Sequence[Any], *, expected_run_id: str, limits: WireLi
     for (shape, dtype, nbytes), view in zip(specs, views, strict=True):
         if nbytes == 0:
             tensor = torch.empty(shape, dtype=dtype)
-        else:
+        elif copy:
             # Received frames are read-only; one copy makes the tensor safe to own and modify.
             tensor = torch.frombuffer(bytearray(view), dtype=dtype).reshape(shape)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": we never write
+                tensor = torch.frombuffer(view, dtype=dtype).reshape(shape)
         if check_finite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise WireReject(RejectReason.NON_FINITE)
         tensors.append(tensor)

@@ -193,3 +193,13 @@ def test_inner_optimizer_clips_and_follows_schedule():
     assert inner.current_lr() == pytest.approx(0.1)
     # Adam's first step moves each coordinate by about lr_0 = 0.05 regardless of scale.
     torch.testing.assert_close(param.detach(), torch.full((4,), -0.05), rtol=1e-3, atol=1e-4)
+
+
+def test_inner_optimizer_refuses_non_finite_gradients():
+    param = torch.nn.Parameter(torch.ones(3))
+    inner = InnerOptimizer([param], OptimConfig(), total_steps=10)
+    param.grad = torch.tensor([1.0, float("nan"), 0.0])
+    inner.step()
+    assert torch.equal(param.detach(), torch.ones(3))
+    assert inner.skipped_nonfinite == 1 and inner.steps_taken == 0 and param.grad is None
+    assert not inner.optimizer.state  # Adam's moments untouched

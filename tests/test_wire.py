@@ -167,3 +167,10 @@ def test_fuzz_random_bytes_never_raise(parts):
     counter = RejectCounter()
     assert safe_decode(parts, expected_run_id=RUN, counter=counter) is None or not parts
     assert sum(counter.values()) <= 1
+
+
+def test_zero_copy_decode_views_the_frame():
+    frame = torch.arange(6, dtype=torch.float32).numpy().tobytes()
+    header = message([torch.zeros(6)])[0]
+    decoded = decode_message([header, frame], expected_run_id=RUN, copy=False)
+    assert torch.equal(decoded.tensors[0], torch.arange(6, dtype=torch.float32))

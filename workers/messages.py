@@ -39,9 +39,12 @@ class Outgoing:
 
     header: Header
     frames: list[Any]
+    _parts: list[Any] | None = None
 
     def parts(self) -> list[Any]:
-        return encode_message(self.header, self.frames)
+        if self._parts is None:  # encode the header once, however often it is sent
+            self._parts = encode_message(self.header, self.frames)
+        return self._parts
 
 
 def _tensor_frames(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -81,7 +84,10 @@ def with_attempt(message: Outgoing, attempt: int) -> Outgoing:
 
 def decode(parts: list[Any], *, run_id: str) -> DataMessage:
     """Validate and decode a data-path message; raises WireReject with the reason."""
-    decoded: DecodedMessage = decode_message(parts, expected_run_id=run_id, limits=DATA_LIMITS)
+    # No finite check here: a non-finite activation or gradient shows up in the gradient
+    # norm, and the inner step refuses to apply a non-finite update (optim.InnerOptimizer).
+    decoded: DecodedMessage = decode_message(parts, expected_run_id=run_id, limits=DATA_LIMITS,
+                                             check_finite=False, copy=False)
     header = decoded.header
     return DataMessage(kind=MessageKind(header.kind), sender=header.sender, stage=header.stage,
                        microbatch_id=header.microbatch_id, attempt=header.attempt,
