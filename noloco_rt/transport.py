@@ -117,6 +117,8 @@ class ExchangeServer:
         self.address = f"tcp://{advertise_host or bind_host}:{self.port}"
         self.handler = handler
         self.requests_served = 0
+        self.handler_errors = 0
+        self.last_error = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="exchange-server", daemon=True)
 
@@ -131,7 +133,12 @@ class ExchangeServer:
             if len(frames) < 2:
                 continue
             identity, body = frames[0], frames[1:]
-            reply = self.handler(body)
+            try:
+                reply = self.handler(body)
+            except Exception as exc:  # last line of defence: the serving thread must outlive any request
+                self.handler_errors += 1
+                self.last_error = repr(exc)
+                continue
             self.requests_served += 1  # before the send: the requester may look right after
             try:
                 self.socket.send_multipart([identity, *reply], flags=zmq.NOBLOCK, copy=False)

@@ -71,3 +71,34 @@ def test_simulate_writes_run_directory(tmp_path):
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [0, 10, 20]
     assert (out / "config.toml").exists() and (out / "curves.png").exists()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["worker", "--stage", "0"], "--redis-url"),
+    (["worker", "--stage", "5", "--redis-url", "redis://127.0.0.1:1/0"], "not a stage of a 2-stage pipeline"),
+    (["worker", "--stage", "0", "--redis-url", "redis://127.0.0.1:1/0", "--set", "outer.method=diloco"],
+     "needs a global collective"),
+    (["worker", "--stage", "0", "--redis-url", "http://x"], "invalid network.redis_url"),
+    (["status"], "--redis-url"),
+])
+def test_worker_and_status_bad_input(args, fragment):
+    result = run_cli(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_status_lists_members_and_fails_cleanly_without_redis():
+    from noloco_rt.embedded_redis import EmbeddedRedis
+    from noloco_rt.membership import MemberRecord, Membership, WorkerState, connect
+
+    with EmbeddedRedis() as server:
+        Membership(connect(server.url), run_id="default").register(
+            MemberRecord("abcdef0123", "default", 1, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",
+                         WorkerState.ONLINE, outer_step=3, queue_depth=2))
+        result = run_cli("status", "--redis-url", server.url, env={"COLUMNS": "200"})
+        assert result.returncode == 0, result.stderr
+        assert "abcdef01" in result.stdout and "ONLINE" in result.stdout and "tcp://10.0.0.7:5000" in result.stdout
+        url = server.url
+    result = run_cli("status", "--redis-url", url)
+    assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -48,6 +49,10 @@ def _val_loss(stage_weights: list[list[torch.Tensor]] | None) -> float:
 def test_two_by_two_trains_exchanges_and_routes_to_every_peer(cluster, tmp_path):
     first = [cluster.start_worker(0, f"a{r}", steps=30) for r in range(2)]
     last = [cluster.start_worker(1, f"b{r}") for r in range(2)]
+    port = cluster.wait_event(last[0], "metrics_serving", timeout_s=60)["port"]
+    cluster.wait_event(last[0], "peer_exchange_done", timeout_s=120)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'noloco_outer_steps_total{kind="peer"}' in metrics and "noloco_train_loss" in metrics
     for worker in first:
         cluster.wait_event(worker, "steps_done", timeout_s=180)
         assert worker.process.wait(20) == 0
@@ -136,3 +141,36 @@ def test_killed_downstream_worker_microbatches_are_resent(cluster):
     for worker in workers[:3]:
         cluster.wait_for(lambda w=worker: w.latest_inner_step() >= before[w.name] + 10, timeout_s=90,
                          what=f"{worker.name} to keep training")
+
+
+def test_garbage_on_both_sockets_is_rejected_and_counted(cluster):
+    import random
+
+    import zmq
+
+    from noloco_rt.transport import request
+
+    workers = _start_two_by_two(cluster)
+    target = workers[2]
+    started = target.events("worker_started")[0]
+    rng = random.Random(0)
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(started["data_addr"])
+    try:
+        for index in range(200):
+            frames = [rng.randbytes(rng.randint(0, 64)) for _ in range(rng.randint(1, 4))]
+            if index % 2:
+                frames[0] = b"\x8a" + frames[0]  # looks like the start of a msgpack map
+            push.send_multipart(frames)
+        for _ in range(5):  # the exchange server answers garbage with an error message and lives on
+            assert request(ctx, started["exchange_addr"], [rng.randbytes(40)], timeout_s=5) is not None
+    finally:
+        push.close()
+        ctx.term()
+    before = target.latest_inner_step()
+    cluster.wait_for(lambda: target.latest_inner_step() >= before + 10, timeout_s=90, what="training after garbage")
+    assert cluster.stop(target) == 0
+    rejected = target.events("worker_summary")[-1]["rejected"]
+    assert sum(rejected.values()) >= 205, rejected

@@ -33,6 +33,11 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     })
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
+    from workers.worker import WORKER_METHODS
+
+    if cfg.outer.method not in WORKER_METHODS:
+        raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
+                               f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
     if stage >= cfg.pipeline.stages:
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
                                  f"(pipeline.stages)", param_hint="--stage")

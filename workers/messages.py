@@ -13,7 +13,9 @@ from noloco_rt.wire import (
     DecodedMessage,
     Header,
     MessageKind,
+    RejectReason,
     WireLimits,
+    WireReject,
     decode_message,
     encode_message,
 )
@@ -89,6 +91,10 @@ def decode(parts: list[Any], *, run_id: str) -> DataMessage:
     decoded: DecodedMessage = decode_message(parts, expected_run_id=run_id, limits=DATA_LIMITS,
                                              check_finite=False, copy=False)
     header = decoded.header
+    expected = {MessageKind.FORWARD: [torch.float32, torch.int64], MessageKind.BACKWARD: [torch.float32]}
+    wanted = expected.get(MessageKind(header.kind))
+    if wanted is None or [t.dtype for t in decoded.tensors] != wanted:
+        raise WireReject(RejectReason.FRAME_COUNT_MISMATCH, f"{header.kind} needs tensors of {wanted}")
     return DataMessage(kind=MessageKind(header.kind), sender=header.sender, stage=header.stage,
                        microbatch_id=header.microbatch_id, attempt=header.attempt,
                        reply_to=str(header.extra.get("reply_to", "")), tensors=list(decoded.tensors))

@@ -397,16 +397,22 @@ class StageWorker:
         elif message.kind == MessageKind.FORWARD and not self.is_first:
             if not accept_forwards or self.leave_requested.is_set():
                 return  # leaving: the sender's deadline re-routes it
-            if message.stage != self.stage - 1 or not self._activation_shape_ok(message.tensors[0]):
+            if message.stage != self.stage - 1 or not self._forward_ok(message):
                 self.snapshots.count_reject("wrong_stage_or_shape")
                 return
             self.pending_forwards.append(message)
         else:
             self.snapshots.count_reject("unexpected_kind")
 
-    def _activation_shape_ok(self, tensor: torch.Tensor) -> bool:
-        expected = (self.cfg.data.batch_size, self.cfg.model.seq_len, self.replica.module.shape.dim)
-        return tuple(tensor.shape) == expected and tensor.dtype == torch.float32
+    def _forward_ok(self, message: messages.DataMessage) -> bool:
+        """Activations (B, T, C) and targets (B, T) of the run's shapes, targets inside the vocabulary."""
+        batch, seq = self.cfg.data.batch_size, self.cfg.model.seq_len
+        activations, targets = message.tensors
+        if tuple(activations.shape) != (batch, seq, self.replica.module.shape.dim) or \
+                tuple(targets.shape) != (batch, seq):
+            return False
+        return bool(targets.numel() == 0 or (int(targets.min()) >= 0
+                                             and int(targets.max()) < self.cfg.model.vocab_size))
 
     def _drain_pending(self) -> None:
         while self.pending_forwards and self.accepted_this_step < self.cfg.pipeline.max_inflight:
