@@ -194,11 +194,19 @@ class Membership:
 
 
 class HeartbeatThread:
-    """Heartbeats from a daemon thread; Redis errors are absorbed so training never stops for them."""
+    """Heartbeats from a daemon thread; Redis errors are absorbed so training never stops for them.
 
-    def __init__(self, membership: Membership, updates: Callable[[], dict[str, Any]] | None = None) -> None:
+    When `leave_event` is set (a SIGTERM handler sets it) the thread deletes the record at
+    once, whatever the training thread is busy with, and stops heartbeating.
+    """
+
+    TICK_S = 0.02
+
+    def __init__(self, membership: Membership, updates: Callable[[], dict[str, Any]] | None = None, *,
+                 leave_event: threading.Event | None = None) -> None:
         self.membership = membership
         self.updates = updates or dict
+        self.leave_event = leave_event or threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self.beats = 0
@@ -208,11 +216,18 @@ class HeartbeatThread:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.membership.heartbeat_interval_s):
-            if self.membership.heartbeat(**self.updates()):
-                self.beats += 1
-            else:
-                self.failures += 1
+        next_beat = time.monotonic() + self.membership.heartbeat_interval_s
+        while not self._stop.is_set():
+            if self.leave_event.is_set():
+                self.membership.leave()
+                return
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.membership.heartbeat_interval_s
+                if self.membership.heartbeat(**self.updates()):
+                    self.beats += 1
+                else:
+                    self.failures += 1
+            self._stop.wait(self.TICK_S)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()

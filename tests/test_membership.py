@@ -132,3 +132,18 @@ def test_embedded_redis_restart_keeps_port_and_leaves_no_process():
 def test_bad_url():
     with pytest.raises(ValueError, match="redis://"):
         connect("http://localhost:6379")
+
+
+def test_heartbeat_thread_leaves_at_once_when_asked(server):
+    import threading
+
+    m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=5.0)
+    m.register(record("a", state=WorkerState.ONLINE))
+    leave = threading.Event()
+    beat = HeartbeatThread(m, leave_event=leave)
+    beat.start()
+    try:
+        leave.set()
+        poll(lambda: not m.live_members(stage=0), 1.0, "the record to be deleted")
+    finally:
+        beat.stop()

@@ -162,7 +162,8 @@ class StageWorker:
         self.exchange_server.start()
         self.membership.register(self.record(WorkerState.JOINING))
         self.heartbeat = HeartbeatThread(self.membership, lambda: {"outer_step": self.counters.outer_steps,
-                                                                   "queue_depth": self.queue_depth()})
+                                                                   "queue_depth": self.queue_depth()},
+                                         leave_event=self.leave_requested)
         self.heartbeat.start()
         self.log.info("worker_started", data_addr=self.data.address, exchange_addr=self.exchange_server.address,
                       device=str(self.device), method=self.outer.method, h=self.outer.h)
