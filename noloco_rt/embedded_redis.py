@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -35,6 +36,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM redis-server when its parent dies,
+    so a killed test or run never leaves a server behind (no-op elsewhere). Linux ties this
+    to the thread that started it: start EmbeddedRedis from a long-lived thread."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _terminate(process: subprocess.Popen) -> None:
@@ -72,7 +86,8 @@ class EmbeddedRedis:
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+                                        stderr=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
         self._finalizer = weakref.finalize(self, _terminate, self.process)
         atexit.register(self._finalizer)
         client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=0.5,

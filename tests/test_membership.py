@@ -147,3 +147,27 @@ def test_heartbeat_thread_leaves_at_once_when_asked(server):
         poll(lambda: not m.live_members(stage=0), 1.0, "the record to be deleted")
     finally:
         beat.stop()
+
+
+def test_redis_server_dies_with_a_killed_owner():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("from noloco_rt.embedded_redis import EmbeddedRedis; import time\n"
+            "r = EmbeddedRedis().start(); print(r.process.pid, flush=True); time.sleep(60)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server_pid = int(owner.stdout.readline())
+    owner.send_signal(signal.SIGKILL)  # no atexit, no finalizer: only the kernel can clean up
+    owner.wait(10)
+
+    def gone() -> bool:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{server_pid}/stat") as stat:  # a zombie waiting for init counts as gone
+            return stat.read().split()[2] == "Z"
+
+    poll(gone, 5.0, "redis-server to exit with its owner")
