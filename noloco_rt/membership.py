@@ -167,15 +167,19 @@ class Membership:
             return True
 
     def live_members(self, stage: int | None = None,
-                     states: set[WorkerState] | None = frozenset({WorkerState.ONLINE})) -> list[MemberRecord]:
-        """Members of this run (optionally one stage, some states). While Redis is unreachable,
-        the last view read successfully."""
+                     states: set[WorkerState] | None = frozenset({WorkerState.ONLINE}), *,
+                     exclude_id: str | None = None) -> list[MemberRecord]:
+        """Members of this run (optionally one stage, some states, all but `exclude_id`). While
+        Redis is unreachable, the last view read successfully. Keys that are not a well-formed
+        member hash are skipped and counted in `malformed_records`, never raised."""
         try:
             keys = list(self.client.scan_iter(match=self._pattern(), count=500))
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.hgetall(key)
-            rows = pipe.execute()
+            # raise_on_error=False: a foreign non-hash key under our pattern (WRONGTYPE)
+            # is one malformed row, not a failed read of the whole table.
+            rows = pipe.execute(raise_on_error=False)
         except REDIS_ERRORS:
             self._mark(False)
             records = self._cache
@@ -183,6 +187,9 @@ class Membership:
             self._mark(True)
             records = []
             for row in rows:
+                if isinstance(row, redis.ResponseError):
+                    self.malformed_records += 1
+                    continue
                 if not row:
                     continue  # expired between SCAN and HGETALL
                 try:
@@ -190,7 +197,8 @@ class Membership:
                 except ValueError:
                     self.malformed_records += 1
             self._cache = records
-        return [r for r in records if (stage is None or r.stage == stage) and (states is None or r.state in states)]
+        return [r for r in records if (stage is None or r.stage == stage)
+                and (states is None or r.state in states) and r.worker_id != exclude_id]
 
 
 class HeartbeatThread:
@@ -223,7 +231,14 @@ class HeartbeatThread:
                 return
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + self.membership.heartbeat_interval_s
-                if self.membership.heartbeat(**self.updates()):
+                try:
+                    ok = self.membership.heartbeat(**self.updates())
+                except Exception:  # noqa: BLE001 - the thread's last line of defence
+                    # e.g. OOM or READONLY from Redis: a dead heartbeat thread would let the
+                    # record expire while this worker keeps training, so log and beat again.
+                    self.membership.log.exception("heartbeat_failed")
+                    ok = False
+                if ok:
                     self.beats += 1
                 else:
                     self.failures += 1

@@ -72,7 +72,8 @@ class LocalCluster:
             args += ["--set", f"{key}={value}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
         env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-        log_path = self.tmp_path / f"{name}.log"
+        incarnation = sum(1 for w in self.workers if w.name == name)  # a restart gets its own log
+        log_path = self.tmp_path / (f"{name}.log" if incarnation == 0 else f"{name}.{incarnation}.log")
         handle = log_path.open("w")
         process = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env)
         handle.close()

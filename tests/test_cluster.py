@@ -103,7 +103,14 @@ def test_sigterm_leaves_the_table_at_once_and_exits_cleanly(cluster):
                      timeout_s=5, what="the victim to leave the table", interval_s=0.02)
     assert time.monotonic() - sent < 1.0
     assert victim.process.wait(15) == 0
-    assert victim.events("checkpoint_written")[-1]["reason"] == "leave"
+    final = victim.events("checkpoint_written")[-1]
+    assert final["reason"] == "leave"
+    # The same worker started again resumes its own checkpoint instead of bootstrapping.
+    again = cluster.start_worker(1, victim.name)
+    resumed = cluster.wait_event(again, "resumed_checkpoint", timeout_s=60)
+    assert resumed["inner_step"] == final["inner_step"]
+    assert not again.events("bootstrapped")
+    cluster.wait_event(again, "train_progress", timeout_s=90, where=lambda e: e["inner_step"] > final["inner_step"])
     before = {w.name: w.latest_inner_step() for w in workers[:3]}
     for worker in workers[:3]:
         cluster.wait_for(lambda w=worker: w.latest_inner_step() >= before[w.name] + 10, timeout_s=90,

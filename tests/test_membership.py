@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
@@ -156,9 +157,10 @@ def test_redis_server_dies_with_a_killed_owner():
     import sys
 
     code = ("from noloco_rt.embedded_redis import EmbeddedRedis; import time\n"
-            "r = EmbeddedRedis().start(); print(r.process.pid, flush=True); time.sleep(60)\n")
+            "r = EmbeddedRedis().start(); print(r.process.pid, r.log_path.parent, flush=True); time.sleep(60)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    server_pid = int(owner.stdout.readline())
+    pid_text, server_dir = owner.stdout.readline().split()
+    server_pid = int(pid_text)
     owner.send_signal(signal.SIGKILL)  # no atexit, no finalizer: only the kernel can clean up
     owner.wait(10)
 
@@ -171,3 +173,38 @@ def test_redis_server_dies_with_a_killed_owner():
             return stat.read().split()[2] == "Z"
 
     poll(gone, 5.0, "redis-server to exit with its owner")
+    shutil.rmtree(server_dir, ignore_errors=True)  # the killed owner could not clean up
+
+
+def test_heartbeat_thread_survives_redis_rejecting_writes(server):
+    admin = connect(server.url)
+    m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=0.05, ttl_s=5.0)
+    m.register(record("a", state=WorkerState.ONLINE))
+    beat = HeartbeatThread(m)
+    beat.start()
+    try:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")  # every write now fails with OOM (a ResponseError)
+        poll(lambda: beat.failures >= 2, 5.0, "heartbeats rejected by Redis")
+        assert beat._thread.is_alive()
+        admin.config_set("maxmemory", "0")
+        admin.delete(m.key("a"))
+        poll(lambda: admin.exists(m.key("a")), 5.0, "the heartbeat to write the record again")
+    finally:
+        beat.stop()
+
+
+def test_non_hash_key_in_the_table_is_skipped(server):
+    client = connect(server.url)
+    client.set("noloco:r:worker:str", "not a hash")
+    m = Membership(client, run_id="r")
+    m.register(record("a", state=WorkerState.ONLINE))
+    assert [r.worker_id for r in m.live_members(stage=0)] == ["a"]
+    assert m.malformed_records == 1
+
+
+def test_exclude_id(server):
+    m = Membership(connect(server.url), run_id="r")
+    m.register(record("a", state=WorkerState.ONLINE))
+    Membership(connect(server.url), run_id="r").register(record("b", state=WorkerState.ONLINE))
+    assert [r.worker_id for r in m.live_members(stage=0, exclude_id="a")] == ["b"]
