@@ -71,6 +71,3 @@ class InflightTable:
 
     def abandon(self, microbatch_id: int) -> InflightEntry | None:
         return self._entries.pop(microbatch_id, None)
-
-    def entries(self) -> list[InflightEntry]:
-        return list(self._entries.values())

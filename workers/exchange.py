@@ -126,6 +126,11 @@ class SnapshotService:
             self._published.notify_all()
         return snapshot
 
+    @property
+    def contribution(self) -> Snapshot | None:
+        """The latest published outer-step snapshot."""
+        return self._contribution
+
     def publish_bootstrap(self, replica: Any, inner_steps: int, outer_steps: int) -> None:
         # Lossless codec: a joiner must start from exactly the donor's slow weights.
         lossless = "shuffle-zstd" if "bf16" in self.cfg.worker.snapshot_codec else self.cfg.worker.snapshot_codec
@@ -243,7 +248,7 @@ def exchange_with_peer(ctx: zmq.Context, peers: Any, stage: int, service: Snapsh
             service.log.info("peer_exchange_done", peer=sender[:8], outer_step=outer_step, via="inbox",
                              wire_bytes=snapshot.encoded.wire_bytes, raw_bytes=snapshot.encoded.raw_bytes)
             return state
-    mine = service._contribution
+    mine = service.contribution
     candidates: list[MemberRecord] = peers.random_peers(stage)[:attempts]
     for peer in candidates:
         started = time.monotonic()
