@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from noloco_rt.lifecycle import PROCESS_ENV_VARS
+
 ENV_PREFIX = "NOLOCO_"
 
 METHODS = ("noloco", "diloco", "local", "ddp")
@@ -286,6 +288,29 @@ class WorkerConfig:
 
 
 @dataclass(kw_only=True)
+class CoordinatorConfig:
+    """`noloco-rt coordinator`: an observer that pulls snapshots, never on the training path."""
+
+    eval_interval_s: float = 10.0
+    """Seconds between evaluations of a model assembled from one replica per stage."""
+    spread_interval_s: float = 30.0
+    """Seconds between pulls of every replica (replica spread, consensus checkpoint)."""
+    max_pulls_per_s: float = 2.0
+    """Snapshot pulls per second at most, so observing never loads the workers much."""
+    pull_timeout_s: float = 10.0
+    """Deadline of one snapshot pull."""
+    status_port: int = 8780
+    """/status (JSON) and /metrics (Prometheus); 0 picks a free port."""
+
+    def __post_init__(self) -> None:
+        for name in ("eval_interval_s", "spread_interval_s", "max_pulls_per_s", "pull_timeout_s"):
+            value = getattr(self, name)
+            _require(value > 0, "coordinator", name, value, "must be > 0")
+        _require(0 <= self.status_port <= 65535, "coordinator", "status_port", self.status_port,
+                 "must be a port in [0, 65535]")
+
+
+@dataclass(kw_only=True)
 class PathsConfig:
     out_dir: str = "runs/latest"
     """Where a run writes metrics, logs, plots and its config."""
@@ -307,6 +332,7 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:
@@ -403,7 +429,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """NOLOCO_OUTER_ALPHA=0.4 -> {"outer": {"alpha": "0.4"}}. Unknown names are errors."""
     layer: dict[str, dict[str, str]] = {}
     for key, value in environ.items():
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) or key in PROCESS_ENV_VARS:  # those a supervisor sets
             continue
         rest = key[len(ENV_PREFIX):].lower()
         section, _, name = rest.partition("_")

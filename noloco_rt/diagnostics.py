@@ -27,5 +27,14 @@ def replica_spread(replicas: Sequence[Sequence[torch.Tensor]]) -> float:
     return math.sqrt(squared / (count * numel)) if numel else 0.0
 
 
+def pooled_spread(by_stage: Sequence[float], numels: Sequence[int]) -> float:
+    """One spread over all parameters from per-stage spreads (each over that stage's
+    replicas, whose counts may differ): squared spreads weighted by parameter count."""
+    total = sum(numels)
+    if not total:
+        return 0.0
+    return math.sqrt(sum(s * s * n for s, n in zip(by_stage, numels, strict=True)) / total)
+
+
 def perplexity(loss_nats: float) -> float:
     return math.exp(min(loss_nats, 50.0))

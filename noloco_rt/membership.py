@@ -40,12 +40,26 @@ class MemberRecord:
     queue_depth: int = 0
     public_key: str = ""
     heartbeat_time: float = 0.0
+    # Progress, for people watching (`up`, `status`); peers never route on these.
+    name: str = ""
+    inner_step: int = 0
+    loss: float | None = None
+    tokens_per_s: float = 0.0
+    peer_exchanges: int = 0
+    local_outer_steps: int = 0
+    retried: int = 0
+    dropped: int = 0
+    metrics_addr: str = ""
 
     def to_fields(self) -> dict[str, str]:
         return {"worker_id": self.worker_id, "run_id": self.run_id, "stage": str(self.stage),
                 "data_addr": self.data_addr, "exchange_addr": self.exchange_addr, "state": self.state.value,
                 "outer_step": str(self.outer_step), "queue_depth": str(self.queue_depth),
-                "public_key": self.public_key, "heartbeat_time": repr(self.heartbeat_time)}
+                "public_key": self.public_key, "heartbeat_time": repr(self.heartbeat_time),
+                "name": self.name, "inner_step": str(self.inner_step),
+                "loss": "" if self.loss is None else repr(self.loss), "tokens_per_s": repr(self.tokens_per_s),
+                "peer_exchanges": str(self.peer_exchanges), "local_outer_steps": str(self.local_outer_steps),
+                "retried": str(self.retried), "dropped": str(self.dropped), "metrics_addr": self.metrics_addr}
 
     @classmethod
     def from_fields(cls, fields: dict[Any, Any]) -> MemberRecord:
@@ -57,7 +71,15 @@ class MemberRecord:
                        data_addr=text["data_addr"], exchange_addr=text["exchange_addr"],
                        state=WorkerState(text["state"]), outer_step=int(text["outer_step"]),
                        queue_depth=int(text["queue_depth"]), public_key=text.get("public_key", ""),
-                       heartbeat_time=float(text["heartbeat_time"]))
+                       heartbeat_time=float(text["heartbeat_time"]),
+                       # Progress fields are optional: a record without them is still a member.
+                       name=text.get("name", ""), inner_step=int(text.get("inner_step") or 0),
+                       loss=float(text["loss"]) if text.get("loss") else None,
+                       tokens_per_s=float(text.get("tokens_per_s") or 0.0),
+                       peer_exchanges=int(text.get("peer_exchanges") or 0),
+                       local_outer_steps=int(text.get("local_outer_steps") or 0),
+                       retried=int(text.get("retried") or 0), dropped=int(text.get("dropped") or 0),
+                       metrics_addr=text.get("metrics_addr", ""))
         except KeyError as exc:
             raise ValueError(f"missing field {exc}") from None
 

@@ -58,3 +58,35 @@ def plot_methods(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, *,
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_distributed_run(records: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> None:
+    """curves.png of `noloco-rt up` from its metrics.jsonl records: training loss per
+    loss-computing worker and validation loss (left), replica spread (right), against step."""
+    fig, (loss_ax, spread_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    train: dict[str, dict[int, float]] = {}
+    for record in records:
+        for worker in record.get("workers", []) if record.get("kind") == "workers" else []:
+            if worker.get("loss") is not None:
+                train.setdefault(worker["name"], {})[worker["inner_step"]] = worker["loss"]
+    for name, points in sorted(train.items()):
+        steps = sorted(points)
+        loss_ax.plot(steps, [points[s] for s in steps], alpha=0.6, label=f"train {name}")
+    evals = [r for r in records if r.get("kind") in ("eval", "final") and r.get("val_loss") is not None]
+    if evals:
+        loss_ax.plot([r["step"] for r in evals], [r["val_loss"] for r in evals], "o-", color="black",
+                     label="validation")
+    loss_ax.set_xlabel("inner step")
+    loss_ax.set_ylabel("loss (nats)")
+    if train or evals:
+        loss_ax.legend(fontsize="small")
+    spreads = [r for r in records if r.get("kind") in ("spread", "final") and r.get("spread") is not None]
+    spread_ax.plot([r["step"] for r in spreads], [r["spread"] for r in spreads], "o-", color="tab:red")
+    spread_ax.set_xlabel("inner step")
+    spread_ax.set_ylabel("replica spread (slow weights)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

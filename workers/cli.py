@@ -24,6 +24,9 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
            advertise_host: str | None, metrics_port: int | None, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
+    from noloco_rt.lifecycle import set_parent_death_signal_from_env
+
+    set_parent_death_signal_from_env()  # first thing: a supervised worker must not outlive its supervisor
     from noloco_rt.commands import effective_config
 
     cfg = effective_config(config_path, assignments, {
@@ -67,6 +70,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     device = pick_device(int(os.environ.get("LOCAL_RANK", "0")))
     stage_worker = StageWorker(cfg, stage, membership=membership, ctx=ctx, name=name, device=device,
                                checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics)
+    stage_worker.metrics_addr = f"{cfg.network.advertise_host or cfg.network.bind_host}:{metrics_port_bound}"
     install_signal_handlers(stage_worker)
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)
     code = stage_worker.run()

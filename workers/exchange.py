@@ -162,7 +162,8 @@ class SnapshotService:
         kind = MessageKind(header.kind)
         if kind == MessageKind.BOOTSTRAP_REQUEST:
             snapshot = self._bootstrap
-            if snapshot is not None:
+            # The coordinator pulls the same snapshot read-only, often: not worth a log line.
+            if snapshot is not None and not header.extra.get("observer"):
                 self.log.info("bootstrap_served", to=header.sender[:8], checksum=snapshot.digest,
                               outer_step=snapshot.outer_step)
             return _snapshot_message(MessageKind.BOOTSTRAP_REPLY, self.cfg, self.stage, self.worker_id, snapshot)
@@ -291,13 +292,15 @@ def exchange_with_peer(ctx: zmq.Context, peers: Any, stage: int, service: Snapsh
     return None
 
 
-def bootstrap_from_peer(ctx: zmq.Context, donor: MemberRecord, service: SnapshotService, *,
-                        timeout_s: float) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, int], str] | None:
-    """(slow, momentum, counters, checksum) downloaded from `donor`, or None if it failed."""
+def bootstrap_from_peer(ctx: zmq.Context, donor: MemberRecord, service: SnapshotService, *, timeout_s: float,
+                        observer: bool = False,
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, int], str] | None:
+    """(slow, momentum, counters, checksum) downloaded from `donor`, or None if it failed.
+    observer=True: a read-only pull by the coordinator (the donor does not log it)."""
     cfg = service.cfg
     header = Header(version=PROTOCOL_VERSION, run_id=cfg.run.run_id, kind=MessageKind.BOOTSTRAP_REQUEST,
                     sender=service.worker_id, microbatch_id=0, attempt=0, outer_step=0, stage=service.stage,
-                    codec="raw", tensors=[], extra={})
+                    codec="raw", tensors=[], extra={"observer": True} if observer else {})
     reply = request(ctx, donor.exchange_addr, encode_message(header, []), timeout_s=timeout_s)
     if reply is None:
         service.log.warning("bootstrap_timeout", donor=donor.worker_id[:8], timeout_s=timeout_s)

@@ -134,6 +134,10 @@ class StageWorker:
         self.accepted_this_step = 0
         self.sent_this_step = 0
         self.losses: list[float] = []
+        self.last_loss: float | None = None
+        """Mean training loss of the last inner step (stages that compute the loss)."""
+        self.metrics_addr = ""
+        """host:port of the Prometheus endpoint, published in the membership record."""
         self.leave_requested = threading.Event()
         self.batches: ShardedBatches | None = None
         self.data = DataSocket(ctx, bind_host=cfg.network.bind_host, port=cfg.network.data_port,
@@ -152,8 +156,16 @@ class StageWorker:
     def record(self, state: WorkerState) -> MemberRecord:
         return MemberRecord(worker_id=self.worker_id, run_id=self.cfg.run.run_id, stage=self.stage,
                             data_addr=self.data.address, exchange_addr=self.exchange_server.address, state=state,
-                            outer_step=self.counters.outer_steps, queue_depth=self.queue_depth(), public_key="",
-                            heartbeat_time=time.time())
+                            public_key="", heartbeat_time=time.time(), name=self.name,
+                            metrics_addr=self.metrics_addr, **self.progress())
+
+    def progress(self) -> dict[str, Any]:
+        """What the heartbeat publishes besides liveness (read by `up` and `status`)."""
+        c = self.counters
+        return {"outer_step": c.outer_steps, "queue_depth": self.queue_depth(), "inner_step": c.inner_steps,
+                "loss": self.last_loss, "tokens_per_s": round(self._tokens_per_s(), 1),
+                "peer_exchanges": c.peer_exchanges, "local_outer_steps": c.local_outer_steps,
+                "retried": c.retried, "dropped": c.dropped}
 
     def queue_depth(self) -> int:
         return len(self.inflight) + len(self.pending_forwards)
@@ -161,9 +173,7 @@ class StageWorker:
     def start(self) -> None:
         self.exchange_server.start()
         self.membership.register(self.record(WorkerState.JOINING))
-        self.heartbeat = HeartbeatThread(self.membership, lambda: {"outer_step": self.counters.outer_steps,
-                                                                   "queue_depth": self.queue_depth()},
-                                         leave_event=self.leave_requested)
+        self.heartbeat = HeartbeatThread(self.membership, self.progress, leave_event=self.leave_requested)
         self.heartbeat.start()
         self.log.info("worker_started", data_addr=self.data.address, exchange_addr=self.exchange_server.address,
                       device=str(self.device), method=self.outer.method, h=self.outer.h)
@@ -495,8 +505,10 @@ class StageWorker:
             self.counters.inner_steps += 1
             self.metrics.inner_steps.inc()
             step = self.counters.inner_steps
+            if self.losses:
+                self.last_loss = sum(self.losses) / len(self.losses)
             if step % 10 == 0 or step == 1:
-                fields = {"loss": round(sum(self.losses) / len(self.losses), 4)} if self.losses else {}
+                fields = {"loss": round(self.last_loss, 4)} if self.losses else {}
                 self.log.info("train_progress", inner_step=step, tokens_per_s=round(self._tokens_per_s(), 1),
                               **fields)
             self.losses.clear()

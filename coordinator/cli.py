@@ -1,0 +1,74 @@
+"""`noloco-rt coordinator`: observe a run (evaluation, spread, consensus checkpoint, status)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from noloco_rt.cli import config_options
+
+
+@click.command()
+@click.option("--redis-url", default=None, help="Membership table of the run (network.redis_url).")
+@click.option("--status-port", type=click.IntRange(0, 65535), default=None,
+              help="Port of /status and /metrics (coordinator.status_port; 0: a free one).")
+@click.option("--host", default=None, help="Interface for /status and /metrics (network.bind_host).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Where the consensus checkpoint goes (paths.out_dir).")
+@config_options
+def coordinator(redis_url: str | None, status_port: int | None, host: str | None, out_dir: str | None,
+                config_path: str | None, assignments: tuple[str, ...]) -> None:
+    """Pull snapshots read-only, evaluate, measure replica spread and export a consensus
+    checkpoint; serve /status and /metrics. Workers never depend on it."""
+    from noloco_rt.commands import effective_config
+
+    cfg = effective_config(config_path, assignments, {
+        "network": {"redis_url": redis_url, "bind_host": host},
+        "coordinator": {"status_port": status_port},
+        "paths": {"out_dir": out_dir},
+    })
+    if not cfg.network.redis_url:
+        raise click.UsageError("--redis-url (or network.redis_url) is required: the coordinator finds workers there")
+
+    import signal
+    import threading
+
+    import zmq
+
+    from coordinator.observer import Observer
+    from coordinator.pull import RateLimiter, SnapshotPuller
+    from coordinator.server import CoordinatorMetrics, StatusServer
+    from noloco_rt.lifecycle import set_parent_death_signal_from_env
+    from noloco_rt.logs import configure_logging, get_logger
+    from noloco_rt.membership import Membership, connect
+
+    set_parent_death_signal_from_env()
+    configure_logging(cfg.run.log_format)
+    log = get_logger(run=cfg.run.run_id, role="coordinator")
+    out = Path(cfg.paths.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = CoordinatorMetrics()
+    ctx = zmq.Context()
+    membership = Membership(connect(cfg.network.redis_url), run_id=cfg.run.run_id)
+    puller = SnapshotPuller(cfg, ctx, metrics=metrics, log=log,
+                            limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
+    observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log)
+    try:
+        server = StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
+                              status_json=observer.status_json, registry=metrics.registry)
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {cfg.network.bind_host}:{cfg.coordinator.status_port}: "
+                                   f"{exc.strerror}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
+             port=server.port, out=str(out))
+    try:
+        observer.run(stop)
+    finally:
+        server.stop()
+        ctx.destroy(linger=0)
+        log.info("coordinator_stopped", evaluations=observer.status.evaluations)

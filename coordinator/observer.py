@@ -1,0 +1,223 @@
+"""The coordinator's observation cycles (DESIGN §2): evaluate, measure spread, export.
+
+Two cadences. Every eval_interval_s: one random live replica per stage is pulled, the
+stages are chained into a model and scored on the validation batches. Every
+spread_interval_s: every live replica of every stage is pulled (rate-bounded), the
+replica spread per stage is measured and the per-stage mean over replicas is written
+as the consensus checkpoint. The coordinator only reads: killing it at any moment
+changes nothing for the workers, and a failed pull only skips that replica.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from coordinator.pull import PulledReplica, SnapshotPuller
+from noloco_rt.config import Config
+from noloco_rt.diagnostics import perplexity, pooled_spread, replica_spread
+from noloco_rt.evaluation import load_validation_batches, validation_loss
+from noloco_rt.export import mean_over_replicas, save_consensus
+from noloco_rt.membership import MemberRecord, Membership
+from noloco_rt.model import build_stage
+
+PULL_ATTEMPTS_PER_STAGE = 3
+
+
+class StageChain:
+    """One module per stage, built once; loads pulled tensors and runs them in sequence."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.stages = [build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=k,
+                                   num_stages=cfg.pipeline.stages, seed=cfg.run.seed)
+                       for k in range(cfg.pipeline.stages)]
+        self.model = nn.Sequential(*self.stages)
+        self.numels = [sum(p.numel() for p in stage.parameters()) for stage in self.stages]
+
+    @torch.no_grad()
+    def load(self, tensors_by_stage: Sequence[Sequence[torch.Tensor]]) -> nn.Module:
+        for stage, tensors in zip(self.stages, tensors_by_stage, strict=True):
+            for param, source in zip(stage.parameters(), tensors, strict=True):
+                param.copy_(source)
+        return self.model
+
+
+@dataclass
+class EvalResult:
+    time: float
+    step: int
+    """Lowest inner step among the replicas used (they are pulled at slightly different times)."""
+    val_loss: float
+    val_ppl: float
+    replicas: dict[int, str]
+
+
+@dataclass
+class SpreadResult:
+    time: float
+    step: int
+    spread: float
+    spread_by_stage: list[float]
+    replicas_per_stage: list[int]
+    consensus_val_loss: float | None
+    consensus_path: str | None
+
+
+@dataclass
+class ObserverStatus:
+    run_id: str
+    started_at: float
+    members_per_stage: dict[int, int] = field(default_factory=dict)
+    redis_available: bool = True
+    pulls_ok: int = 0
+    pulls_failed: int = 0
+    evaluations: int = 0
+    last_eval: EvalResult | None = None
+    last_spread: SpreadResult | None = None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["uptime_s"] = round(time.time() - self.started_at, 1)
+        return data
+
+
+class Observer:
+    def __init__(self, cfg: Config, membership: Membership, puller: SnapshotPuller, *, out_dir: Path,
+                 metrics: Any, log: Any, rng: random.Random | None = None) -> None:
+        self.cfg = cfg
+        self.membership = membership
+        self.puller = puller
+        self.out_dir = out_dir
+        self.metrics = metrics
+        self.log = log
+        self.rng = rng or random.Random()
+        self.chain = StageChain(cfg)
+        self.val_batches = load_validation_batches(cfg)
+        self.status = ObserverStatus(run_id=cfg.run.run_id, started_at=time.time())
+        self._lock = threading.Lock()
+
+    def status_json(self) -> dict[str, Any]:
+        with self._lock:
+            return self.status.to_json()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Observe until `stop` is set. A cycle that fails is logged and retried next time."""
+        c = self.cfg.coordinator
+        next_eval = time.monotonic()
+        next_spread = time.monotonic() + min(c.spread_interval_s, c.eval_interval_s)
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_eval:
+                self._guarded(self.evaluate_once, stop)
+                next_eval = time.monotonic() + c.eval_interval_s
+            if time.monotonic() >= next_spread:
+                self._guarded(self.spread_once, stop)
+                next_spread = time.monotonic() + c.spread_interval_s
+            stop.wait(max(0.0, min(next_eval, next_spread) - time.monotonic()))
+
+    def _guarded(self, cycle: Any, stop: threading.Event) -> None:
+        try:
+            cycle(stop)
+        except Exception:  # noqa: BLE001 - an observer bug must not take the status endpoint down
+            self.log.exception("observer_cycle_failed", cycle=cycle.__name__)
+            self.metrics.cycle_failures.inc()
+
+    def _members_by_stage(self) -> dict[int, list[MemberRecord]]:
+        members = self.membership.live_members(stage=None)
+        by_stage: dict[int, list[MemberRecord]] = {k: [] for k in range(self.cfg.pipeline.stages)}
+        for member in members:
+            if member.stage in by_stage:
+                by_stage[member.stage].append(member)
+        with self._lock:
+            self.status.members_per_stage = {k: len(v) for k, v in by_stage.items()}
+            self.status.redis_available = self.membership.redis_available
+        for stage, stage_members in by_stage.items():
+            self.metrics.members.labels(stage=str(stage)).set(len(stage_members))
+        return by_stage
+
+    def _pull(self, member: MemberRecord, stop: threading.Event) -> PulledReplica | None:
+        pulled = self.puller.pull(member, stop)
+        ok = pulled is not None
+        self.metrics.pulls.labels(result="ok" if ok else "failed").inc()
+        with self._lock:
+            if ok:
+                self.status.pulls_ok += 1
+            elif not stop.is_set():
+                self.status.pulls_failed += 1
+        return pulled
+
+    def _note(self, text: str) -> None:
+        with self._lock:
+            self.status.note = text
+
+    # -- evaluation: one replica per stage ----------------------------------------------------
+
+    def evaluate_once(self, stop: threading.Event) -> EvalResult | None:
+        by_stage = self._members_by_stage()
+        chosen: list[PulledReplica] = []
+        for stage, members in by_stage.items():
+            candidates = self.rng.sample(members, k=min(len(members), PULL_ATTEMPTS_PER_STAGE))
+            pulled = next((p for p in (self._pull(m, stop) for m in candidates) if p is not None), None)
+            if pulled is None:
+                self._note(f"no replica of stage {stage} could be pulled" if members
+                           else f"waiting for a live worker of stage {stage}")
+                return None
+            chosen.append(pulled)
+        model = self.chain.load([p.slow for p in chosen])
+        loss = validation_loss(model, self.cfg, val_batches=self.val_batches)
+        result = EvalResult(time=time.time(), step=min(p.inner_steps for p in chosen), val_loss=loss,
+                            val_ppl=perplexity(loss), replicas={p.stage: p.name or p.worker_id[:8] for p in chosen})
+        with self._lock:
+            self.status.last_eval = result
+            self.status.evaluations += 1
+            self.status.note = ""
+        self.metrics.val_loss.set(loss)
+        self.metrics.val_ppl.set(result.val_ppl)
+        self.metrics.eval_step.set(result.step)
+        self.log.info("evaluated", step=result.step, val_loss=round(loss, 4), val_ppl=round(result.val_ppl, 3),
+                      replicas=result.replicas)
+        return result
+
+    # -- spread and consensus: every replica ----------------------------------------------------
+
+    def spread_once(self, stop: threading.Event) -> SpreadResult | None:
+        by_stage = self._members_by_stage()
+        pulled_by_stage: list[list[PulledReplica]] = []
+        for stage, members in by_stage.items():
+            pulled = [p for p in (self._pull(m, stop) for m in members) if p is not None]
+            if not pulled:
+                self._note(f"spread: no replica of stage {stage} could be pulled")
+                return None
+            pulled_by_stage.append(pulled)
+        spreads = [replica_spread([p.slow for p in pulled]) for pulled in pulled_by_stage]
+        consensus = [mean_over_replicas([p.slow for p in pulled]) for pulled in pulled_by_stage]
+        step = min(p.inner_steps for pulled in pulled_by_stage for p in pulled)
+        counts = [len(pulled) for pulled in pulled_by_stage]
+        path = self.out_dir / "consensus.safetensors"
+        save_consensus(path, self.cfg, consensus,
+                       metadata={"step": str(step), "replicas_per_stage": ",".join(map(str, counts)),
+                                 "created": f"{time.time():.3f}", "source": "coordinator"})
+        consensus_loss = validation_loss(self.chain.load(consensus), self.cfg, val_batches=self.val_batches)
+        result = SpreadResult(time=time.time(), step=step, spread=pooled_spread(spreads, self.chain.numels),
+                              spread_by_stage=spreads, replicas_per_stage=counts,
+                              consensus_val_loss=consensus_loss, consensus_path=str(path))
+        with self._lock:
+            self.status.last_spread = result
+        self.metrics.spread.labels(stage="all").set(result.spread)
+        for stage, value in enumerate(spreads):
+            self.metrics.spread.labels(stage=str(stage)).set(value)
+        self.metrics.consensus_writes.inc()
+        self.log.info("spread_measured", step=step, spread=result.spread, by_stage=spreads, replicas=counts,
+                      consensus_val_loss=round(consensus_loss, 4), consensus=str(path))
+        return result

@@ -1,0 +1,74 @@
+"""The coordinator's metrics and its HTTP endpoint: /status (JSON) and /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+
+class CoordinatorMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.members = Gauge("noloco_coordinator_members", "Live ONLINE workers per stage", ["stage"], registry=r)
+        self.pulls = Counter("noloco_coordinator_pulls", "Snapshot pulls by result", ["result"], registry=r)
+        self.rejected = Counter("noloco_coordinator_rejected", "Pulled snapshots rejected by validation",
+                                ["reason"], registry=r)
+        self.val_loss = Gauge("noloco_coordinator_val_loss", "Validation loss of the assembled model", registry=r)
+        self.val_ppl = Gauge("noloco_coordinator_val_perplexity", "Validation perplexity", registry=r)
+        self.eval_step = Gauge("noloco_coordinator_eval_step", "Inner step of the last evaluation", registry=r)
+        self.spread = Gauge("noloco_coordinator_replica_spread", "Replica spread of slow weights", ["stage"],
+                            registry=r)
+        self.consensus_writes = Counter("noloco_coordinator_consensus_writes", "Consensus checkpoints written",
+                                        registry=r)
+        self.cycle_failures = Counter("noloco_coordinator_cycle_failures", "Observation cycles that raised",
+                                      registry=r)
+
+
+class StatusServer:
+    """A small threaded HTTP server; the handlers only read (status_json is thread-safe)."""
+
+    def __init__(self, host: str, port: int, *, status_json: Callable[[], dict[str, Any]],
+                 registry: CollectorRegistry) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server API
+                if self.path.split("?")[0] == "/status":
+                    body, kind = json.dumps(status_json(), default=str).encode(), "application/json"
+                elif self.path.split("?")[0] == "/metrics":
+                    body, kind = generate_latest(registry), CONTENT_TYPE_LATEST
+                else:
+                    self.send_error(404, "try /status or /metrics")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:  # requests are not worth a log line each
+                outer.requests += 1
+
+        self.requests = 0
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="status-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
