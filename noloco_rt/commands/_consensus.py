@@ -1,0 +1,55 @@
+"""Shared by the commands that read a consensus file (eval, sample)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from noloco_rt.config import Config
+    from noloco_rt.model import PipelineStage
+
+
+class UnusableCheckpoint(click.ClickException):
+    """A user error like a bad flag: one line, exit code 2, no traceback."""
+
+    exit_code = 2
+
+
+def checkpoint_argument(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))(func)
+
+
+def device_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--device", default="cpu", show_default=True,
+                        help="Torch device to run the model on, e.g. cuda or cuda:1.")(func)
+
+
+def resolve_device(text: str) -> str:
+    """The --device value checked here, so a typo is a one-line usage error, not a torch traceback."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise click.BadParameter(f"{text!r} is not a torch device", param_hint="--device") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
+        if device.index is not None and device.index >= count:
+            raise click.BadParameter(f"{text!r}: this machine has {count} CUDA device(s)", param_hint="--device")
+    return str(device)
+
+
+def load_for_command(path: Path, device: str) -> tuple[Config, PipelineStage, dict[str, str]]:
+    """load_consensus, with its errors turned into a one-line message."""
+    from noloco_rt.export import ExportError, load_consensus
+
+    try:
+        return load_consensus(path, device=device)
+    except ExportError as exc:
+        raise UnusableCheckpoint(str(exc)) from None

@@ -1,0 +1,49 @@
+"""`noloco-rt eval`: validation loss of a consensus checkpoint, beside the untrained model's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from noloco_rt.commands._consensus import (
+    checkpoint_argument,
+    device_option,
+    load_for_command,
+    resolve_device,
+)
+
+
+@click.command(name="eval")
+@checkpoint_argument
+@click.option("--batches", type=click.IntRange(min=1), default=None,
+              help="Validation batches (default: run.eval_batches of the checkpoint's config).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@device_option
+def eval_command(checkpoint: Path, batches: int | None, as_json: bool, device: str) -> None:
+    """Validation loss and perplexity of CHECKPOINT (a consensus .safetensors file) and, for
+    comparison, of the untrained model of the same config and seed."""
+    device = resolve_device(device)
+    cfg, model, metadata = load_for_command(checkpoint, device)
+
+    from noloco_rt.diagnostics import perplexity
+    from noloco_rt.evaluation import load_validation_batches, validation_loss
+    from noloco_rt.model import build_model
+
+    val_batches = load_validation_batches(cfg, batches=batches)  # loaded once, used for both models
+    trained = validation_loss(model, cfg, device=device, val_batches=val_batches)
+    untrained_model = build_model(cfg.model.preset, vocab_size=cfg.model.vocab_size, seed=cfg.run.seed,
+                                  device=device)
+    untrained = validation_loss(untrained_model, cfg, device=device, val_batches=val_batches)
+    result = {"val_loss": trained, "val_ppl": perplexity(trained), "untrained_val_loss": untrained,
+              "untrained_val_ppl": perplexity(untrained), "checkpoint": str(checkpoint)}
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    step = f", step {metadata['step']}" if "step" in metadata else ""
+    click.echo(f"{checkpoint} (run {cfg.run.run_id}{step}, preset {cfg.model.preset}, "
+               f"{len(val_batches)} validation batches of {cfg.data.batch_size}×{cfg.model.seq_len} tokens)")
+    click.echo(f"{'':<12}{'val_loss':>10}{'val_ppl':>12}")
+    click.echo(f"{'checkpoint':<12}{trained:>10.4f}{result['val_ppl']:>12.2f}")
+    click.echo(f"{'untrained':<12}{untrained:>10.4f}{result['untrained_val_ppl']:>12.2f}")

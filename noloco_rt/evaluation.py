@@ -1,0 +1,95 @@
+"""Evaluate and sample a whole model: validation loss in nats, byte-level generation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from noloco_rt.config import Config
+from noloco_rt.data import (
+    BYTE_VOCAB_SIZE,
+    DOCUMENT_SEPARATOR,
+    Corpus,
+    decode,
+    encode,
+    load_corpus,
+    validation_batches,
+)
+from noloco_rt.model import lm_loss
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def load_validation_batches(cfg: Config, *, batches: int | None = None, corpus: Corpus | None = None) -> list[Batch]:
+    """The run's fixed validation batches (the same ones the simulator and observer use)."""
+    corpus = corpus or load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
+    return validation_batches(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size,
+                              count=batches or cfg.run.eval_batches)
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, cfg: Config, *, batches: int | None = None, device: torch.device | str = "cpu",
+                    corpus: Corpus | None = None, val_batches: Sequence[Batch] | None = None) -> float:
+    """Mean next-token loss in nats of the whole model over the validation batches.
+
+    Pass `val_batches` (or `corpus`) when evaluating repeatedly, to load the corpus once.
+    """
+    if val_batches is None:
+        val_batches = load_validation_batches(cfg, batches=batches, corpus=corpus)
+    was_training = model.training
+    model.eval()
+    try:
+        # The batches are equal-sized, so the mean of batch means is the mean over tokens.
+        losses = [float(lm_loss(model(inputs.to(device)), targets.to(device))) for inputs, targets in val_batches]
+    finally:
+        model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator) -> int:
+    """Sample one id from logits (V,); temperature 0 is greedy."""
+    logits = logits[:BYTE_VOCAB_SIZE].float()  # byte-level text: ids above 255 are not characters
+    if temperature == 0:
+        return int(logits.argmax())
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature: float, top_k: int | None,
+             seed: int, context_len: int) -> str:
+    """Continue `prompt` by `max_new_tokens` bytes and return only the new text.
+
+    The model sees the last `context_len` tokens (the length it was trained on); an
+    empty prompt starts as a new document does. Same seed, same text.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0:  # also rejects NaN
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len}")
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    tokens = encode(prompt) or list(DOCUMENT_SEPARATOR)
+    new: list[int] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            context = torch.tensor([tokens[-context_len:]], dtype=torch.long, device=device)  # (1, T)
+            logits = model(context)[0, -1]  # (V,) at the last position
+            token = _next_token(logits, temperature, top_k, generator)
+            tokens.append(token)
+            new.append(token)
+    finally:
+        model.train(was_training)
+    return decode(new)

@@ -1,0 +1,302 @@
+"""The consensus checkpoint: one safetensors file holding the whole model.
+
+Every worker keeps its own slow weights φ; the model a run has learned is their mean
+over the replicas of each stage. This module averages them (from tensors in memory or
+from the workers' checkpoint files), writes the result as one safetensors file whose
+metadata carries the run's config, and loads it back as the whole model, so a
+consensus file is usable without the run's config file or cluster.
+
+Writes are atomic (temporary file, fsync, rename): a reader sees the previous complete
+file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
+
+from noloco_rt.checkpoint import CHECKPOINT_VERSION, atomic_write_bytes
+from noloco_rt.config import Config, ConfigError, config_to_toml, load_config
+from noloco_rt.logs import get_logger
+from noloco_rt.model import PRESETS, PipelineStage
+
+CONSENSUS_FORMAT = "noloco-consensus/1"
+RESERVED_METADATA = ("format", "config")
+
+
+class ExportError(ValueError):
+    """A consensus cannot be built, written or read; the message names the file and the problem."""
+
+
+# -- shapes -------------------------------------------------------------------------------
+
+
+def _empty_stage(cfg: Config, stage: int, num_stages: int) -> PipelineStage:
+    # On the meta device: names and shapes without allocating or initialising weights.
+    with torch.device("meta"):
+        return PipelineStage(PRESETS[cfg.model.preset], cfg.model.vocab_size, stage, num_stages)
+
+
+def stage_parameter_shapes(cfg: Config, stage: int) -> list[tuple[str, torch.Size]]:
+    """(name, shape) of stage `stage`'s parameters in `module.parameters()` order."""
+    module = _empty_stage(cfg, stage, cfg.pipeline.stages)
+    return [(name, param.shape) for name, param in module.named_parameters()]
+
+
+def _check_tensors(tensors: Sequence[torch.Tensor], expected: list[tuple[str, torch.Size]], where: str) -> None:
+    if len(tensors) != len(expected):
+        raise ExportError(f"{where}: {len(tensors)} tensors, expected {len(expected)}")
+    for tensor, (name, shape) in zip(tensors, expected, strict=True):
+        if not isinstance(tensor, torch.Tensor):
+            raise ExportError(f"{where}: {name} is a {type(tensor).__name__}, not a tensor")
+        if tensor.shape != shape:
+            raise ExportError(f"{where}: {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        if not tensor.is_floating_point():
+            raise ExportError(f"{where}: {name} has dtype {tensor.dtype}, expected a floating-point type")
+
+
+# -- averaging ----------------------------------------------------------------------------
+
+
+@dataclass
+class _MeanAccumulator:
+    """Running elementwise float32 sum, so that averaging checkpoint files holds one
+    replica in memory at a time beside the result (float32: R·eps relative error, fine for R replicas)."""
+
+    sums: list[torch.Tensor] | None = None
+    count: int = 0
+
+    def add(self, tensors: Sequence[torch.Tensor]) -> None:
+        if self.sums is None:
+            self.sums = [t.detach().to("cpu", torch.float32, copy=True) for t in tensors]
+        else:
+            if len(tensors) != len(self.sums):
+                raise ExportError(f"replica {self.count} has {len(tensors)} tensors, replica 0 has {len(self.sums)}")
+            for index, (total, tensor) in enumerate(zip(self.sums, tensors, strict=True)):
+                if tensor.shape != total.shape:
+                    raise ExportError(f"replica {self.count} tensor {index} has shape {tuple(tensor.shape)}, "
+                                      f"replica 0 has {tuple(total.shape)}")
+                total.add_(tensor.detach().to("cpu", torch.float32))
+        self.count += 1
+
+    def mean(self) -> list[torch.Tensor]:
+        if self.sums is None:
+            raise ExportError("mean over no replicas")
+        return [total / self.count for total in self.sums]
+
+
+def mean_over_replicas(replicas: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
+    """Elementwise float32 mean of the replicas' tensor lists (same length and shapes each)."""
+    accumulator = _MeanAccumulator()
+    for tensors in replicas:
+        accumulator.add(tensors)
+    return accumulator.mean()
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+def save_consensus(path: Path, cfg: Config, stages: Sequence[Sequence[torch.Tensor]], *,
+                   metadata: Mapping[str, str] | None = None) -> None:
+    """Write the whole model to `path` atomically.
+
+    stages[k] holds stage k's tensors in ``build_stage(...).parameters()`` order. The
+    file's metadata holds ``format``, ``config`` (TOML) and the given metadata.
+    """
+    path = Path(path)
+    if len(stages) != cfg.pipeline.stages:
+        raise ExportError(f"{path}: {len(stages)} stages given, config has pipeline.stages = {cfg.pipeline.stages}")
+    extra = dict(metadata or {})
+    for key, value in extra.items():
+        if key in RESERVED_METADATA:
+            raise ExportError(f"{path}: metadata key {key!r} is reserved")
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ExportError(f"{path}: metadata must map str to str, got {key!r}: {value!r}")
+    named: dict[str, torch.Tensor] = {}
+    for stage, tensors in enumerate(stages):
+        expected = stage_parameter_shapes(cfg, stage)
+        _check_tensors(tensors, expected, f"{path}: stage {stage}")
+        for (name, _), tensor in zip(expected, tensors, strict=True):
+            named[name] = tensor.detach().to("cpu").contiguous()
+    header = {**extra, "format": CONSENSUS_FORMAT, "config": config_to_toml(cfg)}
+    atomic_write_bytes(path, safetensors_bytes(named, metadata=header))
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def _config_from_toml(text: str, path: Path) -> Config:
+    try:
+        # environ={}: the file's config is what the model was trained with, whatever NOLOCO_* says here.
+        return load_config(None, environ={}, overrides=[tomllib.loads(text)])
+    except (tomllib.TOMLDecodeError, ConfigError) as exc:
+        raise ExportError(f"{path}: embedded config is invalid: {exc}") from None
+
+
+def _read_tensors(handle: Any, expected: dict[str, torch.Size], path: Path) -> dict[str, torch.Tensor]:
+    names = set(handle.keys())
+    missing, unexpected = sorted(expected.keys() - names), sorted(names - expected.keys())
+    if missing:
+        raise ExportError(f"{path}: missing tensors {', '.join(missing[:5])}" + (" …" if len(missing) > 5 else ""))
+    if unexpected:
+        raise ExportError(f"{path}: unexpected tensors {', '.join(unexpected[:5])}"
+                          + (" …" if len(unexpected) > 5 else ""))
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in expected.items():
+        shape_in_file = tuple(handle.get_slice(name).get_shape())  # checked before reading the data
+        if shape_in_file != tuple(shape):
+            raise ExportError(f"{path}: tensor {name} has shape {shape_in_file}, expected {tuple(shape)}")
+        tensors[name] = handle.get_tensor(name)
+        if not tensors[name].is_floating_point():
+            raise ExportError(f"{path}: tensor {name} has dtype {tensors[name].dtype}, expected floating point")
+    return tensors
+
+
+def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Config, PipelineStage, dict[str, str]]:
+    """(config, whole model with the consensus weights, metadata) of a consensus file.
+
+    The config is the one embedded in the file (NOLOCO_* variables do not change it).
+    Raises ExportError, naming the file and the problem, for a missing or unreadable
+    file, another format, or tensors that do not match the config's model exactly.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ExportError(f"{path}: no such file")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            metadata = dict(handle.metadata() or {})
+            found = metadata.get("format")
+            if found != CONSENSUS_FORMAT:
+                raise ExportError(f"{path}: format is {found!r}, expected {CONSENSUS_FORMAT!r}")
+            if "config" not in metadata:
+                raise ExportError(f"{path}: metadata has no config")
+            cfg = _config_from_toml(metadata["config"], path)
+            model = _empty_stage(cfg, 0, 1)
+            expected = {name: param.shape for name, param in model.named_parameters()}
+            tensors = _read_tensors(handle, expected, path)
+    except SafetensorError as exc:
+        raise ExportError(f"{path}: not a readable safetensors file ({exc})") from None
+    except OSError as exc:  # e.g. no permission to read it
+        raise ExportError(f"{path}: cannot be read ({exc})") from None
+    model.load_state_dict(tensors, strict=True, assign=True)  # names and shapes were checked above
+    return cfg, model.to(device), metadata
+
+
+# -- from worker checkpoints --------------------------------------------------------------
+
+
+@dataclass
+class CheckpointScan:
+    """What a checkpoint folder holds for one run: summed slow weights per stage, and what was left out."""
+
+    sums_by_stage: dict[int, _MeanAccumulator] = field(default_factory=dict)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    """(file, reason) for every *.pt not used: unreadable, another run, wrong stage or shapes."""
+
+    def replicas(self, stage: int) -> int:
+        accumulator = self.sums_by_stage.get(stage)
+        return accumulator.count if accumulator else 0
+
+
+def _usable_slow(state: Any, cfg: Config, shapes: list[list[tuple[str, torch.Size]]]) -> tuple[int, list] | str:
+    """(stage, slow tensors) of a checkpoint of this run, or why it cannot be used."""
+    if not isinstance(state, dict):
+        return f"holds a {type(state).__name__}, not a checkpoint dict"
+    if state.get("version") != CHECKPOINT_VERSION:
+        return f"version {state.get('version')!r}, expected {CHECKPOINT_VERSION}"
+    if state.get("run_id") != cfg.run.run_id:
+        return f"belongs to run {state.get('run_id')!r}"
+    stage = state.get("stage")
+    if not isinstance(stage, int) or not 0 <= stage < len(shapes):
+        return f"stage {stage!r} is not in [0, {len(shapes)})"
+    slow = state.get("slow")
+    if not isinstance(slow, list):
+        return "has no list of slow weights"
+    try:
+        _check_tensors(slow, shapes[stage], f"stage {stage} slow weights")
+    except ExportError as exc:
+        return str(exc)
+    return stage, slow
+
+
+def scan_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> CheckpointScan:
+    """Sum the slow weights of every usable ``*.pt`` of run cfg.run.run_id in checkpoint_dir.
+
+    A file that cannot be read or does not fit is recorded in ``skipped``; one bad
+    file never stops the export. Files are read in name order, one at a time.
+    """
+    shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
+    scan = CheckpointScan()
+    for path in sorted(Path(checkpoint_dir).glob("*.pt")):
+        try:
+            # mmap: only the slow weights are read from disk, not fast weights or optimizer state.
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # torch raises many types for a damaged or foreign file
+            scan.skipped.append((path, f"cannot be read: {type(exc).__name__}: {exc}"))
+            continue
+        usable = _usable_slow(state, cfg, shapes)
+        if isinstance(usable, str):
+            scan.skipped.append((path, usable))
+            continue
+        stage, slow = usable
+        scan.sums_by_stage.setdefault(stage, _MeanAccumulator()).add(slow)
+    return scan
+
+
+def consensus_from_checkpoints(checkpoint_dir: Path, cfg: Config) -> tuple[list[list[torch.Tensor]], list[int]]:
+    """(per-stage mean slow weights, replicas per stage) from the workers' checkpoint files.
+
+    Files that cannot be used are logged (event ``checkpoint_skipped``) and left out;
+    a stage with no usable checkpoint is an ExportError.
+    """
+    if not Path(checkpoint_dir).is_dir():
+        raise ExportError(f"{checkpoint_dir}: no such folder")
+    scan = scan_worker_checkpoints(checkpoint_dir, cfg)
+    log = get_logger(run=cfg.run.run_id, worker="export", stage="all")
+    for path, reason in scan.skipped:
+        log.warning("checkpoint_skipped", path=str(path), reason=reason)
+    stages = range(cfg.pipeline.stages)
+    empty = [s for s in stages if scan.replicas(s) == 0]
+    if empty:
+        raise ExportError(f"{checkpoint_dir}: no usable checkpoint of run {cfg.run.run_id!r} for stage(s) "
+                          f"{', '.join(map(str, empty))} ({len(scan.skipped)} files skipped)")
+    return [scan.sums_by_stage[s].mean() for s in stages], [scan.replicas(s) for s in stages]
+
+
+def replicas_from_checkpoints(checkpoint_dir: Path, cfg: Config) -> tuple[list[list[list[torch.Tensor]]], list[int]]:
+    """(per stage, every replica's slow weights; the inner step of each checkpoint used).
+
+    Holds every replica in memory at once (what `noloco-rt up` needs for the final replica
+    spread of a run that fitted on one machine); consensus_from_checkpoints streams instead.
+    """
+    if not Path(checkpoint_dir).is_dir():
+        raise ExportError(f"{checkpoint_dir}: no such folder")
+    shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
+    by_stage: list[list[list[torch.Tensor]]] = [[] for _ in shapes]
+    steps: list[int] = []
+    log = get_logger(run=cfg.run.run_id, worker="export", stage="all")
+    for path in sorted(Path(checkpoint_dir).glob("*.pt")):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many types for a damaged or foreign file
+            log.warning("checkpoint_skipped", path=str(path), reason=f"cannot be read: {exc}")
+            continue
+        usable = _usable_slow(state, cfg, shapes)
+        if isinstance(usable, str):
+            log.warning("checkpoint_skipped", path=str(path), reason=usable)
+            continue
+        stage, slow = usable
+        by_stage[stage].append([t.float() for t in slow])
+        steps.append(int((state.get("counters") or {}).get("inner_steps", 0)))
+    empty = [s for s, replicas in enumerate(by_stage) if not replicas]
+    if empty:
+        raise ExportError(f"{checkpoint_dir}: no usable checkpoint of run {cfg.run.run_id!r} for stage(s) "
+                          f"{', '.join(map(str, empty))}")
+    return by_stage, steps

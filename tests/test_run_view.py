@@ -1,0 +1,123 @@
+"""Pure parts of `up` and the coordinator: samples, run directories, rate limits, pooled spread."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from coordinator.pull import RateLimiter
+from noloco_rt.config import load_config
+from noloco_rt.diagnostics import pooled_spread
+from noloco_rt.membership import MemberRecord, WorkerState
+from workers.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
+from workers.run_view import build_sample, headline, log_fields, render_table
+
+
+@dataclass
+class Proc:
+    state: str
+    restarts: int = 0
+
+
+def record(name: str, stage: int, *, step: int, loss: float | None, beat: float, state=WorkerState.ONLINE):
+    return MemberRecord(worker_id=f"id-{name}-{beat}", run_id="r", stage=stage, data_addr="tcp://x:1",
+                        exchange_addr="tcp://x:2", state=state, heartbeat_time=beat, name=name, inner_step=step,
+                        loss=loss, tokens_per_s=100.0, peer_exchanges=2, retried=1)
+
+
+def test_sample_takes_the_newest_record_per_name_and_keeps_figures_of_workers_that_left():
+    names = {"s0-r0": 0, "s1-r0": 1}
+    last_seen: dict = {}
+    records = [record("s0-r0", 0, step=10, loss=None, beat=1.0), record("s0-r0", 0, step=20, loss=None, beat=2.0),
+               record("s1-r0", 1, step=18, loss=3.5, beat=2.0)]
+    sample = build_sample(now=110.0, started=100.0, steps=40, names_by_stage=names,
+                          processes={"s0-r0": Proc("running"), "s1-r0": Proc("running", restarts=1)},
+                          records=records, last_seen=last_seen, coordinator_status=None, coordinator_state="off",
+                          redis_up=True)
+    rows = {row.name: row for row in sample.workers}
+    assert rows["s0-r0"].inner_step == 20 and rows["s1-r0"].loss == 3.5 and rows["s1-r0"].restarts == 1
+    assert sample.progress == pytest.approx((20 + 18) / 80)
+    assert sample.remaining_s == pytest.approx(10.0 * (1 - 38 / 80) / (38 / 80))
+    # The last-stage worker finished and left the table: its last figures stay, its state is the supervisor's.
+    later = build_sample(now=120.0, started=100.0, steps=40, names_by_stage=names,
+                         processes={"s0-r0": Proc("running"), "s1-r0": Proc("finished")},
+                         records=[record("s0-r0", 0, step=30, loss=None, beat=3.0)], last_seen=last_seen,
+                         coordinator_status={"last_eval": {"val_loss": 2.5, "step": 25},
+                                             "last_spread": {"spread": 1e-3}},
+                         coordinator_state="ok", redis_up=False)
+    rows = {row.name: row for row in later.workers}
+    assert rows["s1-r0"].state == "finished" and rows["s1-r0"].inner_step == 18 and rows["s1-r0"].loss == 3.5
+    assert later.val_loss == 2.5 and later.eval_step == 25 and later.spread == 1e-3 and later.redis == "unreachable"
+    fields = log_fields(later)
+    assert fields["min_step"] == 18 and fields["states"] == {"ONLINE": 1, "finished": 1}
+    assert "val loss 2.500" in headline(later)
+    assert render_table(later, title="t").row_count == 2
+    assert later.to_json()["kind"] == "workers"
+
+
+def test_progress_of_an_empty_or_finished_run():
+    empty = build_sample(now=1.0, started=0.0, steps=10, names_by_stage={}, processes={}, records=[],
+                         last_seen={}, coordinator_status=None, coordinator_state="off", redis_up=True)
+    assert empty.progress == 0.0 and empty.remaining_s is None
+    done = build_sample(now=5.0, started=0.0, steps=10, names_by_stage={"a": 0}, processes={"a": Proc("running")},
+                        records=[record("a", 0, step=10, loss=1.0, beat=1.0)], last_seen={},
+                        coordinator_status=None, coordinator_state="off", redis_up=True)
+    assert done.progress == 1.0 and done.remaining_s == 0.0
+
+
+def test_run_dir_is_reused_by_the_same_config_and_refused_for_another(tmp_path):
+    cfg = load_config(None, environ={}, overrides=[{"pipeline": {"stages": "2"}}])
+    out = tmp_path / "run"
+    config_file = prepare_run_dir(out, cfg)
+    assert config_file.read_text().count("[pipeline]") == 1 and (out / "logs").is_dir()
+    assert prepare_run_dir(out, cfg) == config_file  # same config: resumed
+    other = load_config(None, environ={}, overrides=[{"pipeline": {"stages": "2"}, "model": {"preset": "small"}}])
+    with pytest.raises(RunDirError, match="model.preset: 'tiny' -> 'small'"):
+        prepare_run_dir(out, other)
+
+
+def test_metrics_log_survives_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    log.write({"kind": "workers", "n": 1})
+    log.close()
+    with path.open("a") as handle:
+        handle.write('{"kind": "work')  # killed mid-write
+    records = read_metrics(path)
+    assert [r["n"] for r in records] == [1] and "time" in records[0]
+
+
+def test_rate_limiter_spaces_acquisitions_evenly():
+    now = [100.0]
+    limiter = RateLimiter(4.0, clock=lambda: now[0])
+    assert limiter.delay_s() == 0.0
+    limiter.take()
+    assert limiter.delay_s() == pytest.approx(0.25)
+    now[0] += 0.1
+    assert limiter.delay_s() == pytest.approx(0.15)
+    now[0] += 10.0  # idle for long: no burst credit builds up
+    limiter.take()
+    assert limiter.delay_s() == pytest.approx(0.25)
+    with pytest.raises(ValueError):
+        RateLimiter(0)
+
+
+def test_rate_limiter_acquire_gives_up_when_stopped():
+    import threading
+
+    limiter = RateLimiter(0.01)  # one per 100 s
+    limiter.take()
+    stop = threading.Event()
+    stop.set()
+    started = time.monotonic()
+    assert limiter.acquire(stop) is False
+    assert time.monotonic() - started < 5.0
+
+
+def test_pooled_spread_weights_stages_by_parameter_count():
+    assert pooled_spread([1.0, 3.0], [1, 1]) == pytest.approx(math.sqrt(5.0))
+    assert pooled_spread([2.0, 0.0], [3, 1]) == pytest.approx(math.sqrt(3.0))
+    assert pooled_spread([], []) == 0.0
