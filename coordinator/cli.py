@@ -39,7 +39,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from coordinator.observer import Observer
     from coordinator.pull import RateLimiter, SnapshotPuller
     from coordinator.server import CoordinatorMetrics, StatusServer
-    from noloco_rt.lifecycle import set_parent_death_signal_from_env
+    from noloco_rt.lifecycle import set_event_from_signal_handler, set_parent_death_signal_from_env
     from noloco_rt.logs import configure_logging, get_logger
     from noloco_rt.membership import Membership, connect
 
@@ -62,7 +62,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
                                    f"{exc.strerror}") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: set_event_from_signal_handler(stop))
     server.start()
     log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
              port=server.port, out=str(out))

@@ -20,7 +20,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("noloco_rt.commands.simulate:simulate",
                  "Train R replicas × S stages in one process (the algorithm without the network)."),
     "worker": ("workers.cli:worker", "Run one stage worker (joins through Redis, trains with live peers)."),
+    "launch": ("workers.launch:launch", "Supervise N local workers of one stage (bare metal)."),
     "status": ("noloco_rt.commands.status:status", "Print live workers per stage from the membership table."),
+    "eval": ("noloco_rt.commands.eval:eval_command",
+             "Validation loss of a consensus checkpoint vs. untrained."),
+    "sample": ("noloco_rt.commands.sample:sample", "Continue a prompt with a consensus checkpoint."),
+    "coordinator": ("coordinator.cli:coordinator",
+                    "Observe a run: evaluate, measure replica spread, export a consensus checkpoint."),
+    "up": ("workers.up:up", "Run a whole training on this machine: Redis, coordinator and S × R workers."),
 }
 
 

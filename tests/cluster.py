@@ -23,6 +23,23 @@ from noloco_rt.membership import Membership, WorkerState, connect
 Event = dict[str, Any]
 
 
+def read_events(log_path: Path, event: str | None = None) -> list[Event]:
+    """The JSON log lines of a file (all, or those of one event); other lines are skipped."""
+    found: list[Event] = []
+    if not log_path.exists():
+        return found
+    for line in log_path.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+        if event is None or record.get("event") == event:
+            found.append(record)
+    return found
+
+
 @dataclass
 class WorkerProcess:
     name: str
@@ -31,19 +48,7 @@ class WorkerProcess:
     log_path: Path
 
     def events(self, event: str | None = None) -> list[Event]:
-        found = []
-        if not self.log_path.exists():
-            return found
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written right now
-            if event is None or record.get("event") == event:
-                found.append(record)
-        return found
+        return read_events(self.log_path, event)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,113 @@
+"""One child process in its own torch.distributed.elastic PContext (a single local rank).
+
+The glue between workers.supervisor and torch: flat per-incarnation log files instead of
+DefaultLogsSpecs' run/attempt/rank folders, the owner's signal handlers kept across
+PContext.start(), return codes, and the log files torch leaves open.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing import (
+    LogsDest,
+    LogsSpecs,
+    PContext,
+    SignalException,
+    start_processes,
+)
+
+# Signals PContext.start() takes over on the main thread (its handlers raise SignalException).
+_TORCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+class FlatLogs(LogsSpecs):
+    """One rank, stdout and stderr to files the caller names."""
+
+    def __init__(self, stdout: Path, stderr: Path) -> None:
+        super().__init__(log_dir=str(stdout.parent))
+        self.stdout, self.stderr = stdout, stderr
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        # No error file: ProcessFailure only reads one that torch's @record wrote.
+        return LogsDest(stdouts={0: str(self.stdout)}, stderrs={0: str(self.stderr)}, error_files={0: os.devnull})
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self.stdout.parent)
+
+
+class ElasticProcess:
+    def __init__(self, context: PContext) -> None:
+        self._context = context
+        self.pid: int = context.pids()[0]
+
+    @classmethod
+    def start(cls, name: str, args: Sequence[str], env: Mapping[str, str], *, stdout: Path,
+              stderr: Path) -> ElasticProcess | None:
+        """Start args[0] with args[1:] and env on top of os.environ, in its own session (so
+        its process group can be signalled as one). Raises OSError if it cannot be run.
+
+        None when a signal meant for our owner arrived during the start: PContext.start()
+        had replaced the owner's handlers and torch has closed what it began. The owner's
+        handlers are restored and the signal re-raised to them, so a spawn never swallows
+        a SIGTERM the launch command waits for."""
+        names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", ",".join(_TORCH_SIGNALS)).split(",")
+        signums = {getattr(signal, n.strip()) for n in (*names, *_TORCH_SIGNALS) if hasattr(signal, n.strip())}
+        on_main = threading.current_thread() is threading.main_thread()  # torch only touches the main thread's
+        saved = {s: signal.getsignal(s) for s in signums} if on_main else {}
+        context: PContext | None = None
+        pending: signal.Signals | None = None
+        try:
+            context = start_processes(name=name, entrypoint=args[0], args={0: tuple(args[1:])}, envs={0: dict(env)},
+                                      logs_specs=FlatLogs(stdout, stderr))
+        except SignalException as exc:
+            pending = exc.sigval
+        for _ in range(len(signums) + 1):  # bounded: each retry means yet another signal arrived
+            try:
+                for signum, handler in saved.items():
+                    if handler is not None:
+                        signal.signal(signum, handler)
+                break
+            except SignalException as exc:
+                pending = exc.sigval
+        if pending is not None:
+            signal.raise_signal(pending)  # now reaches the owner's handler (or the default action)
+        return None if context is None else cls(context)
+
+    def poll(self) -> int | None:
+        """None while it runs; then its return code (negative: killed by that signal)."""
+        result = self._context.wait(0)
+        if result is None:
+            return None
+        self.release()
+        failure = result.failures.get(0)
+        # ProcessFailure.exitcode is Popen's returncode: already negative for a signal (-9: SIGKILL).
+        return 0 if failure is None else int(failure.exitcode)
+
+    def terminate(self, grace_s: float, *, reap_timeout_s: float = 5.0) -> int | None:
+        """SIGTERM its process group, SIGKILL after grace_s; blocks until then. Returns the
+        code (None: not even SIGKILL ended it within reap_timeout_s, e.g. stuck in the kernel)."""
+        # torch annotates timeout as int; a float works (it is only added to time.monotonic()).
+        self._context.close(death_sig=signal.SIGTERM, timeout=grace_s)  # type: ignore[arg-type]
+        self.release()
+        handler = getattr(self._context, "subprocess_handlers", {}).get(0)
+        if handler is None:
+            return None
+        try:
+            return handler.proc.wait(reap_timeout_s)  # close() may stop waiting before the reap
+        except subprocess.TimeoutExpired:
+            return None
+
+    def release(self) -> None:
+        # SubprocessHandler closes its stdout/stderr files only when it signals the process,
+        # so a child that exited on its own would keep them open until garbage collection.
+        for handler in getattr(self._context, "subprocess_handlers", {}).values():
+            for stream in (getattr(handler, "_stdout", None), getattr(handler, "_stderr", None)):
+                if stream is not None and not stream.closed:
+                    stream.close()

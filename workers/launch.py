@@ -1,0 +1,134 @@
+"""`noloco-rt launch`: supervise N local workers of one stage on a bare-metal node.
+
+torchrun's role without its rendezvous: workers find each other through Redis, so this
+command only starts `noloco-rt worker` processes, restarts the one that fails (its
+neighbours are untouched, see workers.supervisor) and passes SIGTERM / SIGINT on as a
+graceful leave.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import click
+
+from noloco_rt.cli import config_options
+from noloco_rt.config import parse_assignment
+
+if TYPE_CHECKING:  # the supervisor imports torch: only when the command runs
+    from workers.supervisor import ProcessSpec
+
+# The supervisor reports exits and restarts as structured events; torch's own lines
+# about the same exits would only repeat them in another format.
+_TORCH_ELASTIC_LOGGERS = "torch.distributed.elastic"
+# After worker.leave_grace_s a worker should be gone; allow for interpreter shutdown.
+_STOP_MARGIN_S = 5.0
+
+
+@click.command()
+@click.option("--stage", type=click.IntRange(min=0), required=True, help="Pipeline stage the workers hold.")
+@click.option("--nproc", type=click.IntRange(min=1), required=True,
+              help="Workers to run on this machine (one per accelerator); LOCAL_RANK 0..N-1.")
+@click.option("--redis-url", default=None, help="Membership table (redis:// or rediss://, password allowed).")
+@click.option("--name-prefix", default=None, help="Workers are named <prefix>-r<i>; default <host>-s<stage>.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Restarts per worker before it is given up (the others carry on).")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Worker logs, <name>.<incarnation>.log (log) / .out (stdout); default <paths.out_dir>/logs.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Inner steps per worker (run.steps).")
+@click.option("--metrics-port-base", type=click.IntRange(1, 65535), default=None,
+              help="Worker i serves Prometheus on base + i (default: a free port each).")
+@config_options
+def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | None, max_restarts: int,
+           log_dir: str | None, steps: int | None, metrics_port_base: int | None, config_path: str | None,
+           assignments: tuple[str, ...]) -> None:
+    """Run NPROC workers of pipeline stage STAGE here, restarting each one that fails."""
+    from noloco_rt.lifecycle import set_parent_death_signal_from_env
+
+    set_parent_death_signal_from_env()  # when itself supervised (`noloco-rt up`)
+    from noloco_rt.commands import effective_config
+
+    cfg = effective_config(config_path, assignments, {"network": {"redis_url": redis_url},
+                                                      "run": {"steps": steps}})
+    if not cfg.network.redis_url:
+        raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
+    if stage >= cfg.pipeline.stages:
+        raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
+                                 f"(pipeline.stages)", param_hint="--stage")
+    if metrics_port_base is not None and metrics_port_base + nproc - 1 > 65535:
+        raise click.BadParameter(f"{metrics_port_base} + {nproc} workers runs past port 65535",
+                                 param_hint="--metrics-port-base")
+    from workers.worker import WORKER_METHODS
+
+    if cfg.outer.method not in WORKER_METHODS:
+        raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
+                               f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
+
+    from noloco_rt.logs import configure_logging, get_logger
+    from workers.supervisor import RestartPolicy, Supervisor
+
+    configure_logging(cfg.run.log_format)
+    _quiet_torch_elastic_logs()
+    prefix = name_prefix or f"{socket.gethostname()}-s{stage}"
+    logs = Path(log_dir) if log_dir else Path(cfg.paths.out_dir) / "logs"
+    specs = worker_specs(stage=stage, nproc=nproc, prefix=prefix, redis_url=cfg.network.redis_url, steps=steps,
+                         metrics_port_base=metrics_port_base, config_path=config_path, assignments=assignments)
+    log = get_logger(component="launch", stage=stage)
+    supervisor = Supervisor(specs, log_dir=logs, policy=RestartPolicy(max_restarts=max_restarts),
+                            grace_s=cfg.worker.leave_grace_s + _STOP_MARGIN_S, log=log)
+
+    stop = threading.Event()
+    received: list[int] = []
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        # Only flag it: logging here could deadlock on a write lock the main thread holds.
+        received.append(signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    click.echo(f"worker logs: {logs.resolve()}/<name>.<incarnation>.log (stdout goes to .out)")
+    log.info("launch_started", workers=[s.name for s in specs], log_dir=str(logs.resolve()),
+             max_restarts=max_restarts, grace_s=supervisor.grace_s)
+    code = supervisor.run(stop)
+    log.info("launch_done", code=code, signal=signal.Signals(received[0]).name if received else None,
+             returncodes=supervisor.stop())
+    sys.exit(code)
+
+
+def worker_specs(*, stage: int, nproc: int, prefix: str, redis_url: str, steps: int | None,
+                 metrics_port_base: int | None, config_path: str | None,
+                 assignments: tuple[str, ...]) -> list[ProcessSpec]:
+    """One `noloco-rt worker` per local rank. The Redis URL travels in the environment, not
+    on the command line, where `ps` would show its password to every local user."""
+    from workers.supervisor import ProcessSpec
+
+    common = [sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage)]
+    if config_path:
+        common += ["--config", str(Path(config_path).resolve())]
+    for assignment in assignments:
+        if "redis_url" not in parse_assignment(assignment).get("network", {}):  # resolved; sent by env
+            common += ["--set", assignment]
+    if steps is not None:
+        common += ["--steps", str(steps)]
+    specs = []
+    for rank in range(nproc):
+        port = 0 if metrics_port_base is None else metrics_port_base + rank
+        name = f"{prefix}-r{rank}"
+        specs.append(ProcessSpec(name=name, args=(*common, "--name", name, "--metrics-port", str(port)),
+                                 env={"LOCAL_RANK": str(rank), "NOLOCO_NETWORK_REDIS_URL": redis_url}))
+    return specs
+
+
+def _quiet_torch_elastic_logs() -> None:
+    # torch sets a level on each of its module loggers, so the parent's level is not enough.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(_TORCH_ELASTIC_LOGGERS):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
