@@ -1,11 +1,11 @@
-# The two Quickstart commands (`make demo`, `make test`) work on a fresh machine:
+# The two Quickstart commands (`make up`, `make test`) work on a fresh machine:
 # each creates the virtualenv first if it is missing.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench-convergence clean
+.PHONY: up demo test lint bench-convergence clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# A fresh run each time (`noloco-rt up --out DIR` on an existing DIR resumes it instead).
+up: $(STAMP)
+	rm -rf runs/up
+	$(BIN)/noloco-rt up --out runs/up
 
 demo: $(STAMP)
 	$(BIN)/noloco-rt simulate --method noloco --stages 2 --replicas 4 --steps 600 --preset tiny --out runs/demo

@@ -121,3 +121,25 @@ def test_pooled_spread_weights_stages_by_parameter_count():
     assert pooled_spread([1.0, 3.0], [1, 1]) == pytest.approx(math.sqrt(5.0))
     assert pooled_spread([2.0, 0.0], [3, 1]) == pytest.approx(math.sqrt(3.0))
     assert pooled_spread([], []) == 0.0
+
+
+def test_a_running_worker_missing_from_the_table_is_leaving_if_it_was_online_else_starting():
+    names = {"a": 0}
+    last_seen: dict = {}
+    build_sample(now=1.0, started=0.0, steps=10, names_by_stage=names, processes={"a": Proc("running")},
+                 records=[record("a", 0, step=5, loss=None, beat=1.0)], last_seen=last_seen,
+                 coordinator_status=None, coordinator_state="off", redis_up=True)
+    gone = build_sample(now=2.0, started=0.0, steps=10, names_by_stage=names, processes={"a": Proc("running")},
+                        records=[], last_seen=last_seen, coordinator_status=None, coordinator_state="off",
+                        redis_up=True)
+    assert gone.workers[0].state == "leaving" and gone.workers[0].inner_step == 5
+    restarted = build_sample(now=3.0, started=0.0, steps=10, names_by_stage=names,
+                             processes={"a": Proc("running", restarts=1)}, records=[], last_seen=last_seen,
+                             coordinator_status=None, coordinator_state="off", redis_up=True)
+    assert restarted.workers[0].state == "starting" and restarted.workers[0].restarts == 1
+
+
+def test_run_dir_config_never_holds_the_redis_password(tmp_path):
+    cfg = load_config(None, environ={}, overrides=[{"network": {"redis_url": "redis://:s3cret@10.0.0.1:6379/0"}}])
+    text = prepare_run_dir(tmp_path / "run", cfg).read_text()
+    assert "s3cret" not in text and "[network]" in text

@@ -165,7 +165,7 @@ def test_failing_child_backs_off_then_gives_up_while_its_sibling_runs(supervise,
     status = run.status("crash")
     assert (status.restarts, status.incarnation, status.returncode, status.pid) == (2, 2, 1, crash[-1].pid)
     for incarnation in range(3):
-        assert (tmp_path / "logs" / f"crash.{incarnation}.log").read_text() == "crashing\n"
+        assert (tmp_path / "logs" / f"crash.{incarnation}.out").read_text() == "crashing\n"
     steady = run.status("steady")
     assert (steady.state, steady.pid, steady.restarts) == ("running", steady_pid, 0)
     assert alive(steady_pid) and not run.supervisor.done()
@@ -275,7 +275,7 @@ def test_stop_is_graceful_first_then_sigkill_after_the_grace(supervise, tmp_path
     logs = tmp_path / "logs"
     pids = {name: run.status(name).pid for name in ("graceful", "stubborn")}
     for name in pids:  # the handlers are installed once "ready" is out
-        run.until(lambda n=name: "ready" in (logs / f"{n}.0.log").read_text(), what=f"{name} ready")
+        run.until(lambda n=name: "ready" in (logs / f"{n}.0.out").read_text(), what=f"{name} ready")
     began = time.monotonic()
     codes = run.supervisor.stop(grace_s=1.0)
     took_s = time.monotonic() - began
@@ -303,7 +303,7 @@ def test_an_interrupted_stop_is_finished_by_the_next(supervise, tmp_path):
     stubborn = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" + SLEEPER
     run = supervise(ProcessSpec("graceful", python(graceful)), ProcessSpec("stubborn", python(stubborn)))
     for name in ("graceful", "stubborn"):
-        run.until(lambda n=name: "ready" in (tmp_path / "logs" / f"{n}.0.log").read_text(), what=f"{name} ready")
+        run.until(lambda n=name: "ready" in (tmp_path / "logs" / f"{n}.0.out").read_text(), what=f"{name} ready")
 
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
@@ -335,7 +335,7 @@ def test_incarnations_continue_after_old_logs(supervise, tmp_path):
     run.until(run.supervisor.done, what="job to end")
     assert run.status("job").incarnation == 5
     assert (logs / "job.4.log").read_text() == "an earlier supervisor's\n"
-    assert (logs / "job.5.log").read_text() == "new\n"
+    assert (logs / "job.5.out").read_text() == "new\n"
 
 
 def test_children_die_when_the_supervisor_is_sigkilled(tmp_path):
@@ -351,7 +351,7 @@ def test_children_die_when_the_supervisor_is_sigkilled(tmp_path):
     supervisor = subprocess.Popen(python(script), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     child_pid = None
     try:
-        line = wait_until(lambda: _first_line(tmp_path / "orphan.0.log"), timeout_s=30, what="the child to start")
+        line = wait_until(lambda: _first_line(tmp_path / "orphan.0.out"), timeout_s=30, what="the child to start")
         child_pid = int(line.split()[1])
         assert alive(child_pid)
         supervisor.kill()

@@ -7,6 +7,7 @@ PContext.start(), return codes, and the log files torch leaves open.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -111,3 +112,14 @@ class ElasticProcess:
             for stream in (getattr(handler, "_stdout", None), getattr(handler, "_stderr", None)):
                 if stream is not None and not stream.closed:
                     stream.close()
+
+
+_TORCH_ELASTIC_LOGGERS = "torch.distributed.elastic"
+
+
+def quiet_torch_elastic_logs() -> None:
+    """Silence torch.distributed.elastic's own lines; the supervisor logs the same events."""
+    # torch sets a level on each of its module loggers, so the parent's level is not enough.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(_TORCH_ELASTIC_LOGGERS):
+            logging.getLogger(name).setLevel(logging.CRITICAL)

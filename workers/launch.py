@@ -8,7 +8,6 @@ graceful leave.
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
 import sys
@@ -27,7 +26,6 @@ if TYPE_CHECKING:  # the supervisor imports torch: only when the command runs
 
 # The supervisor reports exits and restarts as structured events; torch's own lines
 # about the same exits would only repeat them in another format.
-_TORCH_ELASTIC_LOGGERS = "torch.distributed.elastic"
 # After worker.leave_grace_s a worker should be gone; allow for interpreter shutdown.
 _STOP_MARGIN_S = 5.0
 
@@ -72,10 +70,11 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
                                f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
 
     from noloco_rt.logs import configure_logging, get_logger
+    from workers.elastic import quiet_torch_elastic_logs
     from workers.supervisor import RestartPolicy, Supervisor
 
     configure_logging(cfg.run.log_format)
-    _quiet_torch_elastic_logs()
+    quiet_torch_elastic_logs()
     prefix = name_prefix or f"{socket.gethostname()}-s{stage}"
     logs = Path(log_dir) if log_dir else Path(cfg.paths.out_dir) / "logs"
     specs = worker_specs(stage=stage, nproc=nproc, prefix=prefix, redis_url=cfg.network.redis_url, steps=steps,
@@ -125,10 +124,3 @@ def worker_specs(*, stage: int, nproc: int, prefix: str, redis_url: str, steps: 
         specs.append(ProcessSpec(name=name, args=(*common, "--name", name, "--metrics-port", str(port)),
                                  env={"LOCAL_RANK": str(rank), "NOLOCO_NETWORK_REDIS_URL": redis_url}))
     return specs
-
-
-def _quiet_torch_elastic_logs() -> None:
-    # torch sets a level on each of its module loggers, so the parent's level is not enough.
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith(_TORCH_ELASTIC_LOGGERS):
-            logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -264,8 +264,10 @@ class StageWorker:
                 self.leave()
             else:
                 self.log.info("steps_done", inner_step=self.counters.inner_steps)
-                self.membership.leave()
+                # LEAVING (peers stop routing to us) with the final figures, for observers.
+                self.membership.heartbeat(state=WorkerState.LEAVING, **self.progress())
                 self.save("finished")
+                self.membership.leave()
         finally:
             self.close()
         return 0

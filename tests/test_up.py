@@ -1,0 +1,129 @@
+"""`noloco-rt up` end to end: real Redis, coordinator and workers, a real run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from workers.run_dir import read_metrics
+
+pytestmark = pytest.mark.timeout(300)
+
+MARK_VARIABLE = "UP_TEST_MARK"  # not NOLOCO_*: that prefix is configuration
+FAST = {"worker.heartbeat_interval_s": 0.25, "worker.exchange_timeout_s": 3.0, "worker.leave_grace_s": 10.0,
+        "outer.h": 5, "pipeline.max_inflight": 2, "coordinator.eval_interval_s": 2.0,
+        "coordinator.spread_interval_s": 4.0, "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 4}
+
+
+def start_up(out: Path, *, steps: int, mark: str, **extra: object) -> subprocess.Popen:
+    args = [sys.executable, "-m", "noloco_rt.cli", "up", "--steps", str(steps), "--out", str(out),
+            "--interval", "0.5"]
+    for key, value in {**FAST, **extra}.items():
+        args += ["--set", f"{key}={value}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    env.update({MARK_VARIABLE: mark, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids of live processes that inherited our mark (workers, coordinator, redis-server)."""
+    needle = f"{MARK_VARIABLE}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().split(") ")[-1][:1]
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        if needle in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until(condition, *, timeout_s: float, what: str, process: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"up exited with {process.returncode} while waiting for {what}:\n"
+                                 f"{process.stdout.read()[-4000:] if process.stdout else ''}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def finish(process: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(f"up did not exit within {timeout_s} s:\n{output[-4000:]}") from None
+    return process.returncode, output
+
+
+def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothing_running(tmp_path):
+    mark, out = uuid.uuid4().hex, tmp_path / "run"
+    process = start_up(out, steps=60, mark=mark)
+    try:
+        code, output = finish(process, timeout_s=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code == 0, output[-4000:]
+    assert marked_processes(mark) == [], "a child of up survived it"
+
+    assert (out / "config.toml").exists()
+    logs = sorted(p.name for p in (out / "logs").iterdir())
+    assert {"s0-r0", "s0-r1", "s1-r0", "s1-r1", "coordinator"} <= {name.split(".")[0] for name in logs}, logs
+    records = read_metrics(out / "metrics.jsonl")
+    samples = [r for r in records if r["kind"] == "workers"]
+    assert samples and {w["name"] for w in samples[-1]["workers"]} == {"s0-r0", "s0-r1", "s1-r0", "s1-r1"}
+    assert any(w["loss"] is not None for s in samples for w in s["workers"])
+    final = [r for r in records if r["kind"] == "final"]
+    assert len(final) == 1 and final[0]["step"] == 60 and final[0]["replicas_per_stage"] == [2, 2]
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    scored = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "eval", str(out / "consensus.safetensors"),
+                             "--json"], capture_output=True, text=True, timeout=120)
+    assert scored.returncode == 0, scored.stderr
+    result = json.loads(scored.stdout)
+    assert result["val_loss"] < result["untrained_val_loss"] - 0.5, result
+
+
+def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_path):
+    mark, out = uuid.uuid4().hex, tmp_path / "run"
+    process = start_up(out, steps=100_000, mark=mark)
+    try:
+        def all_online():
+            samples = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "workers"]
+            return samples and all(w["state"] == "ONLINE" and w["inner_step"] > 0 for w in samples[-1]["workers"])
+
+        wait_until(all_online, timeout_s=120, what="4 ONLINE workers training", process=process)
+        assert len(marked_processes(mark)) >= 6  # redis, coordinator, 4 workers
+        process.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        code, output = finish(process, timeout_s=FAST["worker.leave_grace_s"] + 30)
+        elapsed = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code == 130, output[-4000:]
+    assert marked_processes(mark) == [], "a child of up survived Ctrl-C"
+    # Every worker left gracefully (its record deleted, a last checkpoint written) ...
+    for name in ("s0-r0", "s0-r1", "s1-r0", "s1-r1"):
+        log_text = (out / "logs" / f"{name}.0.log").read_text()
+        assert '"event": "leaving"' in log_text and '"reason": "leave"' in log_text, log_text[-2000:]
+    # ... and what they learned was exported.
+    assert (out / "consensus.safetensors").exists() and elapsed < FAST["worker.leave_grace_s"] + 30

@@ -1,0 +1,290 @@
+"""`noloco-rt up`: a whole distributed training on this machine.
+
+A redis-server (embedded unless --redis-url), the coordinator and S × R workers, each
+a real process supervised like `noloco-rt launch` does (workers/supervisor.py): a
+crashed worker is restarted and resumes. A live table on a terminal, a log line every
+few seconds elsewhere; metrics.jsonl gets a sample every --interval. When every worker
+has finished its steps (or on Ctrl-C / SIGTERM: workers leave gracefully), the
+coordinator and Redis are stopped, the consensus checkpoint is built from the workers'
+final checkpoints and scored, and curves.png is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+
+from noloco_rt.cli import config_options
+from noloco_rt.lifecycle import set_event_from_signal_handler, set_parent_death_signal_from_env
+
+COORDINATOR = "coordinator"
+EXIT_INTERRUPTED = 130
+
+
+@click.command()
+@click.option("--stages", type=click.IntRange(min=1), default=None, help="Pipeline stages S (pipeline.stages).")
+@click.option("--replicas", type=click.IntRange(min=1), default=None,
+              help="Workers per stage R (pipeline.replicas).")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Inner steps per worker (run.steps).")
+@click.option("--preset", default=None, help="Model preset (model.preset).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run directory (paths.out_dir); a run of the same config there is resumed.")
+@click.option("--redis-url", default=None, help="Use this Redis instead of starting an embedded one.")
+@click.option("--coordinator/--no-coordinator", "with_coordinator", default=True, show_default=True,
+              help="Run the coordinator (evaluation, spread, consensus during the run).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Restarts of a crashed worker before giving up on it.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="Seconds between samples (metrics.jsonl, live view).")
+@config_options
+def up(stages: int | None, replicas: int | None, steps: int | None, preset: str | None, out_dir: str | None,
+       redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, config_path: str | None,
+       assignments: tuple[str, ...]) -> None:
+    """Train S stages × R replicas on this machine until --steps, then export the model.
+
+    Leaves OUT/config.toml, OUT/logs/, OUT/metrics.jsonl, OUT/checkpoints/,
+    OUT/consensus.safetensors (try `noloco-rt eval` and `noloco-rt sample` on it) and
+    OUT/curves.png.
+    """
+    from noloco_rt.commands import effective_config
+
+    cfg = effective_config(config_path, assignments, {
+        "pipeline": {"stages": stages, "replicas": replicas},
+        "run": {"steps": steps},
+        "model": {"preset": preset},
+        "paths": {"out_dir": out_dir},
+        "network": {"redis_url": redis_url},
+    })
+    from workers.run_dir import RunDirError, prepare_run_dir
+
+    out = Path(cfg.paths.out_dir)
+    try:
+        config_file = prepare_run_dir(out, cfg)
+    except RunDirError as exc:
+        raise click.UsageError(str(exc)) from None
+    from noloco_rt.logs import configure_logging
+
+    configure_logging(cfg.run.log_format)
+    set_parent_death_signal_from_env()  # when `up` itself is supervised
+    sys.exit(UpRun(cfg, out, config_file, with_coordinator=with_coordinator, max_restarts=max_restarts,
+                   interval_s=interval).run())
+
+
+class UpRun:
+    """One `up` invocation: start everything, watch it, shut it down, finalise."""
+
+    def __init__(self, cfg: Any, out: Path, config_file: Path, *, with_coordinator: bool, max_restarts: int,
+                 interval_s: float) -> None:
+        from noloco_rt.logs import get_logger
+
+        self.cfg = cfg
+        self.out = out
+        self.config_file = config_file
+        self.with_coordinator = with_coordinator
+        self.max_restarts = max_restarts
+        self.interval_s = interval_s
+        self.log = get_logger(run=cfg.run.run_id, role="up")
+        self.stop = threading.Event()
+        self.interrupted = False
+        self.names_by_stage = {f"s{k}-r{j}": k for k in range(cfg.pipeline.stages)
+                               for j in range(cfg.pipeline.replicas)}
+        self.coordinator_port = 0
+        self.started = time.time()
+
+    # -- processes ------------------------------------------------------------------------
+
+    def _command(self, *args: str) -> tuple[str, ...]:
+        return (sys.executable, "-m", "noloco_rt.cli", *args, "--config", str(self.config_file),
+                "--set", "run.log_format=json")
+
+    def _specs(self, redis_url: str) -> list[Any]:
+        from workers.supervisor import ProcessSpec
+
+        # One thread per worker: S × R processes share this machine's cores.
+        # The Redis URL goes through the environment, like `launch` does: a password in it
+        # never shows in `ps`.
+        env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
+        specs = [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % self.cfg.pipeline.replicas)},
+                             args=self._command("worker", "--stage", str(stage), "--name", name,
+                                                "--metrics-port", "0"))
+                 for index, (name, stage) in enumerate(self.names_by_stage.items())]
+        if self.with_coordinator:
+            from noloco_rt.embedded_redis import free_port
+
+            self.coordinator_port = free_port()
+            specs.append(ProcessSpec(name=COORDINATOR, env=env,
+                                     args=self._command("coordinator", "--status-port",
+                                                        str(self.coordinator_port), "--out", str(self.out))))
+        return specs
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.interrupted:  # a second Ctrl-C: stop waiting for graceful exits
+            raise KeyboardInterrupt
+        self.interrupted = True
+        set_event_from_signal_handler(self.stop)
+
+    def run(self) -> int:
+        from noloco_rt.embedded_redis import EmbeddedRedis
+        from workers.elastic import quiet_torch_elastic_logs
+        from workers.supervisor import RestartPolicy, Supervisor
+
+        quiet_torch_elastic_logs()
+
+        redis = None
+        redis_url = self.cfg.network.redis_url
+        if not redis_url:
+            redis = EmbeddedRedis().start()
+            redis_url = redis.url
+        grace_s = self.cfg.worker.leave_grace_s + 5.0
+        supervisor = Supervisor(self._specs(redis_url), log_dir=self.out / "logs",
+                                policy=RestartPolicy(max_restarts=self.max_restarts), grace_s=grace_s, log=self.log)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        self.log.info("up_started", stages=self.cfg.pipeline.stages, replicas=self.cfg.pipeline.replicas,
+                      steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redis_url, out=str(self.out),
+                      logs=str(self.out / "logs"))
+        from noloco_rt.membership import Membership, connect
+        from workers.run_dir import MetricsLog
+
+        metrics = MetricsLog(self.out / "metrics.jsonl")
+        membership = Membership(connect(redis_url), run_id=self.cfg.run.run_id)
+        gave_up = False
+        try:
+            supervisor.start()
+            gave_up = self._watch(supervisor, membership, metrics)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            supervisor.stop(grace_s=0)
+        finally:
+            codes = supervisor.stop()
+            if redis is not None:
+                redis.stop()
+            self.log.info("processes_stopped", codes=codes)
+        try:
+            self._finalise(metrics)
+        finally:
+            metrics.close()
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return 1 if gave_up else 0
+
+    def _watch(self, supervisor: Any, membership: Any, metrics: Any) -> bool:
+        """Poll until every worker has finished (or gave up) or we are told to stop; True if one gave up."""
+        from rich.console import Console
+        from rich.live import Live
+
+        from workers.run_view import build_sample, log_fields, render_table
+
+        console = Console()
+        live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
+        last_seen: dict[str, Any] = {}
+        seen_evals: set[tuple[str, Any]] = set()
+        next_sample = next_line = time.monotonic()
+        if live:
+            live.start()
+        try:
+            while not self.stop.is_set():
+                supervisor.poll()
+                statuses = {s.name: s for s in supervisor.statuses()}
+                workers = [statuses[n] for n in self.names_by_stage if n in statuses]
+                if workers and all(s.state in ("finished", "failed") for s in workers):
+                    return any(s.state == "failed" for s in workers)
+                if time.monotonic() >= next_sample:
+                    next_sample = time.monotonic() + self.interval_s
+                    coordinator_status = self._coordinator_status()
+                    records = membership.live_members(stage=None, states=None)
+                    coordinator_state = "off" if not self.with_coordinator else (
+                        "ok" if coordinator_status else getattr(statuses.get(COORDINATOR), "state", "?"))
+                    sample = build_sample(now=time.time(), started=self.started, steps=self.cfg.run.steps,
+                                          names_by_stage=self.names_by_stage, processes=statuses,
+                                          records=records, last_seen=last_seen,
+                                          coordinator_status=coordinator_status,
+                                          coordinator_state=coordinator_state,
+                                          redis_up=membership.redis_available)
+                    metrics.write(sample.to_json())
+                    self._record_coordinator(coordinator_status, seen_evals, metrics)
+                    if live:
+                        live.update(render_table(sample, title=f"noloco-rt up: run {self.cfg.run.run_id} "
+                                                               f"({self.out})"))
+                    elif time.monotonic() >= next_line:
+                        next_line = time.monotonic() + max(10.0, self.interval_s)
+                        self.log.info("progress", **log_fields(sample))
+                self.stop.wait(0.2)
+            return False
+        finally:
+            if live:
+                live.stop()
+
+    def _coordinator_status(self) -> dict[str, Any] | None:
+        if not self.with_coordinator:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.coordinator_port}/status", timeout=0.5) as reply:
+                return json.loads(reply.read())
+        except (OSError, urllib.error.URLError, ValueError):
+            return None  # not up yet, restarting, or busy: the next sample will tell
+
+    @staticmethod
+    def _record_coordinator(status: dict[str, Any] | None, seen: set[tuple[str, Any]], metrics: Any) -> None:
+        """Each new evaluation and spread measurement of the coordinator, once, into metrics.jsonl."""
+        if not status:
+            return
+        for kind, key in (("eval", "last_eval"), ("spread", "last_spread")):
+            result = status.get(key)
+            if result and (kind, result.get("time")) not in seen:
+                seen.add((kind, result.get("time")))
+                metrics.write({"kind": kind, "source": "coordinator", **result})
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _finalise(self, metrics: Any) -> None:
+        """Consensus of the workers' last checkpoints: written, scored, plotted."""
+        from noloco_rt.diagnostics import perplexity, pooled_spread, replica_spread
+        from noloco_rt.evaluation import validation_loss
+        from noloco_rt.export import (
+            ExportError,
+            load_consensus,
+            mean_over_replicas,
+            replicas_from_checkpoints,
+            save_consensus,
+        )
+        from noloco_rt.plots import plot_distributed_run
+        from workers.run_dir import read_metrics
+
+        checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
+        try:
+            replicas, steps = replicas_from_checkpoints(checkpoint_dir, self.cfg)
+        except ExportError as exc:
+            self.log.warning("no_consensus", reason=str(exc))
+            return
+        consensus = [mean_over_replicas(stage) for stage in replicas]
+        counts = [len(stage) for stage in replicas]
+        step = min(steps)
+        path = self.out / "consensus.safetensors"
+        save_consensus(path, self.cfg, consensus, metadata={
+            "step": str(step), "replicas_per_stage": ",".join(map(str, counts)), "source": "final checkpoints",
+            "created": f"{time.time():.3f}"})
+        _, model, _ = load_consensus(path)
+        loss = validation_loss(model, self.cfg)
+        spreads = [replica_spread(stage) for stage in replicas]
+        numels = [sum(t.numel() for t in stage[0]) for stage in replicas]
+        spread = pooled_spread(spreads, numels)
+        metrics.write({"kind": "final", "step": step, "val_loss": loss, "val_ppl": perplexity(loss),
+                       "spread": spread, "spread_by_stage": spreads, "replicas_per_stage": counts,
+                       "consensus": str(path)})
+        plot_distributed_run(read_metrics(self.out / "metrics.jsonl"), self.out / "curves.png",
+                             title=f"noloco-rt up: {self.cfg.pipeline.stages} stages × "
+                                   f"{self.cfg.pipeline.replicas} replicas, {self.cfg.model.preset}")
+        self.log.info("up_done", step=step, val_loss=round(loss, 4), val_ppl=round(perplexity(loss), 3),
+                      spread=f"{spread:.3e}", consensus=str(path), curves=str(self.out / "curves.png"),
+                      elapsed_s=round(time.time() - self.started, 1),
+                      next=f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")
