@@ -102,3 +102,39 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         url = server.url
     result = run_cli("status", "--redis-url", url)
     assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
+    import signal
+    import time
+
+    from noloco_rt.embedded_redis import EmbeddedRedis
+    from noloco_rt.membership import MemberRecord, Membership, WorkerState, connect
+
+    def record(worker_id: str, name: str) -> MemberRecord:
+        return MemberRecord(worker_id, "default", 0, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",
+                            WorkerState.ONLINE, name=name, inner_step=7, loss=2.5)
+
+    with EmbeddedRedis() as server:
+        Membership(connect(server.url), run_id="default", heartbeat_interval_s=30).register(record("aaaa1111", "first"))
+        out = tmp_path / "watch.txt"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"COLUMNS": "250"}
+        with out.open("w") as handle:
+            watcher = subprocess.Popen([*CLI, "status", "--redis-url", server.url, "--watch", "--interval", "0.2"],
+                                       stdout=handle, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while "first" not in out.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "first" in out.read_text() and "second" not in out.read_text()
+            # A worker that joins later shows up in a later refresh.
+            Membership(connect(server.url), run_id="default", heartbeat_interval_s=30).register(
+                record("bbbb2222", "second"))
+            while "second" not in out.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "second" in out.read_text() and "2.500" in out.read_text()
+            watcher.send_signal(signal.SIGINT)
+            assert watcher.wait(20) == 130
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()

@@ -16,7 +16,7 @@ from noloco_rt.cli import config_options
 @config_options
 def status(redis_url: str | None, watch: bool, interval: float, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
-    """Live workers per stage: state, addresses, outer step, queue depth, heartbeat age."""
+    """Live workers per stage: state, addresses, progress (step, loss, tokens/s), queue depth, heartbeat age."""
     from noloco_rt.commands import effective_config
 
     cfg = effective_config(config_path, assignments, {"network": {"redis_url": redis_url}})
@@ -36,19 +36,24 @@ def status(redis_url: str | None, watch: bool, interval: float, config_path: str
         if not membership.redis_available:
             raise click.ClickException(f"Redis at {cfg.network.redis_url} is unreachable")
         table = Table(title=f"run {cfg.run.run_id}: {len(records)} workers")
-        for column in ("stage", "worker", "state", "data address", "exchange address", "outer step", "queue",
-                       "heartbeat age s"):
+        for column in ("stage", "worker", "name", "state", "data address", "exchange address", "step", "outer step",
+                       "loss", "tokens/s", "queue", "heartbeat age s"):
             table.add_column(column)
         now = time.time()
-        for r in sorted(records, key=lambda r: (r.stage, r.worker_id)):
-            table.add_row(str(r.stage), r.worker_id[:8], r.state.value, r.data_addr, r.exchange_addr,
-                          str(r.outer_step), str(r.queue_depth), f"{now - r.heartbeat_time:.1f}")
+        for r in sorted(records, key=lambda r: (r.stage, r.name, r.worker_id)):
+            table.add_row(str(r.stage), r.worker_id[:8], r.name or "-", r.state.value, r.data_addr, r.exchange_addr,
+                          str(r.inner_step), str(r.outer_step), "-" if r.loss is None else f"{r.loss:.3f}",
+                          f"{r.tokens_per_s:.0f}", str(r.queue_depth), f"{now - r.heartbeat_time:.1f}")
         return table
 
     console = Console()
     if not watch:
         console.print(render())
         return
+    if not console.is_terminal:  # a log or a pipe: a new table every interval, Live would print only the last
+        while True:
+            console.print(render())
+            time.sleep(interval)
     with Live(render(), console=console, refresh_per_second=4) as live:
         while True:
             time.sleep(interval)
