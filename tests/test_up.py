@@ -127,3 +127,27 @@ def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_pat
         assert '"event": "leaving"' in log_text and '"reason": "leave"' in log_text, log_text[-2000:]
     # ... and what they learned was exported.
     assert (out / "consensus.safetensors").exists() and elapsed < FAST["worker.leave_grace_s"] + 30
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--stages", "9"], "at most 4 stages"),
+    (["--set", "outer.method=ddp"], "needs a global collective"),
+    (["--redis-url", "http://x"], "must start with redis://"),
+    (["--replicas", "0"], "--replicas"),
+])
+def test_up_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, args, fragment):
+    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "up", "--out", str(tmp_path / "run"), *args],
+                            capture_output=True, text=True, timeout=60,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")})
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "logs").exists()
+
+
+def test_up_refuses_a_run_directory_of_another_configuration(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.toml").write_text('[model]\npreset = "small"\n')
+    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "up", "--out", str(out)],
+                            capture_output=True, text=True, timeout=60,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")})
+    assert result.returncode == 2 and "another configuration" in result.stderr and "model.preset" in result.stderr

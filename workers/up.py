@@ -65,6 +65,11 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         "network": {"redis_url": redis_url},
     })
     from workers.run_dir import RunDirError, prepare_run_dir
+    from workers.worker import WORKER_METHODS
+
+    if cfg.outer.method not in WORKER_METHODS:
+        raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
+                               f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
 
     out = Path(cfg.paths.out_dir)
     try:
