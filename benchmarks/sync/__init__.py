@@ -1,0 +1,1 @@
+"""Sync benchmark: NoLoCo's pairwise outer exchange against all-reduce, measured and modelled."""

@@ -1,0 +1,101 @@
+"""Emulated wide-area links: one network namespace per worker, a routing hub, tbf per direction.
+
+    ns nls-i (10.77.i.2) --veth nls-vi / nls-hi-- hub nls-hub (10.77.i.1) --...-- ns nls-j
+
+Each worker's veth is rate-limited with tbf on both ends (its uplink inside its namespace,
+its downlink on the hub side), so a worker has a full-duplex access link of `rate`, as on a
+WAN. The kernel has no netem, so delay comes from relay.py: with `delay_s > 0` every TCP
+connection that crosses the hub is redirected (iptables REDIRECT) into the delaying relay
+that runs in the hub. Everything here shells out to `ip`, `tc` and `iptables` (root only).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+
+PREFIX = "nls"
+HUB = f"{PREFIX}-hub"
+RELAY_PORT = 15001
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), check=check, capture_output=True, text=True)
+
+
+def ns_name(rank: int) -> str:
+    return f"{PREFIX}-{rank}"
+
+
+def worker_ip(rank: int) -> str:
+    return f"10.77.{rank}.2"
+
+
+def worker_ifname(rank: int) -> str:
+    return f"{PREFIX}-v{rank}"
+
+
+def cleanup() -> None:
+    """Remove every namespace this module may have made (leftovers of a killed run included)."""
+    listed = _run("ip", "netns", "list", check=False).stdout.split("\n")
+    for line in listed:
+        name = line.split(" ")[0]
+        if name.startswith(f"{PREFIX}-"):
+            _run("ip", "netns", "del", name, check=False)  # deleting a namespace deletes its veth ends
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    rate_mbit: int
+    delay_s: float  # one way, added by the relay; the RTT is twice this
+
+    @property
+    def label(self) -> str:
+        rate = f"{self.rate_mbit // 1000} Gbit/s" if self.rate_mbit >= 1000 else f"{self.rate_mbit} Mbit/s"
+        return f"{rate}, RTT {round(2000 * self.delay_s)} ms"
+
+
+def _tbf_args(rate_mbit: int) -> list[str]:
+    # burst = 10 ms at line rate (a small burst at 1 Gbit/s would throttle below the rate);
+    # latency bounds the queue so it drops instead of bloating without limit.
+    burst_kb = max(32, rate_mbit * 1000 // 8 // 100)
+    return ["tbf", "rate", f"{rate_mbit}mbit", "burst", f"{burst_kb}kb", "latency", "200ms"]
+
+
+def create(workers: int) -> None:
+    """Namespaces, veths, addresses and routes for `workers` workers (no shaping yet)."""
+    _run("ip", "netns", "add", HUB)
+    _run("ip", "netns", "exec", HUB, "ip", "link", "set", "lo", "up")
+    _run("ip", "netns", "exec", HUB, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    for rank in range(workers):
+        ns, inner, outer = ns_name(rank), worker_ifname(rank), f"{PREFIX}-h{rank}"
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", inner, "netns", ns, "type", "veth", "peer", "name", outer, "netns", HUB)
+        _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{worker_ip(rank)}/24", "dev", inner)
+        _run("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
+        _run("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", f"10.77.{rank}.1")
+        _run("ip", "netns", "exec", HUB, "ip", "addr", "add", f"10.77.{rank}.1/24", "dev", outer)
+        _run("ip", "netns", "exec", HUB, "ip", "link", "set", outer, "up")
+
+
+def shape(workers: int, link: LinkSpec) -> None:
+    """(Re)apply tbf on both ends of every worker's link and the relay redirect if delayed."""
+    for rank in range(workers):
+        _run("ip", "netns", "exec", ns_name(rank), "tc", "qdisc", "replace", "dev", worker_ifname(rank), "root",
+             *_tbf_args(link.rate_mbit))
+        _run("ip", "netns", "exec", HUB, "tc", "qdisc", "replace", "dev", f"{PREFIX}-h{rank}", "root",
+             *_tbf_args(link.rate_mbit))
+    _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
+    if link.delay_s > 0:
+        # Only worker-to-worker TCP; the relay's own outgoing connections are not PREROUTING.
+        _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp",
+             "-d", "10.77.0.0/16", "-j", "REDIRECT", "--to-ports", str(RELAY_PORT))
+
+
+def exec_prefix(rank: int) -> list[str]:
+    return ["ip", "netns", "exec", ns_name(rank)]
+
+
+def hub_prefix() -> list[str]:
+    return ["ip", "netns", "exec", HUB]

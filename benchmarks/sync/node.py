@@ -1,0 +1,176 @@
+"""One benchmark process (run inside its namespace by measure.py): times sync steps.
+
+    python -m benchmarks.sync.node '<json plan>'
+
+For every trial of the plan, all ranks meet at a gloo barrier, rank 0 broadcasts a
+wall-clock start (one machine, one clock), and each rank then times, from that instant:
+  noloco-<codec>: optional compute sleep, SnapshotService.publish_contribution (compress)
+      and workers.exchange.exchange_with_peer against a random peer (the runtime's path);
+  allreduce: optional compute sleep, flatten into one buffer (a DDP bucket),
+      dist.all_reduce over gloo, divide, unflatten.
+Each rank appends one JSON line per trial to <results_dir>/rank<r>.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from noloco_rt.config import Config, load_config
+from noloco_rt.membership import MemberRecord, WorkerState
+from noloco_rt.model import build_model
+from noloco_rt.optim import PeerOuterState
+from noloco_rt.transport import ExchangeServer
+from workers.exchange import SnapshotService, exchange_with_peer
+from workers.peers import Blacklist
+
+EXCHANGE_PORT = 6100  # + rank, so the loopback fallback needs no namespaces
+SYNTHETIC_TENSOR_NUMEL = 1 << 22  # 16 MiB float32 pieces, about the size of a large layer
+
+
+class _Null:
+    """Absorbs metrics and log calls; remembers the last log event's fields."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Null:
+        if args and isinstance(args[0], str):
+            self.last = {"event": args[0], **kwargs}
+        return self
+
+
+class StaticPeers:
+    """The two methods of workers.peers.PeerView that exchange_with_peer uses, over a fixed list."""
+
+    def __init__(self, members: list[MemberRecord], own_id: str, rng: random.Random) -> None:
+        self.members = [m for m in members if m.worker_id != own_id]
+        self.rng = rng
+        self.blacklist = Blacklist()
+
+    def random_peers(self, stage: int) -> list[MemberRecord]:
+        peers = [m for m in self.members if m.stage == stage and not self.blacklist.blocked(m.worker_id)]
+        self.rng.shuffle(peers)
+        return peers
+
+
+def parameter_set(size: str, rank: int) -> list[torch.Tensor]:
+    """The same parameters on every rank, plus a small per-rank drift as after H inner steps."""
+    gen = torch.Generator().manual_seed(1000 + rank)
+    if size.startswith("synthetic"):
+        mib = int(size.removeprefix("synthetic").removesuffix("mb"))
+        total = mib * 1_000_000 // 4
+        base = torch.Generator().manual_seed(0)
+        sizes = [SYNTHETIC_TENSOR_NUMEL] * (total // SYNTHETIC_TENSOR_NUMEL) + [total % SYNTHETIC_TENSOR_NUMEL]
+        tensors = [torch.randn(n, generator=base) * 0.02 for n in sizes if n]
+    else:
+        model = build_model(size, vocab_size=256, seed=0)  # the config default vocabulary
+        tensors = [p.detach().clone() for p in model.parameters()]
+    return [t + 1e-4 * torch.randn(t.shape, generator=gen) for t in tensors]
+
+
+@dataclass
+class Holder:
+    """The server's handler delegates to the current trial's SnapshotService."""
+
+    service: SnapshotService | None = None
+    log: _Null = field(default_factory=_Null)
+
+    def handle(self, frames: list[zmq.Frame]) -> list[Any]:
+        assert self.service is not None
+        return self.service.handle(frames)
+
+
+def _config(codec: str, timeout_s: float) -> Config:
+    return load_config(environ={}, overrides=[{"run": {"run_id": "syncbench"},
+                                              "worker": {"snapshot_codec": codec, "exchange_timeout_s": timeout_s}}])
+
+
+def _start_together(margin_s: float) -> float:
+    dist.barrier()
+    start = torch.tensor([time.time() + margin_s], dtype=torch.float64)
+    dist.broadcast(start, src=0)
+    wait = float(start.item()) - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    return float(start.item())
+
+
+def run(plan: dict[str, Any]) -> None:
+    rank, world = plan["rank"], plan["world"]
+    torch.set_num_threads(1)  # N processes share 2 cores: threads would only fight
+    dist.init_process_group("gloo", init_method=plan["init_method"], rank=rank, world_size=world)
+    ctx = zmq.Context()
+    holder = Holder()
+    server = ExchangeServer(ctx, bind_host=plan["ips"][rank], port=EXCHANGE_PORT + rank, advertise_host="",
+                            handler=holder.handle)
+    server.start()
+    members = [MemberRecord(worker_id=f"rank{r}", run_id="syncbench", stage=0, data_addr="",
+                            exchange_addr=f"tcp://{ip}:{EXCHANGE_PORT + r}", state=WorkerState.ONLINE)
+               for r, ip in enumerate(plan["ips"])]
+    out = Path(plan["results_dir"]) / f"rank{rank}.jsonl"
+    margin_s = plan["start_margin_s"]
+    cache: dict[str, list[torch.Tensor]] = {}
+    for trial_index, trial in enumerate(plan["trials"]):
+        size, method = trial["size"], trial["method"]
+        if size not in cache:
+            cache.clear()
+            cache[size] = parameter_set(size, rank)
+        tensors = cache[size]
+        compute_s = trial.get("compute_s", 0.0) * (trial.get("straggler_factor", 1.0)
+                                                   if rank == trial.get("straggler_rank", -1) else 1.0)
+        steps = trial.get("outer_steps", 1)
+        service = None
+        if method.startswith("noloco-"):
+            cfg = _config(method.removeprefix("noloco-"), plan["exchange_timeout_s"])
+            log = _Null()
+            service = SnapshotService(cfg, 0, f"rank{rank}", metrics=_Null(), log=log,
+                                      expected_shapes=[tuple(t.shape) for t in tensors])
+            holder.service = service
+            peers = StaticPeers(members, f"rank{rank}", random.Random(trial_index * 1000 + rank))
+        for step in range(1, steps + 1):
+            start = _start_together(margin_s)
+            record: dict[str, Any] = {"rank": rank, "world": world, "trial": trial_index, "step": step, **trial}
+            if step == steps and compute_s:
+                time.sleep(compute_s)
+            if service is not None:
+                snapshot = service.publish_contribution(PeerOuterState(fast=tensors), step)
+                published = time.time()
+                state = exchange_with_peer(ctx, peers, 0, service, step, attempts=3,
+                                           timeout_s=plan["exchange_timeout_s"])
+                done = time.time()
+                record.update(encode_s=published - start - (compute_s if step == steps else 0.0),
+                              wire_bytes=snapshot.encoded.wire_bytes, raw_bytes=snapshot.encoded.raw_bytes,
+                              peer_ok=state is not None, via=log.last.get("via"), peer=log.last.get("peer"))
+            else:
+                flat = torch.cat([t.reshape(-1) for t in tensors])  # one bucket, as DDP does
+                dist.all_reduce(flat)
+                flat /= world
+                _ = list(torch.split(flat, [t.numel() for t in tensors]))
+                done = time.time()
+                record.update(wire_bytes=4 * flat.numel(), raw_bytes=4 * flat.numel())
+            record.update(start=start, done=done, elapsed_s=done - start)
+            with out.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        if rank == 0:
+            print(f"  trial {trial_index + 1}/{len(plan['trials'])} {size} {method} done", flush=True)
+    dist.barrier()  # nobody closes its server while a peer may still ask it
+    server.stop()
+    ctx.destroy(linger=0)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(json.loads(sys.argv[1]))
