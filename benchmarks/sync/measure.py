@@ -1,12 +1,18 @@
 """Measure NoLoCo's pairwise outer exchange against gloo all-reduce over emulated WAN links.
 
     python -m benchmarks.sync.measure --out benchmarks/results [--quick]
+    python -m benchmarks.sync.measure --out benchmarks/results --only-straggler \
+        --straggler-size tiny --straggler-codec bf16-shuffle-zstd --straggler-worlds 8,4 \
+        --straggler-rtt-ms 50 --straggler-compute-s 2 --repeats 3
 
 For each link (tbf rate, relay delay) and each N, N processes (benchmarks/sync/node.py),
 one per network namespace, time every (size, method) trial side by side; then a
 straggler trial (one rank's compute 2x a nominal inner phase). Writes sync.md and
 sync.json under --out, then the model's fit, extrapolation and plot (report.py).
 Falls back to loopback (no shaping, no delay) if namespaces cannot be made.
+--only-straggler runs only the straggler trials and merges their rows into an existing
+<out>/sync.json (its old straggler rows replaced, every other row kept), then rewrites the
+reports from the merged rows.
 """
 
 from __future__ import annotations
@@ -35,11 +41,14 @@ def sync_trials(sizes: tuple[str, ...]) -> list[dict[str, Any]]:
     return [{"kind": "sync", "size": size, "method": method} for size in sizes for method in METHODS]
 
 
-def straggler_trials(size: str, compute_s: float) -> list[dict[str, Any]]:
+def straggler_trials(size: str, compute_s: float, codec: str = "shuffle-zstd",
+                     repeats: int = 1) -> list[dict[str, Any]]:
     # Two outer steps: the first (no compute) warms up and leaves every rank a published
-    # snapshot; the second has everyone compute, rank 0 twice as long.
+    # snapshot; the second has everyone compute, rank 0 twice as long. Repeats alternate the
+    # methods, so slow phases of a noisy machine hit both alike.
     return [{"kind": "straggler", "size": size, "method": method, "outer_steps": 2, "compute_s": compute_s,
-             "straggler_rank": 0, "straggler_factor": 2.0} for method in ("noloco-shuffle-zstd", "allreduce")]
+             "straggler_rank": 0, "straggler_factor": 2.0, "repeat": repeat}
+            for repeat in range(repeats) for method in (f"noloco-{codec}", "allreduce")]
 
 
 def run_group(world: int, link: LinkSpec | None, trials: list[dict[str, Any]], timeout_s: float) -> list[dict]:
@@ -86,9 +95,10 @@ def summarise(records: list[dict], link_label: str) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for record in records:
         if record["step"] == record.get("outer_steps", 1):  # the timed step (straggler: the second)
-            groups[(record["kind"], record["world"], record["size"], record["method"])].append(record)
+            groups[(record["kind"], record["world"], record["size"], record["method"],
+                    record["trial"])].append(record)
     rows = []
-    for (kind, world, size, method), group in groups.items():
+    for (kind, world, size, method, _), group in groups.items():
         elapsed = [r["elapsed_s"] for r in group]
         last_done = max(r["done"] for r in group)
         row = {"kind": kind, "link": link_label, "world": world, "size": size, "method": method,
@@ -99,10 +109,18 @@ def summarise(records: list[dict], link_label: str) -> list[dict[str, Any]]:
                "encode_mean_s": statistics.fmean(r.get("encode_s", 0.0) for r in group)}
         if kind == "straggler":
             straggler = [r for r in group if r["rank"] == r["straggler_rank"]]
-            others = [r for r in group if r["rank"] != r["straggler_rank"]]
+            # NoLoCo: the straggler's partners are the ranks whose exchange ended with it
+            # (they asked it, or took its snapshot from their inbox); all-reduce has none.
+            rest = [r for r in group if r["rank"] != r["straggler_rank"]]
+            partners = [r for r in rest if r.get("peer") == f"rank{r['straggler_rank']}"]
+            others = [r for r in rest if r not in partners]
             row["straggler_s"] = straggler[0]["elapsed_s"]
+            row["straggler_peer"] = straggler[0].get("peer")
+            row["partners_s"] = sorted(r["elapsed_s"] for r in partners)
             row["others_s"] = sorted(r["elapsed_s"] for r in others)
+            row["non_straggler_mean_s"] = statistics.fmean(r["elapsed_s"] for r in rest)
             row["compute_s"] = group[0]["compute_s"]
+            row["repeat"] = group[0].get("repeat", 0)
         rows.append(row)
     return rows
 
@@ -113,7 +131,18 @@ def main() -> None:
     parser.add_argument("--worlds", default="2,4,8")
     parser.add_argument("--quick", action="store_true", help="tiny and small only, one link")
     parser.add_argument("--straggler-compute-s", type=float, default=1.0, help="nominal inner-phase time")
+    parser.add_argument("--only-straggler", action="store_true",
+                        help="run only the straggler trials; merge them into <out>/sync.json")
+    parser.add_argument("--straggler-size", default="small")
+    parser.add_argument("--straggler-codec", default="shuffle-zstd")
+    parser.add_argument("--straggler-worlds", default=None, help="default: the largest of --worlds")
+    parser.add_argument("--straggler-rate-mbit", type=int, default=100)
+    parser.add_argument("--straggler-rtt-ms", type=float, default=0.0)
+    parser.add_argument("--repeats", type=int, default=1, help="straggler trials per method")
     args = parser.parse_args()
+    if args.only_straggler:
+        run_straggler_only(args)
+        return
     worlds = [int(w) for w in args.worlds.split(",")]
     links = [LinkSpec(100, 0.0), LinkSpec(1000, 0.0), LinkSpec(100, 0.025)]
     sizes_for = {LinkSpec(100, 0.0): SIZES, LinkSpec(1000, 0.0): SIZES, LinkSpec(100, 0.025): ("tiny", "small")}
@@ -135,7 +164,8 @@ def main() -> None:
             for world in worlds:
                 trials = sync_trials(sizes)
                 if link == links[0] and world == max(worlds):
-                    trials += straggler_trials("small", args.straggler_compute_s)
+                    trials += straggler_trials(args.straggler_size, args.straggler_compute_s,
+                                               args.straggler_codec, args.repeats)
                 print(f"[{time.monotonic() - began:6.1f}s] {label}, N={world}: {len(trials)} trials", flush=True)
                 rows += summarise(run_group(world, link, trials, timeout_s=600.0), label)
     finally:
@@ -147,6 +177,42 @@ def main() -> None:
     from benchmarks.sync.report import write_reports
 
     write_reports(rows, args.out, wall_s=wall_s)
+
+
+def run_straggler_only(args: argparse.Namespace) -> None:
+    """Straggler trials alone, merged into an existing sync.json (other rows untouched)."""
+    worlds = [int(w) for w in (args.straggler_worlds or args.worlds).split(",")]
+    worlds = worlds if args.straggler_worlds else [max(worlds)]
+    link = LinkSpec(args.straggler_rate_mbit, args.straggler_rtt_ms / 2000)
+    previous: dict[str, Any] = {}
+    if args.out is not None and (args.out / "sync.json").exists():
+        previous = json.loads((args.out / "sync.json").read_text())
+    began = time.monotonic()
+    netns.cleanup()
+    rows: list[dict[str, Any]] = []
+    try:
+        try:
+            netns.create(max(worlds))
+            usable: LinkSpec | None = link
+        except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+            print(f"network namespaces unavailable ({exc}); falling back to loopback", flush=True)
+            usable = None
+        label = usable.label if usable else "loopback (no shaping)"
+        for world in worlds:
+            trials = straggler_trials(args.straggler_size, args.straggler_compute_s, args.straggler_codec,
+                                      args.repeats)
+            print(f"[{time.monotonic() - began:6.1f}s] {label}, N={world}: {len(trials)} straggler trials",
+                  flush=True)
+            rows += summarise(run_group(world, usable, trials, timeout_s=600.0), label)
+    finally:
+        netns.cleanup()
+    straggler_wall_s = time.monotonic() - began
+    print(f"straggler trials took {straggler_wall_s:.0f} s", flush=True)
+    merged = [r for r in previous.get("rows", []) if r["kind"] != "straggler"] + rows
+    from benchmarks.sync.report import write_reports
+
+    write_reports(merged, args.out, wall_s=previous.get("wall_s", straggler_wall_s),
+                  extra={"straggler_wall_s": straggler_wall_s, "straggler_command": " ".join(sys.argv[1:])})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,57 @@ def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.1f}"
 
 
-def write_reports(rows: list[dict[str, Any]], out: Path | None, *, wall_s: float) -> None:
+def _spread(values: list[float]) -> str:
+    """Median and range over repeats: '1.23 (1.20–1.30)', or one value alone."""
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def straggler_section(straggler: list[dict[str, Any]], extra: dict[str, Any]) -> str:
+    """Time to the end of the next outer step, straggler vs its partners vs the rest, over repeats."""
+    if not straggler:
+        return ""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in straggler:
+        groups[(r["link"], r["world"], r["size"], r["compute_s"], r["method"])].append(r)
+    table, medians = [], {}
+    for key, group in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1], kv[0][2], kv[0][4] == "allreduce")):
+        link, world, size, compute_s, method = key
+        others = [r["others_s"] for r in group if r["others_s"]]
+        partners = [t for r in group for t in r.get("partners_s", [])]
+        rest_mean = [r.get("non_straggler_mean_s", statistics.fmean(r["others_s"])) for r in group]
+        medians[key] = statistics.median(rest_mean)
+        table.append([link, world, size, compute_s, method, len(group), _spread([r["straggler_s"] for r in group]),
+                      _spread(partners) + (f" [{len(partners)}]" if partners else ""),
+                      _spread([min(o) for o in others]), _spread([statistics.fmean(o) for o in others]),
+                      _spread([max(o) for o in others]), _spread(rest_mean), key])
+    rows_out = []
+    for row in table:
+        key = row.pop()
+        ar = medians.get((*key[:4], "allreduce"))
+        ratio = f"{medians[key] / ar:.2f}" if ar and key[4] != "allreduce" else "—"
+        rows_out.append([*row, ratio])
+    command = extra.get("straggler_command")
+    note = ("\nTime from the common start of the timed outer step to its end on each worker (that step "
+            "includes the compute). Cells: median (range) over repeats. Partners: ranks whose exchange "
+            "ended with the straggler ([n] = how many over all repeats); others: every other non-straggler "
+            "rank, min / mean / max within a trial, each summarised over repeats. Ratio: median "
+            "non-straggler mean, NoLoCo / all-reduce.")
+    if command:
+        note += (f" Run alone (`python -m benchmarks.sync.measure {command}`, "
+                 f"{extra.get('straggler_wall_s', 0):.0f} s) and merged into these results.")
+    return markdown_table(
+        "## Straggler: one worker computes 2× the nominal inner phase, then sync",
+        ["link", "N", "size", "nominal compute s", "method", "repeats", "straggler s", "partners s",
+         "others min s", "others mean s", "others max s", "non-straggler mean s",
+         "ratio vs all-reduce (non-straggler mean)"], rows_out) + note + "\n\n"
+
+
+def write_reports(rows: list[dict[str, Any]], out: Path | None, *, wall_s: float,
+                  extra: dict[str, Any] | None = None) -> None:
     fits = fit_links(rows)
     sync = sorted((r for r in rows if r["kind"] == "sync"), key=lambda r: (r["link"], r["size"], r["world"]))
     by_key = {(r["link"], r["size"], r["world"], r["method"]): r for r in sync}
@@ -93,15 +144,7 @@ def write_reports(rows: list[dict[str, Any]], out: Path | None, *, wall_s: float
     text += ("\nidle = mean over workers of (last worker's finish − own finish): how long each would "
              "wait at a barrier; NoLoCo has none, so it is time the others are already computing.\n\n")
 
-    straggler = [r for r in rows if r["kind"] == "straggler"]
-    if straggler:
-        text += markdown_table(
-            "## Straggler: one worker computes 2× the nominal inner phase, then sync",
-            ["link", "N", "size", "method", "nominal compute s", "straggler's step s", "others' step s (sorted)",
-             "others' mean s"],
-            [[r["link"], r["world"], r["size"], r["method"], r["compute_s"], f"{r['straggler_s']:.2f}",
-              ", ".join(f"{t:.2f}" for t in r["others_s"]), f"{sum(r['others_s']) / len(r['others_s']):.2f}"]
-             for r in straggler]) + "\n"
+    text += straggler_section([r for r in rows if r["kind"] == "straggler"], extra or {})
 
     fit_rows = []
     for label, methods in fits.items():
@@ -153,7 +196,7 @@ def write_reports(rows: list[dict[str, Any]], out: Path | None, *, wall_s: float
         return
     out.mkdir(parents=True, exist_ok=True)
     (out / "sync.md").write_text(text)
-    (out / "sync.json").write_text(json.dumps({"wall_s": wall_s, "rows": rows, "fits": fits,
+    (out / "sync.json").write_text(json.dumps({"wall_s": wall_s, **(extra or {}), "rows": rows, "fits": fits,
                                                "extrapolation": extrap, "crossover": cross_rows}, indent=1))
     _plot(curves, out / "sync.png")
 
@@ -190,7 +233,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     data = json.loads(args.rows.read_text())
-    write_reports(data["rows"], args.out, wall_s=data.get("wall_s", 0.0))
+    extra = {k: v for k, v in data.items() if k.startswith("straggler_")}
+    write_reports(data["rows"], args.out, wall_s=data.get("wall_s", 0.0), extra=extra)
 
 
 if __name__ == "__main__":
