@@ -39,18 +39,24 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from coordinator.observer import Observer
     from coordinator.pull import RateLimiter, SnapshotPuller
     from coordinator.server import CoordinatorMetrics, StatusServer
+    from noloco_rt.curve import load_curve_keys
     from noloco_rt.lifecycle import set_event_from_signal_handler, set_parent_death_signal_from_env
     from noloco_rt.logs import configure_logging, get_logger
-    from noloco_rt.membership import Membership, connect
+    from noloco_rt.membership import Membership, check_access, connect
+    from noloco_rt.transport import disable_curve, enable_curve
 
     set_parent_death_signal_from_env()
+    curve = load_curve_keys(cfg.network)
+    client = connect(cfg.network.redis_url)
+    check_access(client, cfg.network.redis_url)
     configure_logging(cfg.run.log_format)
     log = get_logger(run=cfg.run.run_id, role="coordinator")
     out = Path(cfg.paths.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = CoordinatorMetrics()
     ctx = zmq.Context()
-    membership = Membership(connect(cfg.network.redis_url), run_id=cfg.run.run_id)
+    enable_curve(ctx, curve)  # snapshot pulls (DEALER requests) present the run's keys
+    membership = Membership(client, run_id=cfg.run.run_id)
     puller = SnapshotPuller(cfg, ctx, metrics=metrics, log=log,
                             limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
     observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log)
@@ -65,10 +71,11 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         signal.signal(sig, lambda *_: set_event_from_signal_handler(stop))
     server.start()
     log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
-             port=server.port, out=str(out))
+             port=server.port, out=str(out), curve=curve is not None)
     try:
         observer.run(stop)
     finally:
         server.stop()
+        disable_curve(ctx)
         ctx.destroy(linger=0)
         log.info("coordinator_stopped", evaluations=observer.status.evaluations)

@@ -1,7 +1,9 @@
 """Crash-safe worker checkpoints: write to a temporary file, fsync, rename, fsync the folder.
 
 A reader therefore sees either the previous complete checkpoint or the new complete
-one, never a torn file, whatever moment the writer is killed at.
+one, never a torn file, whatever moment the writer is killed at. A writer killed
+mid-write leaves its temporary (`.<name>.<pid>.<random>.tmp`) behind; the next successful
+write of the same path removes those of writers that are no longer running.
 """
 
 from __future__ import annotations
@@ -20,9 +22,33 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be used (corrupt, other run or stage, other version)."""
 
 
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Delete the temporaries of killed writers of `path` (their pid is not running; a
+    temporary without a pid in its name counts as stale). Returns what was removed."""
+    removed = []
+    for candidate in path.parent.glob(f".{path.name}.*.tmp"):
+        middle = candidate.name[len(path.name) + 2:-len(".tmp")]  # "<pid>.<random>"
+        pid_text = middle.split(".", 1)[0]
+        if pid_text.isdigit() and (int(pid_text) == os.getpid() or _pid_running(int(pid_text))):
+            continue  # a live writer (ours or a concurrent one) may still rename it
+        candidate.unlink(missing_ok=True)
+        removed.append(candidate)
+    return removed
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -37,6 +63,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+    remove_stale_temporaries(path)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

@@ -235,11 +235,28 @@ class NetworkConfig:
     metrics_port: int = 0
     redis_url: str = ""
     """redis:// or rediss:// URL (password allowed); empty: an embedded local server."""
+    curve_key_dir: str = ""
+    """Folder with the run's CURVE key pair (<name>.secret, <name>.public from `noloco-rt keys
+    generate`, e.g. a mounted Kubernetes Secret); empty and no curve_secret_key: CURVE off."""
+    curve_secret_key: str = ""
+    """The run's CURVE secret key as z85 text (e.g. NOLOCO_NETWORK_CURVE_SECRET_KEY from a Secret)."""
+    curve_public_key: str = ""
+    """Optional with curve_secret_key (derived from it); if given it must match."""
 
     def __post_init__(self) -> None:
         for name in ("data_port", "exchange_port", "metrics_port"):
             value = getattr(self, name)
             _require(0 <= value <= 65535, "network", name, value, "must be a port in [0, 65535]")
+        # Syntax only here; files are read and pairs checked where keys are used (noloco_rt.curve).
+        _require(not (self.curve_key_dir and self.curve_secret_key), "network", "curve_key_dir",
+                 self.curve_key_dir, "set either curve_key_dir or curve_secret_key, not both")
+        _require(not self.curve_public_key or bool(self.curve_secret_key or self.curve_key_dir), "network",
+                 "curve_public_key", self.curve_public_key, "needs curve_secret_key (servers need the secret)")
+        for name in ("curve_secret_key", "curve_public_key"):
+            value = getattr(self, name).strip()
+            shown = "<hidden>" if name == "curve_secret_key" else value
+            _require(value == "" or len(value) == 40, "network", name, shown,
+                     f"a CURVE key is 40 z85 characters, got {len(value)}")
         _require(self.redis_url == "" or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
                  "network", "redis_url", self.redis_url, "must start with redis://, rediss:// or unix://")
 
@@ -271,6 +288,15 @@ class WorkerConfig:
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
     checkpoint_every: int = 1
     """Outer steps between periodic checkpoints (0: only on leave)."""
+    max_peer_distance_ratio: float = 2.0
+    """A peer's outer-step contribution farther than this from ours, relative to our weight
+    norm (noloco_rt.peer_checks), is rejected as "too_far" and the peer blacklisted. Honest
+    replicas measured at most 0.06 (h = 5) and 0.27 (h = 50) (benchmarks/peer_distance.py)."""
+    fault_scale_snapshot: float = 1.0
+    """FAULT INJECTION, for tests and chaos runs only: multiply the outer-step snapshot this
+    worker serves by this factor (1.0: off). Its own training is unaffected."""
+    fault_nan_snapshot: bool = False
+    """FAULT INJECTION, for tests and chaos runs only: serve outer-step snapshots holding NaN."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval_s", "exchange_timeout_s", "deadline_floor_s", "bootstrap_timeout_s",
@@ -285,6 +311,10 @@ class WorkerConfig:
         _choice("worker", "snapshot_codec", self.snapshot_codec, SNAPSHOT_CODECS)
         _require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
         _require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
+        _require(self.max_peer_distance_ratio > 0, "worker", "max_peer_distance_ratio",
+                 self.max_peer_distance_ratio, "must be > 0")
+        _require(self.fault_scale_snapshot != 0, "worker", "fault_scale_snapshot", self.fault_scale_snapshot,
+                 "must not be 0 (1.0 turns the fault off)")
 
 
 @dataclass(kw_only=True)

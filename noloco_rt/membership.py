@@ -13,13 +13,21 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlunparse
 
 import redis
 
+from noloco_rt.config import ConfigError
 from noloco_rt.logs import get_logger
 
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+# An AuthenticationError is a ConnectionError and NOPERM (an ACL change) a ResponseError: during a
+# run both are handled like an outage (cached view, retries) but logged as access errors.
+ACCESS_ERRORS = (redis.AuthenticationError, redis.exceptions.NoPermissionError)
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoPermissionError)
+
+
+class RedisAccessError(ConfigError):
+    """Redis refused our credentials or permissions: a configuration mistake, reported at startup."""
 
 
 class WorkerState(enum.StrEnum):
@@ -94,6 +102,40 @@ def connect(url: str, *, socket_timeout_s: float = 1.0) -> redis.Redis:
                                 health_check_interval=0)
 
 
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and logs."""
+    parsed = urlparse(url)
+    if parsed.password is None:
+        return url
+    user = parsed.username or ""
+    host = parsed.hostname or ""
+    port = f":{parsed.port}" if parsed.port else ""
+    return urlunparse(parsed._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -> bool:
+    """At startup: raise RedisAccessError (one clear line, exit 2 from the CLI) when Redis refuses
+    our password, user or key permissions; True if reachable, False if merely unreachable (the
+    caller decides whether to wait for it, as workers do)."""
+    try:
+        client.ping()
+        # ACL users may be limited to some keys (~noloco:*): probe the commands the table uses.
+        probe = f"{key_prefix}:access-check"
+        client.exists(probe)
+        client.scan(match=f"{key_prefix}:*", count=1)
+    except ACCESS_ERRORS as exc:
+        raise RedisAccessError("network.redis_url", redact_url(url),
+                               f"Redis refused access ({exc}); check the user and password in the URL "
+                               f"and the user's ACL (it needs ~{key_prefix}:*)") from None
+    except redis.ResponseError as exc:
+        if "AUTH" in str(exc).upper():  # e.g. a password sent to a server that has none
+            raise RedisAccessError("network.redis_url", redact_url(url), f"Redis refused AUTH ({exc})") from None
+        raise
+    except (redis.ConnectionError, redis.TimeoutError):
+        return False
+    return True
+
+
 def pick_fresh(records: Iterable[MemberRecord], now: float, max_age_s: float) -> list[MemberRecord]:
     return [r for r in records if now - r.heartbeat_time <= max_age_s]
 
@@ -121,12 +163,16 @@ class Membership:
     def _pattern(self) -> str:
         return f"{self.prefix}:{self.run_id}:worker:*"
 
-    def _mark(self, available: bool) -> None:
+    def _mark(self, available: bool, error: Exception | None = None) -> None:
         if available and not self.redis_available:
             self.log.info("redis_recovered")
         elif not available and self.redis_available:
             self.outages += 1
-            self.log.warning("redis_unreachable", note="using the cached member view")
+            if isinstance(error, ACCESS_ERRORS):  # credentials rotated or ACL changed mid-run
+                self.log.error("redis_access_denied", error=str(error), note="using the cached member view; "
+                               "fix the credentials or ACL, the worker keeps retrying")
+            else:
+                self.log.warning("redis_unreachable", note="using the cached member view")
         self.redis_available = available
 
     def _write(self, record: MemberRecord) -> None:
@@ -142,8 +188,8 @@ class Membership:
             self.record = replace(record, heartbeat_time=self.clock())
             try:
                 self._write(self.record)
-            except REDIS_ERRORS:
-                self._mark(False)
+            except REDIS_ERRORS as exc:
+                self._mark(False, exc)
                 return False
             self._mark(True)
             return True
@@ -163,8 +209,8 @@ class Membership:
                 pipe.hset(key, mapping=record.to_fields())
                 pipe.pexpire(key, int(self.ttl_s * 1000))
                 existed, _, _ = pipe.execute()
-            except REDIS_ERRORS:
-                self._mark(False)
+            except REDIS_ERRORS as exc:
+                self._mark(False, exc)
                 return False
             was_down = not self.redis_available
             self._mark(True)
@@ -183,8 +229,8 @@ class Membership:
                 return True
             try:
                 self.client.delete(self.key(record.worker_id))
-            except REDIS_ERRORS:
-                self._mark(False)
+            except REDIS_ERRORS as exc:
+                self._mark(False, exc)
                 return False
             return True
 
@@ -202,8 +248,8 @@ class Membership:
             # raise_on_error=False: a foreign non-hash key under our pattern (WRONGTYPE)
             # is one malformed row, not a failed read of the whole table.
             rows = pipe.execute(raise_on_error=False)
-        except REDIS_ERRORS:
-            self._mark(False)
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
             records = self._cache
         else:
             self._mark(True)

@@ -11,18 +11,108 @@ a handler; a request is one DEALER round trip with a deadline.
 
 Sockets are created from a zmq.Context passed in; bind and advertise addresses are
 separate (bind 0.0.0.0, advertise the pod or public IP).
+
+CURVE (noloco_rt.curve explains the cluster key scheme): `enable_curve(ctx, keys)` attaches
+the run's keys to a context and starts its ZAP handler, which admits only clients holding
+the cluster key. Every socket made here from that context then gets the keys (servers:
+the PULL and the ROUTER; clients: the PUSH and the DEALER), so callers that only pass a
+context (workers/exchange.py) need no change; `curve=` overrides per socket. A server
+socket refuses to be made with keys but no ZAP handler (it would admit any key pair).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from noloco_rt.curve import CurveKeys
+from noloco_rt.logs import get_logger
 
 Frames = Sequence[Any]  # bytes, memoryview or zmq.Frame
+
+
+ZAP_DOMAIN = "noloco"
+
+
+@dataclass
+class _CurveGate:
+    """ZAP credentials provider: admits the authorised client keys, counts the rest."""
+
+    keys: CurveKeys
+    authenticator: ThreadAuthenticator | None = None
+    denied: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def callback(self, domain: str, client_key: bytes) -> bool:
+        if client_key in self.keys.authorized_clients:
+            return True
+        with self._lock:
+            self.denied += 1
+            denied = self.denied
+        if denied == 1 or denied % 100 == 0:  # bounded logging: an attacker may retry forever
+            get_logger().warning("curve_client_denied", client_key=client_key.decode(errors="replace"),
+                                 denied_total=denied)
+        return False
+
+
+_GATES: weakref.WeakKeyDictionary[zmq.Context, _CurveGate] = weakref.WeakKeyDictionary()
+
+
+def enable_curve(ctx: zmq.Context, keys: CurveKeys | None) -> None:
+    """Attach the run's keys to `ctx` and start its ZAP handler; no-op for None (CURVE off).
+    Call disable_curve(ctx) before ctx.term()."""
+    if keys is None or ctx in _GATES:
+        return
+    gate = _CurveGate(keys)
+    authenticator = ThreadAuthenticator(ctx)
+    authenticator.start()
+    authenticator.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=gate)
+    gate.authenticator = authenticator
+    _GATES[ctx] = gate
+
+
+def disable_curve(ctx: zmq.Context) -> None:
+    """Stop the ZAP handler of `ctx` (its socket would keep ctx.term() waiting)."""
+    gate = _GATES.pop(ctx, None)
+    if gate is not None and gate.authenticator is not None:
+        gate.authenticator.stop()
+
+
+def curve_keys(ctx: zmq.Context) -> CurveKeys | None:
+    """The keys enabled on `ctx`, or None."""
+    gate = _GATES.get(ctx)
+    return gate.keys if gate is not None else None
+
+
+def curve_denied(ctx: zmq.Context) -> int:
+    """Clients refused by the ZAP handler of `ctx` so far."""
+    gate = _GATES.get(ctx)
+    return gate.denied if gate is not None else 0
+
+
+def apply_curve(socket: zmq.Socket, keys: CurveKeys | None, *, server: bool) -> None:
+    """Set the CURVE options on a socket before it binds or connects; no-op for None."""
+    if keys is None:
+        return
+    socket.setsockopt(zmq.CURVE_SECRETKEY, keys.secret_key)
+    socket.setsockopt(zmq.CURVE_PUBLICKEY, keys.public_key)
+    if server:
+        gate = _GATES.get(socket.context)
+        if gate is None or gate.keys != keys:
+            raise RuntimeError("a CURVE server socket needs enable_curve(ctx, keys) first: without a ZAP "
+                               "handler any client key pair would be admitted")
+        socket.setsockopt(zmq.CURVE_SERVER, 1)
+        socket.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        socket.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no handler answering: refuse, never admit
+    else:
+        socket.setsockopt(zmq.CURVE_SERVERKEY, keys.public_key)
 
 
 def bind_random_or_fixed(socket: zmq.Socket, host: str, port: int) -> int:
@@ -37,10 +127,12 @@ class DataSocket:
     """Receives everything addressed to this worker; sends to peers by address."""
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
-                 high_water_mark: int = 64) -> None:
+                 high_water_mark: int = 64, curve: CurveKeys | None = None) -> None:
         self.ctx = ctx
         self.high_water_mark = high_water_mark
+        self.curve = curve or curve_keys(ctx)
         self.inbound = ctx.socket(zmq.PULL)
+        apply_curve(self.inbound, self.curve, server=True)
         self.inbound.setsockopt(zmq.RCVHWM, high_water_mark)
         self.inbound.setsockopt(zmq.LINGER, 0)
         self.port = bind_random_or_fixed(self.inbound, bind_host, port)
@@ -51,6 +143,7 @@ class DataSocket:
         sock = self._outbound.get(address)
         if sock is None:
             sock = self.ctx.socket(zmq.PUSH)
+            apply_curve(sock, self.curve, server=False)
             sock.setsockopt(zmq.SNDHWM, self.high_water_mark)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.LINGER, 0)
@@ -108,8 +201,10 @@ class ExchangeServer:
     """
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
-                 handler: Handler) -> None:
+                 handler: Handler, curve: CurveKeys | None = None) -> None:
+        self.curve = curve or curve_keys(ctx)
         self.socket = ctx.socket(zmq.ROUTER)
+        apply_curve(self.socket, self.curve, server=True)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, 16)
         self.socket.setsockopt(zmq.SNDHWM, 16)
@@ -152,9 +247,12 @@ class ExchangeServer:
         self.socket.close(linger=0)
 
 
-def request(ctx: zmq.Context, address: str, frames: Frames, *, timeout_s: float) -> list[zmq.Frame] | None:
-    """One request/reply round trip to an ExchangeServer; None if no reply within timeout_s."""
+def request(ctx: zmq.Context, address: str, frames: Frames, *, timeout_s: float,
+            curve: CurveKeys | None = None) -> list[zmq.Frame] | None:
+    """One request/reply round trip to an ExchangeServer; None if no reply within timeout_s
+    (a refused CURVE handshake looks the same: no connection, no reply)."""
     sock = ctx.socket(zmq.DEALER)
+    apply_curve(sock, curve or curve_keys(ctx), server=False)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)
     try:

@@ -49,8 +49,10 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 
     import zmq
 
+    from noloco_rt.curve import load_curve_keys
     from noloco_rt.logs import configure_logging
-    from noloco_rt.membership import Membership, connect
+    from noloco_rt.membership import Membership, check_access, connect
+    from noloco_rt.transport import disable_curve, enable_curve
     from workers.metrics import WorkerMetrics
     from workers.worker import (
         StageWorker,
@@ -59,20 +61,30 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
         pick_device,
     )
 
+    curve = load_curve_keys(cfg.network)  # a bad key file fails here, before anything starts
+    client = connect(cfg.network.redis_url)
+    # Wrong password or ACL: one clear line and exit 2. Merely unreachable: start anyway, the
+    # heartbeat registers once Redis is up (DESIGN §5).
+    check_access(client, cfg.network.redis_url)
     configure_logging(cfg.run.log_format)
     name = name or default_worker_name(stage)
     checkpoint_dir = Path(cfg.paths.checkpoint_dir or Path(cfg.paths.out_dir) / "checkpoints")
     metrics = WorkerMetrics()
     metrics_port_bound = metrics.serve(cfg.network.metrics_port, host=cfg.network.bind_host)
     ctx = zmq.Context()
-    membership = Membership(connect(cfg.network.redis_url), run_id=cfg.run.run_id,
-                            heartbeat_interval_s=cfg.worker.heartbeat_interval_s)
+    enable_curve(ctx, curve)  # every socket made from ctx gets the run's keys (noloco_rt.transport)
+    membership = Membership(client, run_id=cfg.run.run_id, heartbeat_interval_s=cfg.worker.heartbeat_interval_s)
     device = pick_device(int(os.environ.get("LOCAL_RANK", "0")))
     stage_worker = StageWorker(cfg, stage, membership=membership, ctx=ctx, name=name, device=device,
                                checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics)
     stage_worker.metrics_addr = f"{cfg.network.advertise_host or cfg.network.bind_host}:{metrics_port_bound}"
     install_signal_handlers(stage_worker)
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)
-    code = stage_worker.run()
+    stage_worker.log.info("curve", enabled=curve is not None,
+                          public_key=curve.public_key.decode() if curve else "")
+    try:
+        code = stage_worker.run()
+    finally:
+        disable_curve(ctx)
     ctx.term()
     sys.exit(code)

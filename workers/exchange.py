@@ -12,10 +12,18 @@ uses it instead of asking someone else, so two workers that chose each other for
 the symmetric pair of the paper. A server asked for outer step k before it reached k
 waits briefly for its own step, then answers with what it has; the requester uses it
 if it is within the staleness bound, else tries another peer.
+
+Every received snapshot is validated in full (checksum, shapes, bounded decompression,
+finite values) before it is kept or used, and a peer's contribution must lie within
+worker.max_peer_distance_ratio of ours (noloco_rt.peer_checks): a finite, well-formed
+snapshot absurdly far from our weights is rejected as "too_far" and its sender
+blacklisted. A joiner's bootstrap gets the structural checks only: it has no weights of
+its own yet to compare with.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +43,7 @@ from noloco_rt.codec import (
 from noloco_rt.config import Config
 from noloco_rt.membership import MemberRecord
 from noloco_rt.optim import PeerOuterState
+from noloco_rt.peer_checks import PeerCheck, check_peer_distance
 from noloco_rt.transport import request
 from noloco_rt.wire import (
     PROTOCOL_VERSION,
@@ -48,6 +57,12 @@ from noloco_rt.wire import (
 
 SNAPSHOT_LIMITS = WireLimits(max_frame_bytes=64 << 30, max_message_bytes=(64 << 30) + (1 << 20))
 SERVER_WAIT_FOR_OWN_STEP_S = 2.0
+# Snapshots peers sent us, kept for our next outer step: only a few are ever useful
+# (one per partner), and a flood of requests from made-up senders must not grow memory.
+MAX_INBOX = 8
+# zstd's worst case grows incompressible input by well under 1 %; anything larger than
+# the raw size plus this slack is not an honest snapshot.
+PAYLOAD_SLACK_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -103,7 +118,8 @@ class SnapshotService:
         self._contribution: Snapshot | None = None
         self._bootstrap: Snapshot | None = None
         self._published = threading.Condition()
-        self._inbox: dict[str, tuple[float, Snapshot]] = {}
+        self._inbox: dict[str, tuple[float, Snapshot, PeerOuterState]] = {}
+        self._own_state: PeerOuterState | None = None
         self._lock = threading.Lock()
         self.rejects: dict[str, int] = {}
 
@@ -117,11 +133,13 @@ class SnapshotService:
 
     def publish_contribution(self, state: PeerOuterState, outer_step: int) -> Snapshot:
         if state.fast is not None:
-            snapshot = _encode(state.fast, self.cfg.worker.snapshot_codec, outer_step, "fast")
+            parts, parts_kind = state.fast, "fast"
         else:
             assert state.slow is not None and state.outer_grad is not None
-            snapshot = _encode(state.slow + state.outer_grad, self.cfg.worker.snapshot_codec, outer_step, "slow+grad")
+            parts, parts_kind = state.slow + state.outer_grad, "slow+grad"
+        snapshot = _encode(_inject_faults(parts, self.cfg), self.cfg.worker.snapshot_codec, outer_step, parts_kind)
         with self._published:
+            self._own_state = state  # the honest state: what peers' contributions are compared with
             self._contribution = snapshot
             self._published.notify_all()
         return snapshot
@@ -137,15 +155,32 @@ class SnapshotService:
         self._bootstrap = _encode(replica.slow + replica.momentum, lossless, outer_steps, "slow+momentum",
                                   {"inner_steps": inner_steps, "outer_steps": outer_steps})
 
-    def take_inbox(self, outer_step: int) -> tuple[str, Snapshot] | None:
-        """A snapshot a peer sent us for exactly this outer step (recently), if any."""
+    @property
+    def own_state(self) -> PeerOuterState | None:
+        """The (unfaulted) state behind the latest published contribution."""
+        return self._own_state
+
+    def _inbox_fresh(self, received_at: float) -> bool:
+        return time.monotonic() - received_at < 2 * self.cfg.worker.exchange_timeout_s
+
+    def take_inbox(self, outer_step: int) -> tuple[str, Snapshot, PeerOuterState] | None:
+        """A validated snapshot a peer sent us for exactly this outer step (recently), if any."""
         with self._lock:
-            for sender, (received_at, snapshot) in list(self._inbox.items()):
-                fresh = time.monotonic() - received_at < 2 * self.cfg.worker.exchange_timeout_s
-                if snapshot.outer_step == outer_step and fresh:
+            for sender, (received_at, snapshot, state) in list(self._inbox.items()):
+                if snapshot.outer_step == outer_step and self._inbox_fresh(received_at):
                     del self._inbox[sender]
-                    return sender, snapshot
+                    return sender, snapshot, state
         return None
+
+    def _keep_in_inbox(self, sender: str, snapshot: Snapshot, state: PeerOuterState) -> None:
+        with self._lock:
+            for key, (received_at, _, _) in list(self._inbox.items()):
+                if not self._inbox_fresh(received_at):
+                    del self._inbox[key]
+            self._inbox.pop(sender, None)
+            while len(self._inbox) >= MAX_INBOX:  # oldest first (dicts keep insertion order)
+                del self._inbox[next(iter(self._inbox))]
+            self._inbox[sender] = (time.monotonic(), snapshot, state)
 
     # -- serving (server thread) ----------------------------------------------------------
 
@@ -171,12 +206,16 @@ class SnapshotService:
             self.count_reject("unexpected_kind")
             return _snapshot_message(MessageKind.ERROR, self.cfg, self.stage, self.worker_id, None)
         try:
+            # Decoded here, on the server thread, not at use: a zstd bomb or NaN payload is
+            # refused at once with an ERROR, and the inbox holds only usable states.
             theirs = self.read_snapshot(decoded)
+            if theirs.parts_kind == "slow+momentum":
+                raise SnapshotRejected("wrong_parts")
+            their_state = self.peer_state(theirs)
         except SnapshotRejected as rejected:
             self.count_reject(rejected.reason)
             return _snapshot_message(MessageKind.ERROR, self.cfg, self.stage, self.worker_id, None)
-        with self._lock:
-            self._inbox[header.sender] = (time.monotonic(), theirs)
+        self._keep_in_inbox(header.sender, theirs, their_state)
         with self._published:  # a requester a little ahead of us: give our own step a moment
             self._published.wait_for(lambda: self._contribution is not None
                                      and self._contribution.outer_step >= header.outer_step,
@@ -192,6 +231,8 @@ class SnapshotService:
         extra = header.extra
         if not decoded.tensors or "specs" not in extra:
             raise SnapshotRejected("empty_snapshot")
+        if decoded.tensors[0].numel() > self.max_decompressed_bytes + PAYLOAD_SLACK_BYTES:
+            raise SnapshotRejected("payload_too_large")
         payload = decoded.tensors[0].numpy().tobytes()
         if checksum(payload) != extra.get("checksum"):
             raise SnapshotRejected("checksum")
@@ -227,6 +268,37 @@ class SnapshotService:
         return PeerOuterState(slow=tensors[:half], outer_grad=tensors[half:])
 
 
+def _inject_faults(parts: list[torch.Tensor], cfg: Config) -> list[torch.Tensor]:
+    """FAULT INJECTION for tests and chaos runs (worker.fault_*; off by default): what a
+    broken or hostile peer would serve. Never touches the worker's own weights."""
+    scale, nan = cfg.worker.fault_scale_snapshot, cfg.worker.fault_nan_snapshot
+    if scale == 1.0 and not nan:
+        return parts
+    faulty = [t.detach().float() * scale for t in parts]
+    if nan and faulty and faulty[0].numel():
+        faulty[0].view(-1)[0] = math.nan
+    return faulty
+
+
+def _reject_peer(service: SnapshotService, peers: Any, peer_id: str, reason: str, **fields: Any) -> None:
+    """Count a bad contribution, blacklist its sender and say so."""
+    service.count_reject(reason)
+    avoid_s = peers.blacklist.fail(peer_id)
+    service.log.warning("peer_snapshot_rejected", peer=peer_id[:8], reason=reason, blacklisted_s=avoid_s, **fields)
+
+
+def _distance_check(service: SnapshotService, state: PeerOuterState) -> PeerCheck:
+    """The peer's distance from our own published state (always ok before we published one)."""
+    own = service.own_state
+    if own is None:
+        return PeerCheck({}, service.cfg.worker.max_peer_distance_ratio)
+    return check_peer_distance(state, own, max_ratio=service.cfg.worker.max_peer_distance_ratio)
+
+
+def _rounded(ratios: dict[str, float]) -> dict[str, float]:
+    return {k: float(f"{v:.4g}") if math.isfinite(v) else v for k, v in ratios.items()}
+
+
 def _numel(shape: tuple[int, ...] | list[int]) -> int:
     total = 1
     for d in shape:
@@ -240,14 +312,14 @@ def exchange_with_peer(ctx: zmq.Context, peers: Any, stage: int, service: Snapsh
     cfg = service.cfg
     from_inbox = service.take_inbox(outer_step)
     if from_inbox is not None:
-        sender, snapshot = from_inbox
-        try:
-            state = service.peer_state(snapshot)
-        except SnapshotRejected as rejected:
-            service.count_reject(rejected.reason)
+        sender, snapshot, state = from_inbox  # validated when it arrived
+        check = _distance_check(service, state)
+        if not check.ok:
+            _reject_peer(service, peers, sender, "too_far", ratios=_rounded(check.ratios), via="inbox")
         else:
             service.log.info("peer_exchange_done", peer=sender[:8], outer_step=outer_step, via="inbox",
-                             wire_bytes=snapshot.encoded.wire_bytes, raw_bytes=snapshot.encoded.raw_bytes)
+                             wire_bytes=snapshot.encoded.wire_bytes, raw_bytes=snapshot.encoded.raw_bytes,
+                             distance_ratios=_rounded(check.ratios))
             return state
     mine = service.contribution
     candidates: list[MemberRecord] = peers.random_peers(stage)[:attempts]
@@ -266,18 +338,22 @@ def exchange_with_peer(ctx: zmq.Context, peers: Any, stage: int, service: Snapsh
             if decoded.header.outer_step < outer_step - cfg.worker.staleness_outer_steps:
                 raise SnapshotRejected("stale")
             snapshot = service.read_snapshot(decoded)
+            if snapshot.parts_kind == "slow+momentum":
+                raise SnapshotRejected("wrong_parts")
             state = service.peer_state(snapshot)
         except WireReject as reject:
-            service.count_reject(reject.reason)
-            peers.blacklist.fail(peer.worker_id)
+            _reject_peer(service, peers, peer.worker_id, reject.reason.value)
             continue
         except SnapshotRejected as rejected:
             if rejected.reason in ("no_snapshot", "stale"):  # a slow peer, not a bad one
                 service.log.info("peer_not_ready", peer=peer.worker_id[:8], outer_step=outer_step,
                                  reason=rejected.reason)
             else:
-                service.count_reject(rejected.reason)
-                peers.blacklist.fail(peer.worker_id)
+                _reject_peer(service, peers, peer.worker_id, rejected.reason)
+            continue
+        check = _distance_check(service, state)
+        if not check.ok:
+            _reject_peer(service, peers, peer.worker_id, "too_far", ratios=_rounded(check.ratios), via="request")
             continue
         elapsed = time.monotonic() - started
         peers.blacklist.succeed(peer.worker_id)
@@ -287,7 +363,8 @@ def exchange_with_peer(ctx: zmq.Context, peers: Any, stage: int, service: Snapsh
         service.metrics.exchange_bytes_raw.inc(snapshot.encoded.raw_bytes + (sent.raw_bytes if sent else 0))
         service.log.info("peer_exchange_done", peer=peer.worker_id[:8], outer_step=outer_step,
                          peer_outer_step=decoded.header.outer_step, via="request", latency_s=round(elapsed, 3),
-                         wire_bytes=snapshot.encoded.wire_bytes, raw_bytes=snapshot.encoded.raw_bytes)
+                         wire_bytes=snapshot.encoded.wire_bytes, raw_bytes=snapshot.encoded.raw_bytes,
+                         distance_ratios=_rounded(check.ratios))
         return state
     return None
 

@@ -69,6 +69,12 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
         raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
                                f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
 
+    from noloco_rt.curve import load_curve_keys
+    from noloco_rt.membership import check_access, connect
+
+    # Fail once, here, rather than in N workers restarted over and over: bad key files, wrong password.
+    load_curve_keys(cfg.network)
+    check_access(connect(cfg.network.redis_url), cfg.network.redis_url)
     from noloco_rt.logs import configure_logging, get_logger
     from workers.elastic import quiet_torch_elastic_logs
     from workers.supervisor import RestartPolicy, Supervisor

@@ -11,6 +11,7 @@ final checkpoints and scored, and curves.png is drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -45,9 +46,11 @@ EXIT_INTERRUPTED = 130
               help="Restarts of a crashed worker before giving up on it.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
               help="Seconds between samples (metrics.jsonl, live view).")
+@click.option("--secure", is_flag=True,
+              help="CURVE on: use OUT/keys (a fresh key pair the first time) unless keys are configured.")
 @config_options
 def up(stages: int | None, replicas: int | None, steps: int | None, preset: str | None, out_dir: str | None,
-       redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, config_path: str | None,
+       redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, secure: bool, config_path: str | None,
        assignments: tuple[str, ...]) -> None:
     """Train S stages × R replicas on this machine until --steps, then export the model.
 
@@ -72,16 +75,68 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
                                f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
 
     out = Path(cfg.paths.out_dir)
+    cfg = _with_curve(cfg, out, secure)
     try:
-        config_file = prepare_run_dir(out, cfg)
+        # The secret key value (if given as one) goes to the children by environment, never into config.toml.
+        config_file = prepare_run_dir(out, dataclasses.replace(
+            cfg, network=dataclasses.replace(cfg.network, curve_secret_key="")))
     except RunDirError as exc:
         raise click.UsageError(str(exc)) from None
+    if cfg.network.redis_url:
+        from noloco_rt.membership import check_access, connect
+
+        check_access(connect(cfg.network.redis_url), cfg.network.redis_url)  # wrong password: exit 2 now
     from noloco_rt.logs import configure_logging
 
     configure_logging(cfg.run.log_format)
     set_parent_death_signal_from_env()  # when `up` itself is supervised
     sys.exit(UpRun(cfg, out, config_file, with_coordinator=with_coordinator, max_restarts=max_restarts,
                    interval_s=interval).run())
+
+
+def _with_curve(cfg: Any, out: Path, secure: bool) -> Any:
+    """The config with CURVE settled: configured keys are checked (a bad file fails now, not in
+    every child); --secure without keys uses OUT/keys, generated the first time."""
+    from noloco_rt.curve import load_curve_keys, write_key_pair
+
+    network = cfg.network
+    if secure and not (network.curve_key_dir or network.curve_secret_key):
+        keys_dir = out / "keys"
+        if not (keys_dir / "cluster.secret").exists():
+            write_key_pair(keys_dir, "cluster")
+        network = dataclasses.replace(network, curve_key_dir=str(keys_dir.resolve()))
+    elif network.curve_key_dir:  # children may not share our working directory's meaning
+        network = dataclasses.replace(network, curve_key_dir=str(Path(network.curve_key_dir).resolve()))
+    load_curve_keys(network)
+    return dataclasses.replace(cfg, network=network)
+
+
+def run_command(config_file: Path, *args: str) -> tuple[str, ...]:
+    """`noloco-rt ARGS` reading the run's config.toml, logging JSON lines (what the logs hold)."""
+    return (sys.executable, "-m", "noloco_rt.cli", *args, "--config", str(config_file),
+            "--set", "run.log_format=json")
+
+
+def child_env(cfg: Any, redis_url: str) -> dict[str, str]:
+    # One thread per worker: S × R processes share this machine's cores.
+    # The Redis URL goes through the environment, like `launch` does: a password in it
+    # never shows in `ps`.
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
+    if cfg.network.curve_secret_key:  # kept out of config.toml and the command line
+        env["NOLOCO_NETWORK_CURVE_SECRET_KEY"] = cfg.network.curve_secret_key
+    return env
+
+
+def worker_process_specs(cfg: Any, config_file: Path, names_by_stage: dict[str, int], redis_url: str,
+                         extra_env: dict[str, str] | None = None) -> list[Any]:
+    """One supervised `noloco-rt worker` per name (also used by `noloco-rt chaos`)."""
+    from workers.supervisor import ProcessSpec
+
+    env = {**child_env(cfg, redis_url), **(extra_env or {})}
+    return [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % cfg.pipeline.replicas)},
+                        args=run_command(config_file, "worker", "--stage", str(stage), "--name", name,
+                                         "--metrics-port", "0"))
+            for index, (name, stage) in enumerate(names_by_stage.items())]
 
 
 class UpRun:
@@ -108,20 +163,13 @@ class UpRun:
     # -- processes ------------------------------------------------------------------------
 
     def _command(self, *args: str) -> tuple[str, ...]:
-        return (sys.executable, "-m", "noloco_rt.cli", *args, "--config", str(self.config_file),
-                "--set", "run.log_format=json")
+        return run_command(self.config_file, *args)
 
     def _specs(self, redis_url: str) -> list[Any]:
         from workers.supervisor import ProcessSpec
 
-        # One thread per worker: S × R processes share this machine's cores.
-        # The Redis URL goes through the environment, like `launch` does: a password in it
-        # never shows in `ps`.
-        env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
-        specs = [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % self.cfg.pipeline.replicas)},
-                             args=self._command("worker", "--stage", str(stage), "--name", name,
-                                                "--metrics-port", "0"))
-                 for index, (name, stage) in enumerate(self.names_by_stage.items())]
+        env = child_env(self.cfg, redis_url)
+        specs = worker_process_specs(self.cfg, self.config_file, self.names_by_stage, redis_url)
         if self.with_coordinator:
             from noloco_rt.embedded_redis import free_port
 
@@ -139,6 +187,7 @@ class UpRun:
 
     def run(self) -> int:
         from noloco_rt.embedded_redis import EmbeddedRedis
+        from noloco_rt.membership import redact_url
         from workers.elastic import quiet_torch_elastic_logs
         from workers.supervisor import RestartPolicy, Supervisor
 
@@ -155,7 +204,8 @@ class UpRun:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         self.log.info("up_started", stages=self.cfg.pipeline.stages, replicas=self.cfg.pipeline.replicas,
-                      steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redis_url, out=str(self.out),
+                      steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redact_url(redis_url),
+                      out=str(self.out), curve=bool(self.cfg.network.curve_key_dir or self.cfg.network.curve_secret_key),
                       logs=str(self.out / "logs"))
         from noloco_rt.membership import Membership, connect
         from workers.run_dir import MetricsLog

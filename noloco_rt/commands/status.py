@@ -27,14 +27,17 @@ def status(redis_url: str | None, watch: bool, interval: float, config_path: str
     from rich.live import Live
     from rich.table import Table
 
-    from noloco_rt.membership import Membership, connect
+    from noloco_rt.membership import Membership, check_access, connect, redact_url
 
-    membership = Membership(connect(cfg.network.redis_url), run_id=cfg.run.run_id)
+    client = connect(cfg.network.redis_url)
+    if not check_access(client, cfg.network.redis_url):  # a refused password raises: exit 2, one line
+        raise click.ClickException(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
+    membership = Membership(client, run_id=cfg.run.run_id)
 
     def render() -> Table:
         records = membership.live_members(stage=None, states=None)
         if not membership.redis_available:
-            raise click.ClickException(f"Redis at {cfg.network.redis_url} is unreachable")
+            raise click.ClickException(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
         table = Table(title=f"run {cfg.run.run_id}: {len(records)} workers")
         for column in ("stage", "worker", "name", "state", "data address", "exchange address", "step", "outer step",
                        "loss", "tokens/s", "queue", "heartbeat age s"):
