@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up demo test lint bench-convergence clean
+.PHONY: up demo test lint bench-convergence chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,3 +32,7 @@ bench-convergence: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# Several minutes: a fault-free baseline, then the same cluster under a fault every 4 s.
+chaos: $(STAMP)
+	$(BIN)/noloco-rt chaos --steps 600 --every 4 --baseline --out runs/chaos

@@ -27,7 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("noloco_rt.commands.sample:sample", "Continue a prompt with a consensus checkpoint."),
     "coordinator": ("coordinator.cli:coordinator",
                     "Observe a run: evaluate, measure replica spread, export a consensus checkpoint."),
+    "keys": ("noloco_rt.commands.keys:keys", "Generate the CURVE key pair that authenticates a run's sockets."),
     "up": ("workers.up:up", "Run a whole training on this machine: Redis, coordinator and S × R workers."),
+    "chaos": ("workers.chaos:chaos", "Train a local cluster under injected faults and check the invariants."),
+    "k8s": ("noloco_rt.commands.k8s:k8s", "Render Kubernetes manifests for S stages × R replicas (docs/deploy.md)."),
 }
 
 

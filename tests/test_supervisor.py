@@ -501,3 +501,21 @@ def test_launch_restarts_only_the_killed_worker_and_leaves_gracefully(tmp_path):
             for pid in every_pid:
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_respawn_brings_a_finished_child_back_as_a_new_incarnation(supervise, tmp_path):
+    run = supervise(ProcessSpec("spot", python("pass")), ProcessSpec("neighbour", python(SLEEPER)))
+    run.until(lambda: run.status("spot").state == "finished", what="spot to finish")
+    with pytest.raises(ValueError, match="running"):
+        run.supervisor.respawn("neighbour")
+    with pytest.raises(KeyError):
+        run.supervisor.respawn("nobody")
+    run.supervisor.respawn("spot")
+    run.until(lambda: run.kinds("spot") == ["started", "exited", "restarted", "exited"],
+              what="the respawned incarnation to start and finish")
+    status = run.status("spot")
+    assert (status.state, status.incarnation, status.restarts) == ("finished", 1, 1)
+    assert (tmp_path / "logs" / "spot.1.log").exists()
+    run.supervisor.stop(grace_s=2.0)
+    with pytest.raises(RuntimeError, match="stopped"):
+        run.supervisor.respawn("spot")

@@ -181,6 +181,21 @@ class Supervisor:
                 self._spawn(child, events)
         return events
 
+    def respawn(self, name: str) -> None:
+        """Start a new incarnation of a process that has ended on its own: finished (exit 0,
+        e.g. a preempted worker that left gracefully) or failed. What a spot instance's
+        replacement is: the chaos driver brings a preempted worker back with it. It counts
+        as a restart; its "restarted" event comes with the next poll()."""
+        child = next((c for c in self._children if c.spec.name == name), None)
+        if child is None:
+            raise KeyError(f"no process named {name!r}")
+        if self._final is not None:
+            raise RuntimeError(f"cannot respawn {name!r}: the supervisor has been stopped")
+        if child.state not in ("finished", "failed"):
+            raise ValueError(f"cannot respawn {name!r}: it is {child.state}, not finished or failed")
+        child.consecutive_failures = 0  # a deliberate start, not a crash loop
+        self._spawn(child, self._unreported)
+
     def statuses(self) -> list[ProcessStatus]:
         return [ProcessStatus(name=c.spec.name, pid=c.pid, state=c.state, restarts=c.restarts,
                               returncode=c.returncode, incarnation=c.incarnation, log_path=c.log_path,

@@ -89,6 +89,8 @@ class Counters:
     peer_exchanges: int = 0
     local_outer_steps: int = 0
     microbatches_done: int = 0
+    sent: int = 0
+    """Microbatches this worker originated (first attempts only; retries are counted in `retried`)."""
     retried: int = 0
     dropped: int = 0
     routed_to: collections.Counter = field(default_factory=collections.Counter)
@@ -156,7 +158,9 @@ class StageWorker:
     def record(self, state: WorkerState) -> MemberRecord:
         return MemberRecord(worker_id=self.worker_id, run_id=self.cfg.run.run_id, stage=self.stage,
                             data_addr=self.data.address, exchange_addr=self.exchange_server.address, state=state,
-                            public_key="", heartbeat_time=time.time(), name=self.name,
+                            # The cluster key (the same for all): shows operators which key a worker runs with.
+                            public_key=self.data.curve.public_key.decode() if self.data.curve else "",
+                            heartbeat_time=time.time(), name=self.name,
                             metrics_addr=self.metrics_addr, **self.progress())
 
     def progress(self) -> dict[str, Any]:
@@ -282,6 +286,11 @@ class StageWorker:
         while len(self.inflight) and time.monotonic() < deadline:
             self._receive_one(accept_forwards=False)
             self._handle_expired(resend=False)
+        # Still unanswered after the grace: lost with our exit, and counted so that
+        # sent == trained + dropped holds for every graceful exit (the chaos driver checks it).
+        for entry in self.inflight.expired(float("inf")):
+            self.inflight.abandon(entry.microbatch_id)
+            self._drop(entry.microbatch_id, "leaving")
         self.save("leave")
 
     def close(self) -> None:
@@ -292,7 +301,7 @@ class StageWorker:
         c = self.counters
         self.log.info("worker_summary", inner_steps=c.inner_steps, outer_steps=c.outer_steps,
                       peer_exchanges=c.peer_exchanges, local_outer_steps=c.local_outer_steps,
-                      microbatches=c.microbatches_done, retried=c.retried, dropped=c.dropped,
+                      microbatches=c.microbatches_done, sent=c.sent, retried=c.retried, dropped=c.dropped,
                       routed_to=dict(c.routed_to), rejected=dict(self.snapshots.rejects))
 
     # -- the training loop --------------------------------------------------------------
@@ -335,6 +344,7 @@ class StageWorker:
             self.inflight.add(mb_id, peer=peer.worker_id, now=time.monotonic(), deadline_s=self.latency.deadline_s(),
                               payload=frames, context=output)
             self.sent_this_step += 1
+            self.counters.sent += 1
             self._count_tokens(inputs.numel())
             if not self._send_to(peer, frames, mb_id):
                 self._resend(mb_id)
@@ -452,6 +462,7 @@ class StageWorker:
         self.inflight.add(mb_id, peer=peer.worker_id if peer else "", now=time.monotonic(),
                           deadline_s=self.latency.deadline_s(), payload=frames,
                           context=(output, hidden_in, message))
+        self.counters.sent += 1
         self._count_tokens(message.tensors[1].numel())
         if peer is None or not self._send_to(peer, frames, mb_id):
             self._resend(mb_id)
@@ -469,12 +480,14 @@ class StageWorker:
             output = entry.context
             if grad.shape != output.shape:
                 self.snapshots.count_reject("gradient_shape")
+                self._drop(message.microbatch_id, "gradient_shape")
                 return
             output.backward(grad)
         else:
             output, hidden_in, upstream = entry.context
             if grad.shape != output.shape:
                 self.snapshots.count_reject("gradient_shape")
+                self._drop(message.microbatch_id, "gradient_shape")
                 return
             output.backward(grad)
             self._reply_gradient(upstream, hidden_in.grad)

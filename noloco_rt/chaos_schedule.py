@@ -1,0 +1,122 @@
+"""A seeded fault schedule for the chaos driver (`noloco-rt chaos`): pure, no I/O.
+
+Faults come one per slot, every `every_s` seconds from the time training starts. The
+first slots cover every requested kind once (in a seeded order), so a short run still
+sees each kind; later slots draw a kind at random.
+
+Placement rules (what `violations` checks):
+- A worker fault occupies its target for a window: SIGSTOP for its hold, SIGKILL and
+  SIGTERM for `recover_s` (restart + rejoin). A worker never has two windows at once.
+- At least one worker per stage is outside every window at all times: a stage with no
+  live replica stalls the whole pipeline, which is an outage, not a fault to survive.
+- A Redis outage (its hold plus `recover_s` for workers to re-register) overlaps no
+  worker window: a worker restarted while Redis is down cannot join, and each fault's
+  effect should be observable on its own.
+A slot whose kind cannot be placed is left empty; a kind from the first pass that could
+not be placed is tried again at the next slot.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+WORKER_FAULTS = ("sigkill", "sigterm", "sigstop")
+FAULT_KINDS = (*WORKER_FAULTS, "redis_restart")
+REDIS_TARGET = "redis"
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    """Seconds after training started."""
+    kind: str
+    """One of FAULT_KINDS."""
+    target: str
+    """A worker name, or REDIS_TARGET."""
+    hold_s: float = 0.0
+    """How long a SIGSTOP lasts before SIGCONT, or how long Redis stays down; 0 otherwise."""
+
+    def window(self, recover_s: float) -> tuple[float, float]:
+        """[start, end) during which the target counts as down (see the module's rules)."""
+        if self.kind == "sigstop":
+            return self.at_s, self.at_s + self.hold_s
+        if self.kind == "redis_restart":
+            return self.at_s, self.at_s + self.hold_s + recover_s
+        return self.at_s, self.at_s + recover_s
+
+    def to_json(self) -> dict[str, object]:
+        return {"at_s": self.at_s, "kind": self.kind, "target": self.target, "hold_s": self.hold_s}
+
+
+def build_schedule(seed: int, duration_s: float, every_s: float, worker_names: Mapping[str, int],
+                   kinds: Sequence[str] = FAULT_KINDS, *, hold_s: float = 3.0,
+                   recover_s: float = 8.0) -> list[Fault]:
+    """Faults at every_s, 2·every_s, ... < duration_s; worker_names maps name -> stage."""
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown:
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; expected {', '.join(FAULT_KINDS)}")
+    if every_s <= 0 or hold_s < 0 or recover_s < 0:
+        raise ValueError(f"every_s = {every_s} must be > 0, hold_s = {hold_s} and recover_s = {recover_s} >= 0")
+    if not kinds:
+        return []
+    rng = random.Random(seed)
+    first_pass = list(dict.fromkeys(kinds))
+    rng.shuffle(first_pass)
+    names = sorted(worker_names)
+    faults: list[Fault] = []
+    slot = 1
+    while slot * every_s < duration_s:
+        at_s = round(slot * every_s, 3)
+        slot += 1
+        # The first pass tries its kinds in order (the first that fits wins); later slots draw one.
+        for kind in first_pass or [rng.choice(list(kinds))]:
+            placed = _place(faults, at_s, kind, names, worker_names, hold_s, recover_s, rng)
+            if placed is not None:
+                faults.append(placed)
+                if kind in first_pass:
+                    first_pass.remove(kind)
+                break
+    return faults
+
+
+def _place(faults: list[Fault], at_s: float, kind: str, names: list[str], worker_names: Mapping[str, int],
+           hold_s: float, recover_s: float, rng: random.Random) -> Fault | None:
+    hold = hold_s if kind in ("sigstop", "redis_restart") else 0.0
+    if kind == "redis_restart":
+        candidate = Fault(at_s, kind, REDIS_TARGET, hold)
+        return None if violations([*faults, candidate], worker_names, recover_s) else candidate
+    targets = [n for n in names if not violations([*faults, Fault(at_s, kind, n, hold)], worker_names, recover_s)]
+    return Fault(at_s, kind, rng.choice(targets), hold) if targets else None
+
+
+def violations(faults: Sequence[Fault], worker_names: Mapping[str, int], recover_s: float) -> list[str]:
+    """Every broken placement rule, as a sentence (empty: the schedule is valid)."""
+    found: list[str] = []
+    replicas: dict[int, int] = {}
+    for stage in worker_names.values():
+        replicas[stage] = replicas.get(stage, 0) + 1
+    worker_faults = [f for f in faults if f.target != REDIS_TARGET]
+    for index, a in enumerate(faults):
+        if a.target != REDIS_TARGET and a.target not in worker_names:
+            found.append(f"{a.kind} at {a.at_s} s targets unknown worker {a.target!r}")
+        a_start, a_end = a.window(recover_s)
+        for b in faults[index + 1:]:
+            b_start, b_end = b.window(recover_s)
+            if not (a_start < b_end and b_start < a_end):
+                continue
+            if a.target == b.target:
+                found.append(f"{a.target}: {a.kind} at {a.at_s} s overlaps {b.kind} at {b.at_s} s")
+            elif REDIS_TARGET in (a.target, b.target):
+                found.append(f"Redis outage overlaps {a.kind if b.target == REDIS_TARGET else b.kind} "
+                             f"at {max(a.at_s, b.at_s)} s")
+    # The number of down workers of a stage only rises at window starts: checking there suffices.
+    for fault in worker_faults:
+        start = fault.window(recover_s)[0]
+        stage = worker_names.get(fault.target)
+        down = {f.target for f in worker_faults if worker_names.get(f.target) == stage
+                and f.window(recover_s)[0] <= start < f.window(recover_s)[1]}
+        if stage is not None and len(down) >= replicas[stage]:
+            found.append(f"stage {stage} has no live worker at {start} s ({', '.join(sorted(down))} down)")
+    return found

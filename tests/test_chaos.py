@@ -1,0 +1,45 @@
+"""`noloco-rt chaos` end to end: real Redis, real workers, real signals; then every invariant.
+
+A short version of `make chaos`: 2 stages × 3 replicas, a fault every 3 s (each kind at
+least once), a fault-free baseline first. The driver's own waits are bounded (--timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from noloco_rt.chaos_schedule import FAULT_KINDS
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def test_short_chaos_run_keeps_every_invariant(tmp_path):
+    out = tmp_path / "chaos"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "chaos", "--steps", "60", "--every", "3",
+                             "--seed", "1", "--baseline", "--out", str(out), "--timeout", "150"],
+                            env=env, capture_output=True, text=True, timeout=380)
+    tail = (result.stdout + result.stderr)[-6000:]
+    report = json.loads((out / "chaos.json").read_text())
+    assert result.returncode == 0, tail
+    assert report["failed"] == [], tail
+    faulty = report["faulty"]
+    for kind in FAULT_KINDS:
+        injected = sum(f["kind"] == kind for f in faulty["injected"])
+        assert injected >= 1, f"no {kind} injected: {faulty['skipped']}"
+        assert faulty["observed"][kind] == injected, (kind, faulty["observed"], faulty["injected"])
+    checks = report["invariants"]
+    assert all(check["ok"] for check in checks.values()), checks
+    assert faulty["largest_progress_gap_s"] <= report["stall_bound_s"]
+    assert faulty["unexpected_exits"] == [] and faulty["not_rejoined"] == []
+    accounting = faulty["accounting"]
+    assert accounting["mismatches"] == [] and accounting["sent"] == accounting["trained"] + accounting["dropped"]
+    assert faulty["checkpoint_loads"] > 0 and faulty["checkpoint_failures"] == []
+    assert abs(checks["final_loss"]["ratio"] - 1.0) <= 0.10
+    assert all(steps >= 60 for steps in faulty["reached"].values())
+    assert "all invariants hold" in result.stdout

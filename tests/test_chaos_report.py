@@ -1,0 +1,47 @@
+"""The chaos driver's conclusions from logs, on hand-made records."""
+
+from __future__ import annotations
+
+from workers.chaos_report import (
+    largest_progress_gap_s,
+    loss_ratio_check,
+    microbatch_accounting,
+    not_rejoined,
+    unexpected_exits,
+)
+
+
+def progress(second: float) -> dict:
+    return {"event": "train_progress", "timestamp": f"2026-01-01T00:00:{second:06.3f}Z"}
+
+
+def test_the_largest_gap_is_across_all_workers():
+    logs = {("a", 0): [progress(1), progress(9)], ("b", 0): [progress(2), progress(4)], ("c", 0): []}
+    assert largest_progress_gap_s(logs) == 5.0
+    assert largest_progress_gap_s({}) == 0.0
+
+
+def test_accounting_checks_graceful_exits_and_counts_killed_ones():
+    summary = {"event": "worker_summary", "sent": 10, "microbatches": 8, "dropped": 2, "retried": 3}
+    bad = {**summary, "dropped": 1}
+    logs = {("s0-r0", 0): [summary], ("s0-r0", 1): [{"event": "member_online"}], ("s0-r1", 0): [bad],
+            ("s1-r0", 0): [bad]}
+    result = microbatch_accounting(logs, ["s0-r0", "s0-r1"])
+    assert (result.graceful, result.killed, result.sent, result.trained, result.retried) == (2, 1, 20, 16, 6)
+    assert result.mismatches == ["s0-r1.0: sent 10 != trained 8 + dropped 1"]
+
+
+def test_rejoin_needs_online_and_state():
+    logs = {("a", 0): [], ("a", 1): [{"event": "member_online"}, {"event": "resumed_checkpoint"}],
+            ("b", 1): [{"event": "member_online"}], ("c", 2): [{"event": "bootstrapped"}]}
+    assert not_rejoined(logs) == ["b.1", "c.2"]
+
+
+def test_exits_and_loss_ratio():
+    exits = [{"name": "a", "incarnation": 0, "returncode": -9}, {"name": "b", "incarnation": 0, "returncode": 1},
+             {"name": "c", "incarnation": 0, "returncode": 0}]
+    assert unexpected_exits(exits, {("a", 0)}) == ["b.0 exited with 1"]
+    assert loss_ratio_check(2.1, 2.0) == (1.05, True)
+    assert loss_ratio_check(1.7, 2.0) == (0.85, False)  # "within 10%" either way
+    assert loss_ratio_check(2.5, 2.0) == (1.25, False)
+    assert loss_ratio_check(None, 2.0) == (None, False)

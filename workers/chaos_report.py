@@ -1,0 +1,160 @@
+"""What `noloco-rt chaos` concludes from a run: worker logs plus what the driver did.
+
+Pure functions over parsed records (no processes, no sockets), so the invariants are
+tested on their own terms; workers/chaos.py gathers the records and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from noloco_rt.chaos_schedule import FAULT_KINDS
+
+LOG_NAME = re.compile(r"(?P<name>.+)\.(?P<incarnation>\d+)\.log")
+LOSS_TOLERANCE = 0.10
+"""Final validation loss within this fraction of the fault-free baseline's."""
+
+Event = dict[str, Any]
+
+
+def read_log(path: Path) -> list[Event]:
+    """JSON lines of one log (a torn last line of a killed writer, and non-JSON lines, skipped)."""
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def read_logs(log_dir: Path) -> dict[tuple[str, int], list[Event]]:
+    """(worker name, incarnation) -> its structured log events."""
+    found = {}
+    for path in log_dir.glob("*.log"):
+        match = LOG_NAME.fullmatch(path.name)
+        if match:
+            found[(match["name"], int(match["incarnation"]))] = read_log(path)
+    return found
+
+
+def event_time(record: Event) -> float | None:
+    stamp = record.get("timestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+
+
+def largest_progress_gap_s(logs: Mapping[tuple[str, int], Sequence[Event]]) -> float:
+    """Largest gap between consecutive train_progress lines of all workers together: the
+    longest time during which no worker of the run completed a logged inner step."""
+    times = sorted(t for events in logs.values() for e in events
+                   if e.get("event") == "train_progress" and (t := event_time(e)) is not None)
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
+
+@dataclass
+class Accounting:
+    graceful: int = 0
+    """Stage-0 incarnations that logged worker_summary (exited gracefully)."""
+    sent: int = 0
+    trained: int = 0
+    dropped: int = 0
+    retried: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    killed: int = 0
+    """Stage-0 incarnations with no summary (SIGKILLed): each lost at most B in flight."""
+
+
+def microbatch_accounting(logs: Mapping[tuple[str, int], Sequence[Event]], first_stage: Iterable[str]) -> Accounting:
+    """For every stage-0 incarnation that exited gracefully: sent == trained + dropped."""
+    names = set(first_stage)
+    result = Accounting()
+    for (name, incarnation), events in sorted(logs.items()):
+        if name not in names:
+            continue
+        summary = next((e for e in reversed(events) if e.get("event") == "worker_summary"), None)
+        if summary is None:
+            result.killed += 1
+            continue
+        sent, trained, dropped = (int(summary.get(k, 0)) for k in ("sent", "microbatches", "dropped"))
+        result.graceful += 1
+        result.sent += sent
+        result.trained += trained
+        result.dropped += dropped
+        result.retried += int(summary.get("retried", 0))
+        if sent != trained + dropped:
+            result.mismatches.append(f"{name}.{incarnation}: sent {sent} != trained {trained} + dropped {dropped}")
+    return result
+
+
+def not_rejoined(logs: Mapping[tuple[str, int], Sequence[Event]]) -> list[str]:
+    """Restarted incarnations (>= 1) that did not log member_online and bootstrapped/resumed_checkpoint."""
+    missing = []
+    for (name, incarnation), events in sorted(logs.items()):
+        if incarnation < 1:
+            continue
+        kinds = {e.get("event") for e in events}
+        if "member_online" not in kinds or not kinds & {"bootstrapped", "resumed_checkpoint"}:
+            missing.append(f"{name}.{incarnation}")
+    return missing
+
+
+def observed_counts(injected: Sequence[Mapping[str, Any]], logs: Mapping[tuple[str, int], Sequence[Event]],
+                    exits: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Per fault kind, how many injected faults had their expected effect, from the evidence:
+    sigkill: that incarnation exited by SIGKILL and the next one came online; sigterm: it
+    logged `leaving`, exited 0 and the next one came online; sigstop: the worker logged
+    something after its SIGCONT; redis_restart: some worker re-registered after the outage."""
+    online = {key for key, events in logs.items() if any(e.get("event") == "member_online" for e in events)}
+    codes = {(e["name"], e["incarnation"]): e.get("returncode") for e in exits}
+    counts = dict.fromkeys(FAULT_KINDS, 0)
+    for fault in injected:
+        kind, name, incarnation = fault["kind"], fault["target"], fault.get("incarnation")
+        if kind == "sigkill":
+            hit = codes.get((name, incarnation)) == -9 and (name, incarnation + 1) in online
+        elif kind == "sigterm":
+            left = any(e.get("event") == "leaving" for e in logs.get((name, incarnation), []))
+            hit = left and codes.get((name, incarnation)) == 0 and (name, incarnation + 1) in online
+        elif kind == "sigstop":
+            resumed_at = fault.get("resumed_wall")
+            hit = resumed_at is not None and any((t := event_time(e)) is not None and t > resumed_at
+                                                 for e in logs.get((name, incarnation), []))
+        else:
+            back_at = fault.get("resumed_wall")
+            hit = back_at is not None and any(
+                e.get("event") in ("member_reregistered", "redis_recovered") and (t := event_time(e)) is not None
+                and t >= back_at for events in logs.values() for e in events)
+        counts[kind] += int(hit)
+    return counts
+
+
+def unexpected_exits(exits: Sequence[Mapping[str, Any]], caused: set[tuple[str, int]]) -> list[str]:
+    """Exits the driver did not cause. Exit 0 after the worker's own steps is a finish, not a fault."""
+    return [f"{e['name']}.{e['incarnation']} exited with {e.get('returncode')}" for e in exits
+            if (e["name"], e["incarnation"]) not in caused and e.get("returncode") != 0]
+
+
+def loss_ratio_check(val_loss: float | None, baseline_loss: float | None) -> tuple[float | None, bool]:
+    if val_loss is None or baseline_loss is None or baseline_loss <= 0:
+        return None, False
+    ratio = val_loss / baseline_loss
+    return ratio, abs(ratio - 1.0) <= LOSS_TOLERANCE
+
+
+def format_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
