@@ -35,4 +35,4 @@ clean:
 
 # Several minutes: a fault-free baseline, then the same cluster under a fault every 4 s.
 chaos: $(STAMP)
-	$(BIN)/noloco-rt chaos --steps 600 --every 4 --baseline --out runs/chaos
+	$(BIN)/noloco-rt chaos --steps 600 --every 4 --net-loss 0.02 --net-delay-ms 2 --baseline --out runs/chaos

@@ -115,6 +115,53 @@ def apply_curve(socket: zmq.Socket, keys: CurveKeys | None, *, server: bool) -> 
         socket.setsockopt(zmq.CURVE_SERVERKEY, keys.public_key)
 
 
+# Chaos testing only (never configuration, hence not NOLOCO_*): a worker started with these
+# loses or delays its outgoing data-path messages, as a bad network link would.
+DATA_LOSS_ENV = "CHAOS_DATA_LOSS"
+DATA_DELAY_ENV = "CHAOS_DATA_DELAY_MS"
+
+
+@dataclass
+class DataFaults:
+    """Injected data-path faults: each outgoing message is dropped with probability
+    `loss` (the sender believes it went: its deadline and retry must recover) or held
+    `delay_s` before it is queued (a slow link; it delays the sender's loop too)."""
+
+    loss: float = 0.0
+    delay_s: float = 0.0
+    seed: int = 0
+    dropped: int = 0
+    delayed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.loss < 1.0 or self.delay_s < 0.0:
+            raise ValueError(f"data faults need 0 <= loss < 1 and delay >= 0, got {self.loss}, {self.delay_s}")
+        import random
+
+        self._rng = random.Random(self.seed)
+
+    @classmethod
+    def from_env(cls, environ: Any = None, *, seed: int = 0) -> DataFaults | None:
+        """The faults asked for by CHAOS_DATA_LOSS / CHAOS_DATA_DELAY_MS, or None (the normal case)."""
+        import os
+
+        environ = os.environ if environ is None else environ
+        loss = float(environ.get(DATA_LOSS_ENV, "0") or 0)
+        delay_ms = float(environ.get(DATA_DELAY_ENV, "0") or 0)
+        return cls(loss=loss, delay_s=delay_ms / 1000.0, seed=seed) if loss or delay_ms else None
+
+    def should_drop(self) -> bool:
+        if self.loss and self._rng.random() < self.loss:
+            self.dropped += 1
+            return True
+        return False
+
+    def hold(self) -> None:
+        if self.delay_s:
+            self.delayed += 1
+            time.sleep(self.delay_s)  # the injected fault itself: a slow link
+
+
 def bind_random_or_fixed(socket: zmq.Socket, host: str, port: int) -> int:
     """Bind to host:port (port 0 picks a free one); returns the port bound."""
     if port == 0:
@@ -127,8 +174,10 @@ class DataSocket:
     """Receives everything addressed to this worker; sends to peers by address."""
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
-                 high_water_mark: int = 64, curve: CurveKeys | None = None) -> None:
+                 high_water_mark: int = 64, curve: CurveKeys | None = None,
+                 faults: DataFaults | None = None) -> None:
         self.ctx = ctx
+        self.faults = faults
         self.high_water_mark = high_water_mark
         self.curve = curve or curve_keys(ctx)
         self.inbound = ctx.socket(zmq.PULL)
@@ -155,6 +204,10 @@ class DataSocket:
 
     def send(self, address: str, frames: Frames, *, timeout_s: float) -> bool:
         """Queue a multipart message to `address`; False if no live connection took it in time."""
+        if self.faults is not None:
+            if self.faults.should_drop():
+                return True  # lost on the way: the sender finds out only by its deadline
+            self.faults.hold()
         sock = self._socket_to(address)
         try:  # the common case: room in the queue, no poll syscall needed
             sock.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)

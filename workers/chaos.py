@@ -30,6 +30,7 @@ import click
 
 from noloco_rt.chaos_schedule import FAULT_KINDS, Fault, build_schedule
 from noloco_rt.cli import config_options
+from noloco_rt.transport import DATA_DELAY_ENV, DATA_LOSS_ENV
 
 # Fast failure detection and recovery, so that a short run sees every fault recovered.
 CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_interval_s": 0.25,
@@ -61,12 +62,17 @@ RETRY_SKIPPED_S = 1.0
 @click.option("--baseline", is_flag=True, help="First run the same cluster without faults.")
 @click.option("--baseline-from", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Take the baseline from this earlier chaos.json instead.")
+@click.option("--net-loss", type=click.FloatRange(0.0, 0.5), default=0.0, show_default=True,
+              help="Fraction of data-path messages every worker loses (faulty phase).")
+@click.option("--net-delay-ms", type=click.FloatRange(0.0, 1000.0), default=0.0, show_default=True,
+              help="Delay added to every data-path send (faulty phase).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1.0), default=900.0, show_default=True,
               help="Give up on a phase after this many seconds (an invariant failure).")
 @config_options
 def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, recover_s: float, stages: int,
           replicas: int, out_dir: str, stall_bound_s: float, baseline: bool, baseline_from: str | None,
-          timeout_s: float, config_path: str | None, assignments: tuple[str, ...]) -> None:
+          net_loss: float, net_delay_ms: float, timeout_s: float, config_path: str | None,
+          assignments: tuple[str, ...]) -> None:
     """Train under injected faults; exit 0 if every invariant held, 1 otherwise (named)."""
     from noloco_rt.commands import effective_config
     from noloco_rt.logs import configure_logging
@@ -86,7 +92,8 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"steps": steps, "seed": seed, "every_s": every_s, "kinds": list(wanted),
                               "hold_s": hold_s, "recover_s": recover_s, "stall_bound_s": stall_bound_s,
-                              "stages": stages, "replicas": replicas}
+                              "stages": stages, "replicas": replicas, "net_loss": net_loss,
+                              "net_delay_ms": net_delay_ms}
     baseline_loss = None
     if baseline_from:
         previous = json.loads(Path(baseline_from).read_text())
@@ -100,7 +107,10 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
         baseline_loss = report["baseline"].get("val_loss")
     names = names_by_stage(cfg)
     schedule = build_schedule(seed, timeout_s, every_s, names, wanted, hold_s=hold_s, recover_s=recover_s)
-    report["faulty"] = run_phase(cfg, out / "faulty", steps, schedule, stall_bound_s, timeout_s)
+    network_faults = {DATA_LOSS_ENV: str(net_loss), DATA_DELAY_ENV: str(net_delay_ms)} \
+        if net_loss or net_delay_ms else {}
+    report["faulty"] = run_phase(cfg, out / "faulty", steps, schedule, stall_bound_s, timeout_s,
+                                 extra_env=network_faults)
     report["invariants"] = invariants(report["faulty"], cfg, stall_bound_s, baseline_loss)
     report["failed"] = [name for name, check in report["invariants"].items() if not check["ok"]]
     (out / "chaos.json").write_text(json.dumps(report, indent=2, default=str))
@@ -113,7 +123,7 @@ def names_by_stage(cfg: Any) -> dict[str, int]:
 
 
 def run_phase(cfg: Any, out: Path, target_steps: int, schedule: list[Fault], stall_bound_s: float,
-              timeout_s: float) -> dict[str, Any]:
+              timeout_s: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """One cluster from scratch to every worker at target_steps, under `schedule`."""
     from workers.run_dir import prepare_run_dir
 
@@ -121,7 +131,7 @@ def run_phase(cfg: Any, out: Path, target_steps: int, schedule: list[Fault], sta
         shutil.rmtree(out)  # a phase always starts fresh: stale checkpoints would be resumed
     cfg = dataclasses.replace(cfg, paths=dataclasses.replace(cfg.paths, out_dir=str(out), checkpoint_dir=""))
     config_file = prepare_run_dir(out, cfg)
-    driver = ChaosDriver(cfg, out, config_file, target_steps, schedule, timeout_s)
+    driver = ChaosDriver(cfg, out, config_file, target_steps, schedule, timeout_s, extra_env=extra_env)
     started = time.monotonic()
     driver.run()
     result = driver.summary()
@@ -134,9 +144,11 @@ class ChaosDriver:
     """Starts the cluster, applies the schedule while it trains, stops it at target_steps."""
 
     def __init__(self, cfg: Any, out: Path, config_file: Path, target_steps: int, schedule: list[Fault],
-                 timeout_s: float) -> None:
+                 timeout_s: float, *, extra_env: dict[str, str] | None = None) -> None:
         from noloco_rt.logs import get_logger
 
+        self.extra_env = extra_env or {}
+        """Added to every worker's environment (data-path loss and delay for the faulty phase)."""
         self.cfg = cfg
         self.out = out
         self.config_file = config_file
@@ -167,7 +179,8 @@ class ChaosDriver:
         from workers.up import worker_process_specs
 
         self.redis = EmbeddedRedis().start()
-        specs = worker_process_specs(self.cfg, self.config_file, self.names, self.redis.url)
+        specs = worker_process_specs(self.cfg, self.config_file, self.names, self.redis.url,
+                                     extra_env=self.extra_env)
         # Quick restarts, and enough of them for a long run's kills and preemptions.
         policy = RestartPolicy(max_restarts=1000, backoff_initial_s=0.5, backoff_max_s=2.0)
         self.supervisor = Supervisor(specs, log_dir=self.out / "logs", policy=policy,
@@ -349,6 +362,7 @@ class ChaosDriver:
 
     def summary(self) -> dict[str, Any]:
         from workers.chaos_report import (
+            injected_network_faults,
             largest_progress_gap_s,
             microbatch_accounting,
             not_rejoined,
@@ -366,7 +380,8 @@ class ChaosDriver:
                 "not_rejoined": not_rejoined(logs),
                 "accounting": dataclasses.asdict(accounting),
                 "checkpoint_loads": self.checkpoint_loads, "checkpoint_failures": self.checkpoint_failures,
-                "timed_out": self.timed_out, "reached": self.reached}
+                "timed_out": self.timed_out, "reached": self.reached,
+                "network_faults": injected_network_faults(logs)}
 
 
 def finalise(cfg: Any, out: Path) -> dict[str, Any]:

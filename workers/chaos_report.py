@@ -76,6 +76,17 @@ class Accounting:
     """Stage-0 incarnations with no summary (SIGKILLed): each lost at most B in flight."""
 
 
+def injected_network_faults(logs: Mapping[tuple[str, int], Sequence[Event]]) -> dict[str, int]:
+    """Data-path messages lost and delayed on purpose, over every incarnation that exited gracefully."""
+    totals = {"lost": 0, "delayed": 0}
+    for events in logs.values():
+        summary = next((e for e in reversed(events) if e.get("event") == "worker_summary"), None)
+        if summary is not None:
+            totals["lost"] += int(summary.get("injected_lost", 0))
+            totals["delayed"] += int(summary.get("injected_delayed", 0))
+    return totals
+
+
 def microbatch_accounting(logs: Mapping[tuple[str, int], Sequence[Event]], first_stage: Iterable[str]) -> Accounting:
     """For every stage-0 incarnation that exited gracefully: sent == trained + dropped."""
     names = set(first_stage)

@@ -38,7 +38,7 @@ from noloco_rt.membership import HeartbeatThread, MemberRecord, Membership, Work
 from noloco_rt.model import lm_loss
 from noloco_rt.optim import OuterCoefficients
 from noloco_rt.replica import StageReplica
-from noloco_rt.transport import DataSocket, ExchangeServer
+from noloco_rt.transport import DataFaults, DataSocket, ExchangeServer
 from noloco_rt.wire import MessageKind, WireReject
 from workers import messages
 from workers.exchange import SnapshotService, bootstrap_from_peer, exchange_with_peer
@@ -143,7 +143,8 @@ class StageWorker:
         self.leave_requested = threading.Event()
         self.batches: ShardedBatches | None = None
         self.data = DataSocket(ctx, bind_host=cfg.network.bind_host, port=cfg.network.data_port,
-                               advertise_host=cfg.network.advertise_host)
+                               advertise_host=cfg.network.advertise_host,
+                               faults=DataFaults.from_env(seed=zlib.crc32(name.encode())))
         self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])
         self.exchange_server = ExchangeServer(ctx, bind_host=cfg.network.bind_host, port=cfg.network.exchange_port,
@@ -179,6 +180,9 @@ class StageWorker:
         self.membership.register(self.record(WorkerState.JOINING))
         self.heartbeat = HeartbeatThread(self.membership, self.progress, leave_event=self.leave_requested)
         self.heartbeat.start()
+        if self.data.faults is not None:
+            self.log.warning("data_faults_injected", loss=self.data.faults.loss, delay_s=self.data.faults.delay_s,
+                             note="chaos testing: outgoing data messages are dropped or delayed on purpose")
         self.log.info("worker_started", data_addr=self.data.address, exchange_addr=self.exchange_server.address,
                       device=str(self.device), method=self.outer.method, h=self.outer.h)
         cursor = self._restore_state()
@@ -302,7 +306,9 @@ class StageWorker:
         self.log.info("worker_summary", inner_steps=c.inner_steps, outer_steps=c.outer_steps,
                       peer_exchanges=c.peer_exchanges, local_outer_steps=c.local_outer_steps,
                       microbatches=c.microbatches_done, sent=c.sent, retried=c.retried, dropped=c.dropped,
-                      routed_to=dict(c.routed_to), rejected=dict(self.snapshots.rejects))
+                      routed_to=dict(c.routed_to), rejected=dict(self.snapshots.rejects),
+                      **({"injected_lost": self.data.faults.dropped, "injected_delayed": self.data.faults.delayed}
+                         if self.data.faults else {}))
 
     # -- the training loop --------------------------------------------------------------
 
