@@ -1,0 +1,32 @@
+"""`noloco-rt k8s render`: Kubernetes manifests for S stages × R replicas (no kubectl needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def k8s() -> None:
+    """Kubernetes manifests of a run (docs/deploy.md)."""
+
+
+@k8s.command()
+@click.option("--overlay", type=click.Choice(["base", "spot-gpu", "cpu-dev"]), default="base", show_default=True,
+              help="Profile: base (GPU), spot-gpu (spot pools, 4×4, 1b), cpu-dev (small CPU-only run).")
+@click.option("--stages", type=click.IntRange(min=1), default=None, help="Pipeline stages (one worker Deployment each).")
+@click.option("--replicas", type=click.IntRange(min=1), default=None, help="Workers per stage.")
+@click.option("--image", default=None, help="Container image of coordinator and workers.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
+def render(overlay: str, stages: int | None, replicas: int | None, image: str | None, out_path: str | None) -> None:
+    """Print the manifests (`| kubectl apply -f -`); same objects as `kubectl kustomize k8s/overlays/NAME`."""
+    from noloco_rt.k8s_render import render as render_docs
+    from noloco_rt.k8s_render import to_yaml
+
+    text = to_yaml(render_docs(overlay, stages=stages, replicas=replicas, image=image))
+    if out_path:
+        Path(out_path).write_text(text)
+    else:
+        click.echo(text, nl=False)

