@@ -47,6 +47,8 @@ from workers.peers import PeerView
 
 RECEIVE_POLL_S = 0.05
 SEND_TIMEOUT_S = 1.0
+UPSTREAM_CHECK_S = 0.5
+UPSTREAM_GONE_S = 5.0
 WORKER_METHODS = ("noloco", "local")
 
 
@@ -137,6 +139,8 @@ class StageWorker:
         self.sent_this_step = 0
         self.losses: list[float] = []
         self.last_loss: float | None = None
+        self._upstream_checked_at = float("-inf")
+        self._upstream_gone_since: float | None = None
         """Mean training loss of the last inner step (stages that compute the loss)."""
         self.metrics_addr = ""
         """host:port of the Prometheus endpoint, published in the membership record."""
@@ -266,7 +270,7 @@ class StageWorker:
     def run(self) -> int:
         self.start()
         try:
-            while self.counters.inner_steps < self.max_steps and not self.leave_requested.is_set():
+            while not self._finished() and not self.leave_requested.is_set():
                 self.tick()
             if self.leave_requested.is_set():
                 self.leave()
@@ -279,6 +283,27 @@ class StageWorker:
         finally:
             self.close()
         return 0
+
+    def _finished(self) -> bool:
+        """Our steps are done and nobody upstream still needs us.
+
+        A downstream worker counts its steps by the forwards it accepted, which come from
+        several upstream workers and include retries, so it may reach its steps first;
+        leaving then would stall its upstream for good. It keeps training (the schedule
+        stays at lr_min) until no upstream worker has been live for UPSTREAM_GONE_S, a
+        margin over a restarting upstream's absence from the table."""
+        if self.counters.inner_steps < self.max_steps:
+            return False
+        if self.is_first:
+            return True
+        now = time.monotonic()
+        if now - self._upstream_checked_at >= UPSTREAM_CHECK_S:
+            self._upstream_checked_at = now
+            upstream = self.membership.live_members(stage=self.stage - 1,
+                                                    states={WorkerState.JOINING, WorkerState.ONLINE})
+            if upstream or self._upstream_gone_since is None:
+                self._upstream_gone_since = None if upstream else now
+        return self._upstream_gone_since is not None and now - self._upstream_gone_since >= UPSTREAM_GONE_S
 
     def leave(self) -> None:
         """Graceful exit: gone from the table at once, in-flight work finished (or left to the
