@@ -386,24 +386,15 @@ class ChaosDriver:
 
 def finalise(cfg: Any, out: Path) -> dict[str, Any]:
     """Consensus of the final checkpoints, scored on the validation split (as `up` does)."""
-    from noloco_rt.evaluation import validation_loss
-    from noloco_rt.export import (
-        ExportError,
-        load_consensus,
-        mean_over_replicas,
-        replicas_from_checkpoints,
-        save_consensus,
-    )
+    from noloco_rt.export import ExportError
+    from workers.run_dir import consensus_of_final_checkpoints
 
     try:
-        replicas, steps = replicas_from_checkpoints(out / "checkpoints", cfg)
+        final = consensus_of_final_checkpoints(cfg, out / "checkpoints", out / "consensus.safetensors",
+                                               source="final checkpoints (chaos)")
     except ExportError as exc:
         return {"val_loss": None, "consensus_error": str(exc)}
-    path = out / "consensus.safetensors"
-    save_consensus(path, cfg, [mean_over_replicas(stage) for stage in replicas],
-                   metadata={"step": str(min(steps)), "source": "final checkpoints (chaos)"})
-    _, model, _ = load_consensus(path)
-    return {"val_loss": validation_loss(model, cfg), "consensus_step": min(steps), "consensus": str(path)}
+    return {"val_loss": final["val_loss"], "consensus_step": final["step"], "consensus": final["consensus"]}
 
 
 def invariants(phase: dict[str, Any], cfg: Any, stall_bound_s: float,

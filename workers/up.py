@@ -303,43 +303,23 @@ class UpRun:
 
     def _finalise(self, metrics: Any) -> None:
         """Consensus of the workers' last checkpoints: written, scored, plotted."""
-        from noloco_rt.diagnostics import perplexity, pooled_spread, replica_spread
-        from noloco_rt.evaluation import validation_loss
-        from noloco_rt.export import (
-            ExportError,
-            load_consensus,
-            mean_over_replicas,
-            replicas_from_checkpoints,
-            save_consensus,
-        )
+        from noloco_rt.export import ExportError
         from noloco_rt.plots import plot_distributed_run
-        from workers.run_dir import read_metrics
+        from workers.run_dir import consensus_of_final_checkpoints, read_metrics
 
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
+        path = self.out / "consensus.safetensors"
         try:
-            replicas, steps = replicas_from_checkpoints(checkpoint_dir, self.cfg)
+            final = consensus_of_final_checkpoints(self.cfg, checkpoint_dir, path, source="final checkpoints")
         except ExportError as exc:
             self.log.warning("no_consensus", reason=str(exc))
             return
-        consensus = [mean_over_replicas(stage) for stage in replicas]
-        counts = [len(stage) for stage in replicas]
-        step = min(steps)
-        path = self.out / "consensus.safetensors"
-        save_consensus(path, self.cfg, consensus, metadata={
-            "step": str(step), "replicas_per_stage": ",".join(map(str, counts)), "source": "final checkpoints",
-            "created": f"{time.time():.3f}"})
-        _, model, _ = load_consensus(path)
-        loss = validation_loss(model, self.cfg)
-        spreads = [replica_spread(stage) for stage in replicas]
-        numels = [sum(t.numel() for t in stage[0]) for stage in replicas]
-        spread = pooled_spread(spreads, numels)
-        metrics.write({"kind": "final", "step": step, "val_loss": loss, "val_ppl": perplexity(loss),
-                       "spread": spread, "spread_by_stage": spreads, "replicas_per_stage": counts,
-                       "consensus": str(path)})
+        metrics.write({"kind": "final", **final})
         plot_distributed_run(read_metrics(self.out / "metrics.jsonl"), self.out / "curves.png",
                              title=f"noloco-rt up: {self.cfg.pipeline.stages} stages × "
                                    f"{self.cfg.pipeline.replicas} replicas, {self.cfg.model.preset}")
-        self.log.info("up_done", step=step, val_loss=round(loss, 4), val_ppl=round(perplexity(loss), 3),
-                      spread=f"{spread:.3e}", consensus=str(path), curves=str(self.out / "curves.png"),
+        self.log.info("up_done", step=final["step"], val_loss=round(final["val_loss"], 4),
+                      val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", consensus=str(path),
+                      curves=str(self.out / "curves.png"),
                       elapsed_s=round(time.time() - self.started, 1),
                       next=f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")
