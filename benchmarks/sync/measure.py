@@ -18,6 +18,7 @@ reports from the merged rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,23 @@ SIZES = ("tiny", "small", "synthetic100mb")
 METHODS = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd", "allreduce")
 GLOO_PORT = 29650
 
+
+
+@contextlib.contextmanager
+def namespaces_or_loopback(size: int) -> Iterator[bool]:
+    """Hosts for `size` processes: True with network namespaces (a killed run's leftovers
+    removed first, everything removed after), False where they cannot be made (loopback)."""
+    netns.cleanup()
+    try:
+        try:
+            netns.create(size)
+            shaped = True
+        except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+            print(f"network namespaces unavailable ({exc}); falling back to loopback", flush=True)
+            shaped = False
+        yield shaped
+    finally:
+        netns.cleanup()
 
 def sync_trials(sizes: tuple[str, ...]) -> list[dict[str, Any]]:
     return [{"kind": "sync", "size": size, "method": method} for size in sizes for method in METHODS]
@@ -149,15 +168,9 @@ def main() -> None:
     if args.quick:
         links, sizes_for = [LinkSpec(100, 0.0)], {LinkSpec(100, 0.0): ("tiny", "small")}
     began = time.monotonic()
-    netns.cleanup()
     rows: list[dict[str, Any]] = []
-    try:
-        try:
-            netns.create(max(worlds))
-            usable: list[LinkSpec | None] = list(links)
-        except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-            print(f"network namespaces unavailable ({exc}); falling back to loopback", flush=True)
-            usable = [None]
+    with namespaces_or_loopback(max(worlds)) as shaped:
+        usable: list[LinkSpec | None] = list(links) if shaped else [None]
         for link in usable:
             label = link.label if link else "loopback (no shaping)"
             sizes = sizes_for[link] if link else SIZES
@@ -168,8 +181,6 @@ def main() -> None:
                                                args.straggler_codec, args.repeats)
                 print(f"[{time.monotonic() - began:6.1f}s] {label}, N={world}: {len(trials)} trials", flush=True)
                 rows += summarise(run_group(world, link, trials, timeout_s=600.0), label)
-    finally:
-        netns.cleanup()
     wall_s = time.monotonic() - began
     if args.out is not None:  # raw rows first: report.py can be re-run on them alone
         args.out.mkdir(parents=True, exist_ok=True)
@@ -188,15 +199,9 @@ def run_straggler_only(args: argparse.Namespace) -> None:
     if args.out is not None and (args.out / "sync.json").exists():
         previous = json.loads((args.out / "sync.json").read_text())
     began = time.monotonic()
-    netns.cleanup()
     rows: list[dict[str, Any]] = []
-    try:
-        try:
-            netns.create(max(worlds))
-            usable: LinkSpec | None = link
-        except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-            print(f"network namespaces unavailable ({exc}); falling back to loopback", flush=True)
-            usable = None
+    with namespaces_or_loopback(max(worlds)) as shaped:
+        usable: LinkSpec | None = link if shaped else None
         label = usable.label if usable else "loopback (no shaping)"
         for world in worlds:
             trials = straggler_trials(args.straggler_size, args.straggler_compute_s, args.straggler_codec,
@@ -204,8 +209,6 @@ def run_straggler_only(args: argparse.Namespace) -> None:
             print(f"[{time.monotonic() - began:6.1f}s] {label}, N={world}: {len(trials)} straggler trials",
                   flush=True)
             rows += summarise(run_group(world, usable, trials, timeout_s=600.0), label)
-    finally:
-        netns.cleanup()
     straggler_wall_s = time.monotonic() - began
     print(f"straggler trials took {straggler_wall_s:.0f} s", flush=True)
     merged = [r for r in previous.get("rows", []) if r["kind"] != "straggler"] + rows

@@ -96,7 +96,9 @@ def straggler_section(straggler: list[dict[str, Any]], extra: dict[str, Any]) ->
         link, world, size, compute_s, method = key
         others = [r["others_s"] for r in group if r["others_s"]]
         partners = [t for r in group for t in r.get("partners_s", [])]
-        rest_mean = [r.get("non_straggler_mean_s", statistics.fmean(r["others_s"])) for r in group]
+        # Lazily: at N = 2 the straggler's partner may be the only other rank (no "others").
+        rest_mean = [r["non_straggler_mean_s"] if "non_straggler_mean_s" in r
+                     else statistics.fmean(r["others_s"] + r.get("partners_s", [])) for r in group]
         medians[key] = statistics.median(rest_mean)
         table.append([link, world, size, compute_s, method, len(group), _spread([r["straggler_s"] for r in group]),
                       _spread(partners) + (f" [{len(partners)}]" if partners else ""),
