@@ -24,6 +24,8 @@ from noloco_rt.logs import get_logger
 # run both are handled like an outage (cached view, retries) but logged as access errors.
 ACCESS_ERRORS = (redis.AuthenticationError, redis.exceptions.NoPermissionError)
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoPermissionError)
+# A run's "stage finished" marks outlive any run of a day; after that Redis forgets them.
+FINISHED_MARK_TTL_S = 24 * 3600
 
 
 class RedisAccessError(ConfigError):
@@ -163,6 +165,27 @@ class Membership:
     def _pattern(self) -> str:
         return f"{self.prefix}:{self.run_id}:worker:*"
 
+    def _finished_key(self, stage: int) -> str:
+        return f"{self.prefix}:{self.run_id}:finished:{stage}"
+
+    def mark_stage_finished(self, stage: int) -> bool:
+        """Say that a worker of `stage` finished its work, so the next stage knows that an
+        upstream it never saw live (it restarted after they left) is done, not late."""
+        try:
+            self.client.set(self._finished_key(stage), "1", ex=FINISHED_MARK_TTL_S)
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
+            return False
+        return True
+
+    def stage_finished(self, stage: int) -> bool:
+        """Whether a worker of `stage` finished since the stage last had a worker join."""
+        try:
+            return bool(self.client.exists(self._finished_key(stage)))
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
+            return False
+
     def _mark(self, available: bool, error: Exception | None = None) -> None:
         if available and not self.redis_available:
             self.log.info("redis_recovered")
@@ -188,6 +211,8 @@ class Membership:
             self.record = replace(record, heartbeat_time=self.clock())
             try:
                 self._write(self.record)
+                # A stage with a new worker is training again: its old "finished" mark is stale.
+                self.client.delete(self._finished_key(record.stage))
             except REDIS_ERRORS as exc:
                 self._mark(False, exc)
                 return False

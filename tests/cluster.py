@@ -115,6 +115,14 @@ class LocalCluster:
         self.wait_for(lambda: len(self.members({WorkerState.ONLINE})) >= count, timeout_s=timeout_s,
                       what=f"{count} ONLINE workers")
 
+    def wait_exit(self, worker: WorkerProcess, *, timeout_s: float) -> int:
+        """The exit code of a worker that stops by itself, or an AssertionError with its log."""
+        try:
+            return worker.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{worker.name} did not exit within {timeout_s} s:\n"
+                                 f"{worker.log_text()[-2000:]}") from None
+
     def stop(self, worker: WorkerProcess, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         if worker.process.poll() is None:
             worker.process.send_signal(sig)

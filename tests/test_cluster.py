@@ -181,3 +181,18 @@ def test_garbage_on_both_sockets_is_rejected_and_counted(cluster):
     assert cluster.stop(target) == 0
     rejected = target.events("worker_summary")[-1]["rejected"]
     assert sum(rejected.values()) >= 205, rejected
+
+
+def test_downstream_workers_finish_with_their_upstream_whatever_their_own_count(cluster):
+    """run.steps counts stage 0's inner steps (the data consumed). Routing shares stage 0's
+    microbatches unequally between stage-1 workers, so a stage-1 worker may never reach
+    run.steps by its own count; it must finish when every stage-0 worker has. Here the
+    stage-1 workers are given a count they cannot reach: 2 x 20 steps x 2 microbatches
+    are 40 forwards, at most 20 stage-1 steps each."""
+    first = [cluster.start_worker(0, f"s0-{i}", steps=20) for i in range(2)]
+    downstream = [cluster.start_worker(1, f"s1-{i}", steps=1000) for i in range(2)]
+    for worker in [*first, *downstream]:
+        assert cluster.wait_exit(worker, timeout_s=120) == 0, worker.log_text()[-2000:]
+    for worker in downstream:
+        done = cluster.wait_event(worker, "steps_done", timeout_s=1)
+        assert 0 < done["inner_step"] <= 40, done

@@ -53,6 +53,19 @@ def test_register_states_and_stage_filter(server):
     assert [m.worker_id for m in b.live_members(stage=None, states=None)] == ["b"]
 
 
+def test_stage_finished_mark_is_per_run_and_cleared_by_a_joiner_of_that_stage(server):
+    a = Membership(connect(server.url), run_id="r")
+    assert not a.stage_finished(0)
+    assert a.mark_stage_finished(0)
+    assert a.stage_finished(0) and not a.stage_finished(1)
+    assert not Membership(connect(server.url), run_id="other").stage_finished(0)
+    b = Membership(connect(server.url), run_id="r")
+    assert b.register(record("b", stage=1))
+    assert a.stage_finished(0)  # a joiner of another stage leaves it
+    assert b.register(record("c", stage=0))
+    assert not a.stage_finished(0)  # stage 0 trains again
+
+
 def test_runs_do_not_see_each_other(server):
     Membership(connect(server.url), run_id="r").register(record("a", state=WorkerState.ONLINE))
     assert Membership(connect(server.url), run_id="other").live_members(stage=0) == []

@@ -139,9 +139,10 @@ class StageWorker:
         self.sent_this_step = 0
         self.losses: list[float] = []
         self.last_loss: float | None = None
+        """Mean training loss of the last inner step (stages that compute the loss)."""
         self._upstream_checked_at = float("-inf")
         self._upstream_gone_since: float | None = None
-        """Mean training loss of the last inner step (stages that compute the loss)."""
+        self._upstream_seen = False
         self.metrics_addr = ""
         """host:port of the Prometheus endpoint, published in the membership record."""
         self.leave_requested = threading.Event()
@@ -278,6 +279,7 @@ class StageWorker:
                 self.log.info("steps_done", inner_step=self.counters.inner_steps)
                 # LEAVING (peers stop routing to us) with the final figures, for observers.
                 self.membership.heartbeat(state=WorkerState.LEAVING, **self.progress())
+                self.membership.mark_stage_finished(self.stage)
                 self.save("finished")
                 self.membership.leave()
         finally:
@@ -285,25 +287,34 @@ class StageWorker:
         return 0
 
     def _finished(self) -> bool:
-        """Our steps are done and nobody upstream still needs us.
+        """run.steps counts the first stage's inner steps (the data consumed). A later stage
+        is done when every upstream worker has finished and nothing of its own is in flight,
+        whatever its own step count: routing shares microbatches unequally between the
+        workers of a stage, so counting our own steps could wait for forwards that never come.
 
-        A downstream worker counts its steps by the forwards it accepted, which come from
-        several upstream workers and include retries, so it may reach its steps first;
-        leaving then would stall its upstream for good. It keeps training (the schedule
-        stays at lr_min) until no upstream worker has been live for UPSTREAM_GONE_S, a
-        margin over a restarting upstream's absence from the table."""
-        if self.counters.inner_steps < self.max_steps:
-            return False
+        "Every upstream worker has finished": none is live in the table for UPSTREAM_GONE_S
+        (a margin over a restarting upstream's absence), while Redis answers, and we either
+        saw one live or one marked its stage finished (we restarted after they left)."""
         if self.is_first:
-            return True
+            return self.counters.inner_steps >= self.max_steps
+        if len(self.inflight) or self.pending_forwards:
+            return False
         now = time.monotonic()
         if now - self._upstream_checked_at >= UPSTREAM_CHECK_S:
             self._upstream_checked_at = now
-            upstream = self.membership.live_members(stage=self.stage - 1,
-                                                    states={WorkerState.JOINING, WorkerState.ONLINE})
-            if upstream or self._upstream_gone_since is None:
-                self._upstream_gone_since = None if upstream else now
+            self._check_upstream(now)
         return self._upstream_gone_since is not None and now - self._upstream_gone_since >= UPSTREAM_GONE_S
+
+    def _check_upstream(self, now: float) -> None:
+        upstream = self.membership.live_members(stage=self.stage - 1,
+                                                states={WorkerState.JOINING, WorkerState.ONLINE})
+        self._upstream_seen = self._upstream_seen or bool(upstream)
+        gone = (not upstream and self.membership.redis_available
+                and (self._upstream_seen or self.membership.stage_finished(self.stage - 1)))
+        if not gone:
+            self._upstream_gone_since = None
+        elif self._upstream_gone_since is None:
+            self._upstream_gone_since = now
 
     def leave(self) -> None:
         """Graceful exit: gone from the table at once, in-flight work finished (or left to the
@@ -454,6 +465,7 @@ class StageWorker:
             if message.stage != self.stage - 1 or not self._forward_ok(message):
                 self.snapshots.count_reject("wrong_stage_or_shape")
                 return
+            self._upstream_seen = True
             self.pending_forwards.append(message)
         else:
             self.snapshots.count_reject("unexpected_kind")
