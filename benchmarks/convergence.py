@@ -38,7 +38,7 @@ def run_method(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from noloco_rt.config import load_config
-    from noloco_rt.simulator import records_as_dicts, run_simulation
+    from noloco_rt.algo.simulator import records_as_dicts, run_simulation
 
     torch.set_num_threads(job["threads"])
     cfg = load_config(environ={}, overrides=[{

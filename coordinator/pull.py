@@ -19,7 +19,7 @@ import zmq
 
 from noloco_rt.config import Config
 from noloco_rt.export import stage_parameter_shapes
-from noloco_rt.membership import MemberRecord
+from noloco_rt.membership.table import MemberRecord
 from workers.exchange import SnapshotService, bootstrap_from_peer
 
 

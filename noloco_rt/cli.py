@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("noloco_rt.commands.simulate:simulate",
                  "Train R replicas × S stages in one process (the algorithm without the network)."),
     "worker": ("workers.cli:worker", "Run one stage worker (joins through Redis, trains with live peers)."),
-    "launch": ("workers.launch:launch", "Supervise N local workers of one stage (bare metal)."),
+    "launch": ("workers.supervise.launch:launch", "Supervise N local workers of one stage (bare metal)."),
     "status": ("noloco_rt.commands.status:status", "Print live workers per stage from the membership table."),
     "eval": ("noloco_rt.commands.eval:eval_command",
              "Validation loss of a consensus checkpoint vs. untrained."),
@@ -28,8 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("coordinator.cli:coordinator",
                     "Observe a run: evaluate, measure replica spread, export a consensus checkpoint."),
     "keys": ("noloco_rt.commands.keys:keys", "Generate the CURVE key pair that authenticates a run's sockets."),
-    "up": ("workers.up:up", "Run a whole training on this machine: Redis, coordinator and S × R workers."),
-    "chaos": ("workers.chaos:chaos", "Train a local cluster under injected faults and check the invariants."),
+    "up": ("workers.cluster.up:up", "Run a whole training on this machine: Redis, coordinator and S × R workers."),
+    "chaos": ("workers.cluster.chaos:chaos", "Train a local cluster under injected faults and check the invariants."),
     "k8s": ("noloco_rt.commands.k8s:k8s", "Render Kubernetes manifests for S stages × R replicas (docs/deploy.md)."),
 }
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.lifecycle import PROCESS_ENV_VARS
+from noloco_rt.process import PROCESS_ENV_VARS
 
 ENV_PREFIX = "NOLOCO_"
 
@@ -247,7 +247,7 @@ class NetworkConfig:
         for name in ("data_port", "exchange_port", "metrics_port"):
             value = getattr(self, name)
             _require(0 <= value <= 65535, "network", name, value, "must be a port in [0, 65535]")
-        # Syntax only here; files are read and pairs checked where keys are used (noloco_rt.curve).
+        # Syntax only here; files are read and pairs checked where keys are used (noloco_rt.net.curve).
         _require(not (self.curve_key_dir and self.curve_secret_key), "network", "curve_key_dir",
                  self.curve_key_dir, "set either curve_key_dir or curve_secret_key, not both")
         _require(not self.curve_public_key or bool(self.curve_secret_key or self.curve_key_dir), "network",
@@ -290,7 +290,7 @@ class WorkerConfig:
     """Outer steps between periodic checkpoints (0: only on leave)."""
     max_peer_distance_ratio: float = 2.0
     """A peer's outer-step contribution farther than this from ours, relative to our weight
-    norm (noloco_rt.peer_checks), is rejected as "too_far" and the peer blacklisted. Honest
+    norm (noloco_rt.algo.peer_checks), is rejected as "too_far" and the peer blacklisted. Honest
     replicas measured at most 0.06 (h = 5) and 0.27 (h = 50) (benchmarks/peer_distance.py)."""
     fault_scale_snapshot: float = 1.0
     """FAULT INJECTION, for tests and chaos runs only: multiply the outer-step snapshot this

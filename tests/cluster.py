@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.embedded_redis import EmbeddedRedis
-from noloco_rt.membership import Membership, WorkerState, connect
+from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.table import Membership, WorkerState, connect
 
 Event = dict[str, Any]
 

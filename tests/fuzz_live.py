@@ -1,7 +1,7 @@
 """Fuzzing a live worker: random and mutated messages on its data and exchange sockets.
 
 Each message is built to be invalid, and the reason the worker must give is predicted
-beforehand by running the worker's own validation on it locally (workers.messages.decode
+beforehand by running the worker's own validation on it locally (noloco_rt.net.messages.decode
 for the data path, a SnapshotService.handle for the exchange path); a message the local
 check would accept is not sent. The worker's Prometheus rejected counters must then
 grow by exactly the predicted counts per reason, and the exchange server must answer
@@ -28,13 +28,13 @@ import torch
 import zmq
 import zstandard
 
-from noloco_rt.codec import checksum, encode_tensors
+from noloco_rt.net.codec import checksum, encode_tensors
 from noloco_rt.config import load_config
 from noloco_rt.model import build_stage
-from noloco_rt.optim import PeerOuterState
-from noloco_rt.wire import PROTOCOL_VERSION, MessageKind, WireReject
+from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.net.wire import PROTOCOL_VERSION, MessageKind, WireReject
 from tests.cluster import LocalCluster, WorkerProcess
-from workers import messages
+from noloco_rt.net import messages
 from workers.exchange import SnapshotService
 from workers.metrics import WorkerMetrics
 

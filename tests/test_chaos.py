@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from noloco_rt.chaos_schedule import FAULT_KINDS
+from workers.cluster.chaos_schedule import FAULT_KINDS
 
 pytestmark = pytest.mark.timeout(400)
 

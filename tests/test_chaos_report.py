@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.chaos_report import (
+from workers.cluster.chaos_report import (
     largest_progress_gap_s,
     loss_ratio_check,
     microbatch_accounting,

@@ -21,7 +21,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
 def test_help_lists_every_command_without_importing_them():
     code = ("import sys\nfrom noloco_rt.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "loaded = [m for m in ('torch', 'workers', 'coordinator', 'noloco_rt.simulator') if m in sys.modules]\n"
+            "loaded = [m for m in ('torch', 'workers', 'coordinator', 'noloco_rt.algo.simulator') if m in sys.modules]\n"
             "print('LOADED', loaded)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -89,8 +89,8 @@ def test_worker_and_status_bad_input(args, fragment):
 
 
 def test_status_lists_members_and_fails_cleanly_without_redis():
-    from noloco_rt.embedded_redis import EmbeddedRedis
-    from noloco_rt.membership import MemberRecord, Membership, WorkerState, connect
+    from noloco_rt.membership.embedded_redis import EmbeddedRedis
+    from noloco_rt.membership.table import MemberRecord, Membership, WorkerState, connect
 
     with EmbeddedRedis() as server:
         Membership(connect(server.url), run_id="default").register(
@@ -108,8 +108,8 @@ def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
     import signal
     import time
 
-    from noloco_rt.embedded_redis import EmbeddedRedis
-    from noloco_rt.membership import MemberRecord, Membership, WorkerState, connect
+    from noloco_rt.membership.embedded_redis import EmbeddedRedis
+    from noloco_rt.membership.table import MemberRecord, Membership, WorkerState, connect
 
     def record(worker_id: str, name: str) -> MemberRecord:
         return MemberRecord(worker_id, "default", 0, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",

@@ -16,7 +16,7 @@ import torch
 from noloco_rt.checkpoint import load_checkpoint
 from noloco_rt.config import load_config
 from noloco_rt.data import load_corpus, validation_batches
-from noloco_rt.membership import WorkerState
+from noloco_rt.membership.table import WorkerState
 from noloco_rt.model import build_stage, lm_loss
 from tests.cluster import LocalCluster
 
@@ -155,7 +155,7 @@ def test_garbage_on_both_sockets_is_rejected_and_counted(cluster):
 
     import zmq
 
-    from noloco_rt.transport import request
+    from noloco_rt.net.transport import request
 
     workers = _start_two_by_two(cluster)
     target = workers[2]

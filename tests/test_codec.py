@@ -8,7 +8,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noloco_rt.codec import (
+from noloco_rt.net.codec import (
     ALLOWED_DTYPES,
     CODECS,
     CodecError,

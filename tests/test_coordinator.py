@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from noloco_rt.embedded_redis import free_port
+from noloco_rt.membership.embedded_redis import free_port
 from noloco_rt.export import load_consensus
 from tests.cluster import LocalCluster
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from noloco_rt.deadlines import DeadlinePolicy, LatencyTracker, deadline_from_samples
+from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker, deadline_from_samples
 
 POLICY = DeadlinePolicy(floor_s=1.0, ceiling_s=20.0, multiplier=4.0, quantile=0.9, window=10, initial_s=5.0)
 

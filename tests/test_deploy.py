@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from noloco_rt import k8s_render
+from noloco_rt.deploy import k8s_render
 from noloco_rt.cli import cli
 from noloco_rt.config import Config, load_config
 
@@ -200,7 +200,7 @@ def test_kustomize_overlays_equal_renderer(overlay: str) -> None:
     expected, actual = _by_key(k8s_render.render(overlay)), _by_key(docs)
     assert sorted(actual) == sorted(expected)
     for key in expected:
-        assert actual[key] == expected[key], f"{key} differs between kustomize and noloco_rt.k8s_render"
+        assert actual[key] == expected[key], f"{key} differs between kustomize and noloco_rt.deploy.k8s_render"
 
 
 def test_k8s_render_command(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from noloco_rt.diagnostics import perplexity, replica_spread
+from noloco_rt.algo.diagnostics import perplexity, replica_spread
 
 
 def test_spread_is_zero_for_identical_replicas():

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from noloco_rt.embedded_redis import EmbeddedRedis, redis_server_binary
-from noloco_rt.membership import connect
+from noloco_rt.membership.embedded_redis import EmbeddedRedis, redis_server_binary
+from noloco_rt.membership.table import connect
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from noloco_rt.inflight import InflightTable
+from workers.data_path.inflight import InflightTable
 
 
 def test_resolve_once_and_stale_attempts():

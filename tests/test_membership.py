@@ -8,8 +8,8 @@ import time
 import pytest
 import redis
 
-from noloco_rt.embedded_redis import EmbeddedRedis
-from noloco_rt.membership import (
+from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.table import (
     HeartbeatThread,
     MemberRecord,
     Membership,
@@ -169,7 +169,7 @@ def test_redis_server_dies_with_a_killed_owner():
     import subprocess
     import sys
 
-    code = ("from noloco_rt.embedded_redis import EmbeddedRedis; import time\n"
+    code = ("from noloco_rt.membership.embedded_redis import EmbeddedRedis; import time\n"
             "r = EmbeddedRedis().start(); print(r.process.pid, r.log_path.parent, flush=True); time.sleep(60)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pid_text, server_dir = owner.stdout.readline().split()

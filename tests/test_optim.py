@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from noloco_rt.config import OptimConfig, OuterConfig
-from noloco_rt.optim import (
+from noloco_rt.algo.optim import (
     InnerOptimizer,
     OuterCoefficients,
     PeerOuterState,
@@ -21,7 +21,7 @@ from noloco_rt.optim import (
     outer_step,
     outer_step_from_fast,
 )
-from noloco_rt.routing import draw_groups
+from noloco_rt.algo.routing import draw_groups
 
 SHAPES = [(3,), (2, 4), (5, 1, 2)]
 

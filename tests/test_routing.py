@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noloco_rt.routing import draw_groups, route_next_hop
+from noloco_rt.algo.routing import draw_groups, route_next_hop
 
 
 def test_p2c_prefers_the_shorter_queue():

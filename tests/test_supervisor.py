@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from noloco_rt.embedded_redis import EmbeddedRedis
-from noloco_rt.membership import Membership, WorkerState, connect
+from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.table import Membership, WorkerState, connect
 from tests.cluster import read_events
-from workers.launch import worker_specs
-from workers.supervisor import ProcessSpec, RestartPolicy, Supervisor, SupervisorEvent
+from workers.supervise.launch import worker_specs
+from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor, SupervisorEvent
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -339,12 +339,12 @@ def test_incarnations_continue_after_old_logs(supervise, tmp_path):
 
 
 def test_children_die_when_the_supervisor_is_sigkilled(tmp_path):
-    child = ("from noloco_rt.lifecycle import set_parent_death_signal_from_env as arm\n"
+    child = ("from noloco_rt.process import set_parent_death_signal_from_env as arm\n"
              "import os\narm()\nprint('ready', os.getpid(), flush=True)\n" + SLEEPER)
     script = f"""
         import sys, threading
         from pathlib import Path
-        from workers.supervisor import ProcessSpec, RestartPolicy, Supervisor
+        from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor
         spec = ProcessSpec("orphan", (sys.executable, "-c", {child!r}))
         Supervisor([spec], log_dir=Path({str(tmp_path)!r}), policy=RestartPolicy(), grace_s=1.0).run(threading.Event())
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from noloco_rt.transport import DataSocket, ExchangeServer, request
+from noloco_rt.net.transport import DataSocket, ExchangeServer, request
 
 
 def test_data_round_trip_and_dead_peer_times_out():
@@ -46,7 +46,7 @@ def test_exchange_request_reply_and_timeout():
 
 
 def test_data_faults_from_the_environment_drop_a_seeded_fraction():
-    from noloco_rt.transport import DATA_DELAY_ENV, DATA_LOSS_ENV, DataFaults
+    from noloco_rt.net.transport import DATA_DELAY_ENV, DATA_LOSS_ENV, DataFaults
 
     assert DataFaults.from_env({}) is None  # the normal case: no injection at all
     faults = DataFaults.from_env({DATA_LOSS_ENV: "0.25", DATA_DELAY_ENV: "0"}, seed=7)
@@ -62,7 +62,7 @@ def test_data_faults_from_the_environment_drop_a_seeded_fraction():
 def test_a_lost_message_is_reported_sent_and_never_arrives():
     import zmq
 
-    from noloco_rt.transport import DataFaults, DataSocket
+    from noloco_rt.net.transport import DataFaults, DataSocket
 
     ctx = zmq.Context()
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.run_dir import read_metrics
+from workers.cluster.run_dir import read_metrics
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,7 +11,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noloco_rt.wire import (
+from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
     Header,

@@ -24,7 +24,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
            advertise_host: str | None, metrics_port: int | None, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
-    from noloco_rt.lifecycle import set_parent_death_signal_from_env
+    from noloco_rt.process import set_parent_death_signal_from_env
 
     set_parent_death_signal_from_env()  # first thing: a supervised worker must not outlive its supervisor
     from noloco_rt.commands import effective_config
@@ -49,10 +49,10 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 
     import zmq
 
-    from noloco_rt.curve import load_curve_keys
+    from noloco_rt.net.curve import load_curve_keys
     from noloco_rt.logs import configure_logging
-    from noloco_rt.membership import Membership, check_access, connect
-    from noloco_rt.transport import disable_curve, enable_curve
+    from noloco_rt.membership.table import Membership, check_access, connect
+    from noloco_rt.net.transport import disable_curve, enable_curve
     from workers.metrics import WorkerMetrics
     from workers.worker import (
         StageWorker,
@@ -72,7 +72,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     metrics = WorkerMetrics()
     metrics_port_bound = metrics.serve(cfg.network.metrics_port, host=cfg.network.bind_host)
     ctx = zmq.Context()
-    enable_curve(ctx, curve)  # every socket made from ctx gets the run's keys (noloco_rt.transport)
+    enable_curve(ctx, curve)  # every socket made from ctx gets the run's keys (noloco_rt.net.transport)
     membership = Membership(client, run_id=cfg.run.run_id, heartbeat_interval_s=cfg.worker.heartbeat_interval_s)
     device = pick_device(int(os.environ.get("LOCAL_RANK", "0")))
     stage_worker = StageWorker(cfg, stage, membership=membership, ctx=ctx, name=name, device=device,

@@ -15,7 +15,7 @@ if it is within the staleness bound, else tries another peer.
 
 Every received snapshot is validated in full (checksum, shapes, bounded decompression,
 finite values) before it is kept or used, and a peer's contribution must lie within
-worker.max_peer_distance_ratio of ours (noloco_rt.peer_checks): a finite, well-formed
+worker.max_peer_distance_ratio of ours (noloco_rt.algo.peer_checks): a finite, well-formed
 snapshot absurdly far from our weights is rejected as "too_far" and its sender
 blacklisted. A joiner's bootstrap gets the structural checks only: it has no weights of
 its own yet to compare with.
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import zmq
 
-from noloco_rt.codec import (
+from noloco_rt.net.codec import (
     CodecError,
     EncodedTensors,
     TensorSpec,
@@ -41,11 +41,11 @@ from noloco_rt.codec import (
     encode_tensors,
 )
 from noloco_rt.config import Config
-from noloco_rt.membership import MemberRecord
-from noloco_rt.optim import PeerOuterState
-from noloco_rt.peer_checks import PeerCheck, check_peer_distance
-from noloco_rt.transport import request
-from noloco_rt.wire import (
+from noloco_rt.membership.table import MemberRecord
+from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.algo.peer_checks import PeerCheck, check_peer_distance
+from noloco_rt.net.transport import request
+from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     Header,
     MessageKind,

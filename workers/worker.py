@@ -31,19 +31,19 @@ import zmq
 from noloco_rt.checkpoint import load_checkpoint, save_checkpoint
 from noloco_rt.config import Config
 from noloco_rt.data import DataCursor, ShardedBatches, load_corpus
-from noloco_rt.deadlines import DeadlinePolicy, LatencyTracker
-from noloco_rt.inflight import InflightTable
+from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
+from workers.data_path.inflight import InflightTable
 from noloco_rt.logs import get_logger
-from noloco_rt.membership import HeartbeatThread, MemberRecord, Membership, WorkerState
+from noloco_rt.membership.table import HeartbeatThread, MemberRecord, Membership, WorkerState
 from noloco_rt.model import lm_loss
-from noloco_rt.optim import OuterCoefficients
-from noloco_rt.replica import StageReplica
-from noloco_rt.transport import DataFaults, DataSocket, ExchangeServer
-from noloco_rt.wire import MessageKind, WireReject
-from workers import messages
+from noloco_rt.algo.optim import OuterCoefficients
+from noloco_rt.algo.replica import StageReplica
+from noloco_rt.net.transport import DataFaults, DataSocket, ExchangeServer
+from noloco_rt.net.wire import MessageKind, WireReject
+from noloco_rt.net import messages
 from workers.exchange import SnapshotService, bootstrap_from_peer, exchange_with_peer
 from workers.metrics import WorkerMetrics
-from workers.peers import PeerView
+from noloco_rt.membership.peers import PeerView
 
 RECEIVE_POLL_S = 0.05
 SEND_TIMEOUT_S = 1.0

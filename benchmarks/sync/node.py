@@ -26,12 +26,12 @@ import torch.distributed as dist
 import zmq
 
 from noloco_rt.config import Config, load_config
-from noloco_rt.membership import MemberRecord, WorkerState
+from noloco_rt.membership.table import MemberRecord, WorkerState
 from noloco_rt.model import build_model
-from noloco_rt.optim import PeerOuterState
-from noloco_rt.transport import ExchangeServer
+from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.net.transport import ExchangeServer
 from workers.exchange import SnapshotService, exchange_with_peer
-from workers.peers import Blacklist
+from noloco_rt.membership.peers import Blacklist
 
 EXCHANGE_PORT = 6100  # + rank, so the loopback fallback needs no namespaces
 SYNTHETIC_TENSOR_NUMEL = 1 << 22  # 16 MiB float32 pieces, about the size of a large layer
@@ -53,7 +53,7 @@ class _Null:
 
 
 class StaticPeers:
-    """The two methods of workers.peers.PeerView that exchange_with_peer uses, over a fixed list."""
+    """The two methods of noloco_rt.membership.peers.PeerView that exchange_with_peer uses, over a fixed list."""
 
     def __init__(self, members: list[MemberRecord], own_id: str, rng: random.Random) -> None:
         self.members = [m for m in members if m.worker_id != own_id]

@@ -27,7 +27,7 @@ def eval_command(checkpoint: Path, batches: int | None, as_json: bool, device: s
     device = resolve_device(device)
     cfg, model, metadata = load_for_command(checkpoint, device)
 
-    from noloco_rt.diagnostics import perplexity
+    from noloco_rt.algo.diagnostics import perplexity
     from noloco_rt.evaluation import load_validation_batches, validation_loss
     from noloco_rt.model import build_model
 

@@ -22,8 +22,8 @@ def k8s() -> None:
               help="Write here instead of stdout.")
 def render(overlay: str, stages: int | None, replicas: int | None, image: str | None, out_path: str | None) -> None:
     """Print the manifests (`| kubectl apply -f -`); same objects as `kubectl kustomize k8s/overlays/NAME`."""
-    from noloco_rt.k8s_render import render as render_docs
-    from noloco_rt.k8s_render import to_yaml
+    from noloco_rt.deploy.k8s_render import render as render_docs
+    from noloco_rt.deploy.k8s_render import to_yaml
 
     text = to_yaml(render_docs(overlay, stages=stages, replicas=replicas, image=image))
     if out_path:

@@ -1,4 +1,4 @@
-"""`noloco-rt keys generate`: the run's CURVE key pair (noloco_rt.curve explains the scheme)."""
+"""`noloco-rt keys generate`: the run's CURVE key pair (noloco_rt.net.curve explains the scheme)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def generate(out_dir: str, name: str, force: bool) -> None:
     """Write a fresh key pair for a run; refuses to overwrite without --force."""
     if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise click.BadParameter("letters, digits, '-', '_' and '.' only", param_hint="--name")
-    from noloco_rt.curve import write_key_pair
+    from noloco_rt.net.curve import write_key_pair
 
     try:
         public_path, secret_path = write_key_pair(Path(out_dir), name, force=force)

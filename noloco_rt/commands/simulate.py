@@ -39,7 +39,7 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
     })
 
     from noloco_rt.logs import configure_logging, get_logger
-    from noloco_rt.simulator import run_simulation
+    from noloco_rt.algo.simulator import run_simulation
 
     configure_logging(cfg.run.log_format)
     log = get_logger(run=cfg.run.run_id, worker="simulator", stage="all")

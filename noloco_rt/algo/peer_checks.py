@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from noloco_rt.optim import PeerOuterState
+from noloco_rt.algo.optim import PeerOuterState
 
 EPSILON = 1e-12
 

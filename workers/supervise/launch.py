@@ -2,7 +2,7 @@
 
 torchrun's role without its rendezvous: workers find each other through Redis, so this
 command only starts `noloco-rt worker` processes, restarts the one that fails (its
-neighbours are untouched, see workers.supervisor) and passes SIGTERM / SIGINT on as a
+neighbours are untouched, see workers.supervise.supervisor) and passes SIGTERM / SIGINT on as a
 graceful leave.
 """
 
@@ -22,7 +22,7 @@ from noloco_rt.cli import config_options
 from noloco_rt.config import parse_assignment
 
 if TYPE_CHECKING:  # the supervisor imports torch: only when the command runs
-    from workers.supervisor import ProcessSpec
+    from workers.supervise.supervisor import ProcessSpec
 
 # The supervisor reports exits and restarts as structured events; torch's own lines
 # about the same exits would only repeat them in another format.
@@ -48,7 +48,7 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
            log_dir: str | None, steps: int | None, metrics_port_base: int | None, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Run NPROC workers of pipeline stage STAGE here, restarting each one that fails."""
-    from noloco_rt.lifecycle import set_parent_death_signal_from_env
+    from noloco_rt.process import set_parent_death_signal_from_env
 
     set_parent_death_signal_from_env()  # when itself supervised (`noloco-rt up`)
     from noloco_rt.commands import effective_config
@@ -69,15 +69,15 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
         raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
                                f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
 
-    from noloco_rt.curve import load_curve_keys
-    from noloco_rt.membership import check_access, connect
+    from noloco_rt.net.curve import load_curve_keys
+    from noloco_rt.membership.table import check_access, connect
 
     # Fail once, here, rather than in N workers restarted over and over: bad key files, wrong password.
     load_curve_keys(cfg.network)
     check_access(connect(cfg.network.redis_url), cfg.network.redis_url)
     from noloco_rt.logs import configure_logging, get_logger
-    from workers.elastic import quiet_torch_elastic_logs
-    from workers.supervisor import RestartPolicy, Supervisor
+    from workers.supervise.elastic import quiet_torch_elastic_logs
+    from workers.supervise.supervisor import RestartPolicy, Supervisor
 
     configure_logging(cfg.run.log_format)
     quiet_torch_elastic_logs()
@@ -113,7 +113,7 @@ def worker_specs(*, stage: int, nproc: int, prefix: str, redis_url: str, steps: 
                  assignments: tuple[str, ...]) -> list[ProcessSpec]:
     """One `noloco-rt worker` per local rank. The Redis URL travels in the environment, not
     on the command line, where `ps` would show its password to every local user."""
-    from workers.supervisor import ProcessSpec
+    from workers.supervise.supervisor import ProcessSpec
 
     common = [sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage)]
     if config_path:

@@ -1,5 +1,5 @@
 """The data-path messages of a worker (forward activations, backward gradients) on top of
-noloco_rt.wire, which validates everything received."""
+noloco_rt.net.wire, which validates everything received."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from noloco_rt.wire import (
+from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
     Header,

@@ -1,7 +1,7 @@
 """What `noloco-rt chaos` concludes from a run: worker logs plus what the driver did.
 
 Pure functions over parsed records (no processes, no sockets), so the invariants are
-tested on their own terms; workers/chaos.py gathers the records and prints the table.
+tested on their own terms; workers/cluster/chaos.py gathers the records and prints the table.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.chaos_schedule import FAULT_KINDS
+from workers.cluster.chaos_schedule import FAULT_KINDS
 
 LOG_NAME = re.compile(r"(?P<name>.+)\.(?P<incarnation>\d+)\.log")
 LOSS_TOLERANCE = 0.10

@@ -78,7 +78,7 @@ def consensus_of_final_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path
     """Average the workers' last checkpoints per stage into the consensus file at `path`,
     load it back (what a user will load) and score it; also the final replica spread.
     Raises noloco_rt.export.ExportError when some stage has no usable checkpoint."""
-    from noloco_rt.diagnostics import perplexity, pooled_spread, replica_spread
+    from noloco_rt.algo.diagnostics import perplexity, pooled_spread, replica_spread
     from noloco_rt.evaluation import validation_loss
     from noloco_rt.export import (
         load_consensus,

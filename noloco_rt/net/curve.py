@@ -8,7 +8,7 @@ Kubernetes Secret:
 - servers (the data PULL, the exchange ROUTER) use it as their CURVE server key pair;
 - clients (PUSH, DEALER) use it as their client key pair and know the server key;
 - a ZAP handler on every server admits only clients whose public key is the cluster
-  public key (noloco_rt.transport.enable_curve). A CURVE handshake makes a client
+  public key (noloco_rt.net.transport.enable_curve). A CURVE handshake makes a client
   prove it holds the secret key of the public key it presents, so only holders of the
   cluster secret get in. Without the ZAP check any client knowing the (public) server
   key could connect with a key pair of its own.

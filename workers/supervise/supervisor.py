@@ -1,7 +1,7 @@
 """Supervise named child processes on this machine: start, restart on failure, stop gracefully.
 
 Layout: ONE torch.distributed.elastic PContext (start_processes with a single local
-rank) PER CHILD (workers/elastic.py). torchrun's LocalElasticAgent restarts its whole local worker group when
+rank) PER CHILD (workers/supervise/elastic.py). torchrun's LocalElasticAgent restarts its whole local worker group when
 one member fails, because SPMD ranks cannot go on without each other. NoLoCo workers
 are independent (no collective, no barrier), so here only the child that failed is
 restarted and its healthy neighbours are never touched.
@@ -11,7 +11,7 @@ our processes write their structured log and tracebacks) and `.out` (stdout). In
 the highest one already there, so a restarted supervisor never overwrites old logs.
 
 Children are told `NOLOCO_PARENT_DEATH_SIGNAL` and `NOLOCO_PARENT_PID`; a child that calls
-noloco_rt.lifecycle.set_parent_death_signal_from_env() (`noloco-rt worker` does) dies
+noloco_rt.process.set_parent_death_signal_from_env() (`noloco-rt worker` does) dies
 with the supervisor even if the supervisor is SIGKILLed. Linux sends that signal when
 the *thread* that forked the child exits, so call start(), poll() and run() from the
 main thread. The class is not thread-safe; signal handling belongs to the command.
@@ -31,14 +31,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from noloco_rt.lifecycle import (
+from noloco_rt.process import (
     INCARNATION_ENV,
     PARENT_DEATH_SIGNAL_ENV,
     PARENT_PID_ENV,
     SUPERVISED_ENV,
 )
 from noloco_rt.logs import get_logger
-from workers.elastic import ElasticProcess
+from workers.supervise.elastic import ElasticProcess
 
 STATES = ("pending", "running", "backoff", "finished", "failed", "stopped")
 EVENT_KINDS = ("started", "restarted", "exited", "gave_up")

@@ -20,7 +20,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from noloco_rt.lifecycle import set_parent_death_signal
+from noloco_rt.process import set_parent_death_signal
 
 
 def redis_server_binary() -> str:

@@ -2,11 +2,11 @@
 
 A cluster like `noloco-rt up` (real Redis, S × R real worker processes under the
 supervisor; no coordinator, no live view) trains while a seeded schedule
-(noloco_rt/chaos_schedule.py) SIGKILLs workers (the supervisor restarts them),
+(workers/cluster/chaos_schedule.py) SIGKILLs workers (the supervisor restarts them),
 SIGTERMs them (a preemption: they leave gracefully and the driver starts them again),
 SIGSTOPs them for a while, and stops Redis for a while. With --baseline the same
 cluster first runs without faults. Then: consensus of the final checkpoints, scored,
-and the invariants (workers/chaos_report.py), in a table and OUT/chaos.json.
+and the invariants (workers/cluster/chaos_report.py), in a table and OUT/chaos.json.
 
 Workers are given twice --steps and the run stops when every worker has logged
 --steps: a restarted worker redoes the steps since its last checkpoint and needs live
@@ -28,9 +28,9 @@ from typing import Any
 
 import click
 
-from noloco_rt.chaos_schedule import FAULT_KINDS, Fault, build_schedule
+from workers.cluster.chaos_schedule import FAULT_KINDS, Fault, build_schedule
 from noloco_rt.cli import config_options
-from noloco_rt.transport import DATA_DELAY_ENV, DATA_LOSS_ENV
+from noloco_rt.net.transport import DATA_DELAY_ENV, DATA_LOSS_ENV
 
 # Fast failure detection and recovery, so that a short run sees every fault recovered.
 CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_interval_s": 0.25,
@@ -76,7 +76,7 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
     """Train under injected faults; exit 0 if every invariant held, 1 otherwise (named)."""
     from noloco_rt.commands import effective_config
     from noloco_rt.logs import configure_logging
-    from workers.elastic import quiet_torch_elastic_logs
+    from workers.supervise.elastic import quiet_torch_elastic_logs
 
     wanted = tuple(k.strip() for k in kinds.split(",") if k.strip())
     unknown = sorted(set(wanted) - set(FAULT_KINDS))
@@ -125,7 +125,7 @@ def names_by_stage(cfg: Any) -> dict[str, int]:
 def run_phase(cfg: Any, out: Path, target_steps: int, schedule: list[Fault], stall_bound_s: float,
               timeout_s: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """One cluster from scratch to every worker at target_steps, under `schedule`."""
-    from workers.run_dir import prepare_run_dir
+    from workers.cluster.run_dir import prepare_run_dir
 
     if out.exists():
         shutil.rmtree(out)  # a phase always starts fresh: stale checkpoints would be resumed
@@ -174,9 +174,9 @@ class ChaosDriver:
         self.train_started: float | None = None
 
     def run(self) -> None:
-        from noloco_rt.embedded_redis import EmbeddedRedis
-        from workers.supervisor import RestartPolicy, Supervisor
-        from workers.up import worker_process_specs
+        from noloco_rt.membership.embedded_redis import EmbeddedRedis
+        from workers.supervise.supervisor import RestartPolicy, Supervisor
+        from workers.cluster.up import worker_process_specs
 
         self.redis = EmbeddedRedis().start()
         specs = worker_process_specs(self.cfg, self.config_file, self.names, self.redis.url,
@@ -361,7 +361,7 @@ class ChaosDriver:
             self.checkpoint_loads += 1
 
     def summary(self) -> dict[str, Any]:
-        from workers.chaos_report import (
+        from workers.cluster.chaos_report import (
             injected_network_faults,
             largest_progress_gap_s,
             microbatch_accounting,
@@ -387,7 +387,7 @@ class ChaosDriver:
 def finalise(cfg: Any, out: Path) -> dict[str, Any]:
     """Consensus of the final checkpoints, scored on the validation split (as `up` does)."""
     from noloco_rt.export import ExportError
-    from workers.run_dir import consensus_of_final_checkpoints
+    from workers.cluster.run_dir import consensus_of_final_checkpoints
 
     try:
         final = consensus_of_final_checkpoints(cfg, out / "checkpoints", out / "consensus.safetensors",
@@ -399,7 +399,7 @@ def finalise(cfg: Any, out: Path) -> dict[str, Any]:
 
 def invariants(phase: dict[str, Any], cfg: Any, stall_bound_s: float,
                baseline_loss: float | None) -> dict[str, dict[str, Any]]:
-    from workers.chaos_report import loss_ratio_check
+    from workers.cluster.chaos_report import loss_ratio_check
 
     accounting = phase["accounting"]
     ratio, loss_ok = loss_ratio_check(phase.get("val_loss"), baseline_loss)
@@ -424,7 +424,7 @@ def invariants(phase: dict[str, Any], cfg: Any, stall_bound_s: float,
 
 
 def render(report: dict[str, Any]) -> str:
-    from workers.chaos_report import format_table
+    from workers.cluster.chaos_report import format_table
 
     phase = report["faulty"]
     kinds = report["kinds"]

@@ -12,7 +12,7 @@ a handler; a request is one DEALER round trip with a deadline.
 Sockets are created from a zmq.Context passed in; bind and advertise addresses are
 separate (bind 0.0.0.0, advertise the pod or public IP).
 
-CURVE (noloco_rt.curve explains the cluster key scheme): `enable_curve(ctx, keys)` attaches
+CURVE (noloco_rt.net.curve explains the cluster key scheme): `enable_curve(ctx, keys)` attaches
 the run's keys to a context and starts its ZAP handler, which admits only clients holding
 the cluster key. Every socket made here from that context then gets the keys (servers:
 the PULL and the ROUTER; clients: the PUSH and the DEALER), so callers that only pass a
@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from noloco_rt.curve import CurveKeys
+from noloco_rt.net.curve import CurveKeys
 from noloco_rt.logs import get_logger
 
 Frames = Sequence[Any]  # bytes, memoryview or zmq.Frame

@@ -1,7 +1,7 @@
 """`noloco-rt up`: a whole distributed training on this machine.
 
 A redis-server (embedded unless --redis-url), the coordinator and S × R workers, each
-a real process supervised like `noloco-rt launch` does (workers/supervisor.py): a
+a real process supervised like `noloco-rt launch` does (workers/supervise/supervisor.py): a
 crashed worker is restarted and resumes. A live table on a terminal, a log line every
 few seconds elsewhere; metrics.jsonl gets a sample every --interval. When every worker
 has finished its steps (or on Ctrl-C / SIGTERM: workers leave gracefully), the
@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from noloco_rt.cli import config_options
-from noloco_rt.lifecycle import set_event_from_signal_handler, set_parent_death_signal_from_env
+from noloco_rt.process import set_event_from_signal_handler, set_parent_death_signal_from_env
 
 COORDINATOR = "coordinator"
 EXIT_INTERRUPTED = 130
@@ -67,7 +67,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         "paths": {"out_dir": out_dir},
         "network": {"redis_url": redis_url},
     })
-    from workers.run_dir import RunDirError, prepare_run_dir
+    from workers.cluster.run_dir import RunDirError, prepare_run_dir
     from workers.worker import WORKER_METHODS
 
     if cfg.outer.method not in WORKER_METHODS:
@@ -83,7 +83,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     except RunDirError as exc:
         raise click.UsageError(str(exc)) from None
     if cfg.network.redis_url:
-        from noloco_rt.membership import check_access, connect
+        from noloco_rt.membership.table import check_access, connect
 
         check_access(connect(cfg.network.redis_url), cfg.network.redis_url)  # wrong password: exit 2 now
     from noloco_rt.logs import configure_logging
@@ -97,7 +97,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
 def _with_curve(cfg: Any, out: Path, secure: bool) -> Any:
     """The config with CURVE settled: configured keys are checked (a bad file fails now, not in
     every child); --secure without keys uses OUT/keys, generated the first time."""
-    from noloco_rt.curve import load_curve_keys, write_key_pair
+    from noloco_rt.net.curve import load_curve_keys, write_key_pair
 
     network = cfg.network
     if secure and not (network.curve_key_dir or network.curve_secret_key):
@@ -130,7 +130,7 @@ def child_env(cfg: Any, redis_url: str) -> dict[str, str]:
 def worker_process_specs(cfg: Any, config_file: Path, names_by_stage: dict[str, int], redis_url: str,
                          extra_env: dict[str, str] | None = None) -> list[Any]:
     """One supervised `noloco-rt worker` per name (also used by `noloco-rt chaos`)."""
-    from workers.supervisor import ProcessSpec
+    from workers.supervise.supervisor import ProcessSpec
 
     env = {**child_env(cfg, redis_url), **(extra_env or {})}
     return [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % cfg.pipeline.replicas)},
@@ -166,12 +166,12 @@ class UpRun:
         return run_command(self.config_file, *args)
 
     def _specs(self, redis_url: str) -> list[Any]:
-        from workers.supervisor import ProcessSpec
+        from workers.supervise.supervisor import ProcessSpec
 
         env = child_env(self.cfg, redis_url)
         specs = worker_process_specs(self.cfg, self.config_file, self.names_by_stage, redis_url)
         if self.with_coordinator:
-            from noloco_rt.embedded_redis import free_port
+            from noloco_rt.membership.embedded_redis import free_port
 
             self.coordinator_port = free_port()
             specs.append(ProcessSpec(name=COORDINATOR, env=env,
@@ -186,10 +186,10 @@ class UpRun:
         set_event_from_signal_handler(self.stop)
 
     def run(self) -> int:
-        from noloco_rt.embedded_redis import EmbeddedRedis
-        from noloco_rt.membership import redact_url
-        from workers.elastic import quiet_torch_elastic_logs
-        from workers.supervisor import RestartPolicy, Supervisor
+        from noloco_rt.membership.embedded_redis import EmbeddedRedis
+        from noloco_rt.membership.table import redact_url
+        from workers.supervise.elastic import quiet_torch_elastic_logs
+        from workers.supervise.supervisor import RestartPolicy, Supervisor
 
         quiet_torch_elastic_logs()
 
@@ -207,8 +207,8 @@ class UpRun:
                       steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redact_url(redis_url),
                       out=str(self.out), curve=bool(self.cfg.network.curve_key_dir or self.cfg.network.curve_secret_key),
                       logs=str(self.out / "logs"))
-        from noloco_rt.membership import Membership, connect
-        from workers.run_dir import MetricsLog
+        from noloco_rt.membership.table import Membership, connect
+        from workers.cluster.run_dir import MetricsLog
 
         metrics = MetricsLog(self.out / "metrics.jsonl")
         membership = Membership(connect(redis_url), run_id=self.cfg.run.run_id)
@@ -237,7 +237,7 @@ class UpRun:
         from rich.console import Console
         from rich.live import Live
 
-        from workers.run_view import build_sample, log_fields, render_table
+        from workers.cluster.run_view import build_sample, log_fields, render_table
 
         console = Console()
         live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
@@ -305,7 +305,7 @@ class UpRun:
         """Consensus of the workers' last checkpoints: written, scored, plotted."""
         from noloco_rt.export import ExportError
         from noloco_rt.plots import plot_distributed_run
-        from workers.run_dir import consensus_of_final_checkpoints, read_metrics
+        from workers.cluster.run_dir import consensus_of_final_checkpoints, read_metrics
 
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"

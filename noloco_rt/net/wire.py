@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import torch
 
-from noloco_rt.codec import ALLOWED_DTYPES
+from noloco_rt.net.codec import ALLOWED_DTYPES
 
 PROTOCOL_VERSION = 1
 # Tensors of more dimensions than this are not something a stage sends; a bound keeps a

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.table import Table
 
-from noloco_rt.membership import MemberRecord
+from noloco_rt.membership.table import MemberRecord
 
 
 @dataclass

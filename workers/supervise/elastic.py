@@ -1,6 +1,6 @@
 """One child process in its own torch.distributed.elastic PContext (a single local rank).
 
-The glue between workers.supervisor and torch: flat per-incarnation log files instead of
+The glue between workers.supervise.supervisor and torch: flat per-incarnation log files instead of
 DefaultLogsSpecs' run/attempt/rank folders, the owner's signal handlers kept across
 PContext.start(), return codes, and the log files torch leaves open.
 """

@@ -1,0 +1,1 @@
+"""The algorithm: pure tensor math, no I/O."""

@@ -1,0 +1,1 @@
+"""Deployment tooling outside training: Kubernetes manifests."""

@@ -1,0 +1,1 @@
+"""Who is alive: the Redis membership table, the peer view, the embedded redis-server."""

@@ -1,0 +1,1 @@
+"""Bytes and sockets: wire format, codecs, snapshots, data-path messages, transport, CURVE."""

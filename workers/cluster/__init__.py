@@ -1,0 +1,1 @@
+"""One-machine clusters: `noloco-rt up` and `noloco-rt chaos`."""

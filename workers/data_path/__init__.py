@@ -1,0 +1,1 @@
+"""The worker's data path: microbatches in flight, deadlines."""

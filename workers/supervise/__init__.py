@@ -1,0 +1,1 @@
+"""Process supervision on torch.distributed.elastic (`noloco-rt launch`)."""
