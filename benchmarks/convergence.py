@@ -37,8 +37,8 @@ def pearson(xs: list[float], ys: list[float]) -> float:
 def run_method(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from noloco_rt.config import load_config
     from noloco_rt.algo.simulator import records_as_dicts, run_simulation
+    from noloco_rt.config import load_config
 
     torch.set_num_threads(job["threads"])
     cfg = load_config(environ={}, overrides=[{

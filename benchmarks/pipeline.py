@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.table import emit, markdown_table
+from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import load_config
 from noloco_rt.data import ShardedBatches, load_corpus
 from noloco_rt.model import build_model, lm_loss
-from noloco_rt.algo.optim import InnerOptimizer
 
 
 def baseline_tokens_per_s(preset: str, steps: int, microbatches: int, threads: int) -> float:

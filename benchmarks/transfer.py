@@ -24,8 +24,8 @@ RUN = "bench"
 def _receiver(mode: str, port_queue, result_queue, count: int, done) -> None:
     import zmq
 
-    from noloco_rt.net.transport import DataSocket
     from noloco_rt.net import messages
+    from noloco_rt.net.transport import DataSocket
 
     ctx = zmq.Context()
     if mode == "runtime":
@@ -57,8 +57,8 @@ def _send(mode: str, address: str, size_mib: int, count: int, done) -> None:
     import torch
     import zmq
 
-    from noloco_rt.net.transport import DataSocket
     from noloco_rt.net import messages
+    from noloco_rt.net.transport import DataSocket
 
     ctx = zmq.Context()
     seq = 64

@@ -39,11 +39,11 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from coordinator.observer import Observer
     from coordinator.pull import RateLimiter, SnapshotPuller
     from coordinator.server import CoordinatorMetrics, StatusServer
-    from noloco_rt.net.curve import load_curve_keys
-    from noloco_rt.process import set_event_from_signal_handler, set_parent_death_signal_from_env
     from noloco_rt.logs import configure_logging, get_logger
     from noloco_rt.membership.table import Membership, check_access, connect
+    from noloco_rt.net.curve import load_curve_keys
     from noloco_rt.net.transport import disable_curve, enable_curve
+    from noloco_rt.process import set_event_from_signal_handler, set_parent_death_signal_from_env
 
     set_parent_death_signal_from_env()
     curve = load_curve_keys(cfg.network)

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from coordinator.pull import PulledReplica, SnapshotPuller
-from noloco_rt.config import Config
 from noloco_rt.algo.diagnostics import perplexity, pooled_spread, replica_spread
+from noloco_rt.config import Config
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.export import mean_over_replicas, save_consensus
 from noloco_rt.membership.table import MemberRecord, Membership

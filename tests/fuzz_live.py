@@ -28,13 +28,13 @@ import torch
 import zmq
 import zstandard
 
-from noloco_rt.net.codec import checksum, encode_tensors
+from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.config import load_config
 from noloco_rt.model import build_stage
-from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.net import messages
+from noloco_rt.net.codec import checksum, encode_tensors
 from noloco_rt.net.wire import PROTOCOL_VERSION, MessageKind, WireReject
 from tests.cluster import LocalCluster, WorkerProcess
-from noloco_rt.net import messages
 from workers.exchange import SnapshotService
 from workers.metrics import WorkerMetrics
 

@@ -20,9 +20,10 @@ import zmq.auth
 
 from noloco_rt.cli import main
 from noloco_rt.config import ConfigError, load_config
-from noloco_rt.net.curve import CurveKeys, keys_from_dir, load_curve_keys, write_key_pair
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.table import WorkerState, redact_url
+from noloco_rt.net import messages
+from noloco_rt.net.curve import CurveKeys, keys_from_dir, load_curve_keys, write_key_pair
 from noloco_rt.net.transport import (
     DataSocket,
     ExchangeServer,
@@ -33,7 +34,6 @@ from noloco_rt.net.transport import (
     request,
 )
 from tests.cluster import LocalCluster
-from noloco_rt.net import messages
 
 pytestmark = pytest.mark.timeout(120)
 

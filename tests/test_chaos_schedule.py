@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.cluster.chaos_schedule import FAULT_KINDS, REDIS_TARGET, Fault, build_schedule, violations
+from workers.cluster.chaos_schedule import (
+    FAULT_KINDS,
+    REDIS_TARGET,
+    Fault,
+    build_schedule,
+    violations,
+)
 
 WORKERS = {f"s{k}-r{j}": k for k in range(2) for j in range(3)}
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from noloco_rt.membership.embedded_redis import free_port
 from noloco_rt.export import load_consensus
+from noloco_rt.membership.embedded_redis import free_port
 from tests.cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(240)

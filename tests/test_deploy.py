@@ -16,9 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from noloco_rt.deploy import k8s_render
 from noloco_rt.cli import cli
 from noloco_rt.config import Config, load_config
+from noloco_rt.deploy import k8s_render
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"

@@ -10,7 +10,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noloco_rt.config import OptimConfig, OuterConfig
 from noloco_rt.algo.optim import (
     InnerOptimizer,
     OuterCoefficients,
@@ -22,6 +21,7 @@ from noloco_rt.algo.optim import (
     outer_step_from_fast,
 )
 from noloco_rt.algo.routing import draw_groups
+from noloco_rt.config import OptimConfig, OuterConfig
 
 SHAPES = [(3,), (2, 4), (5, 1, 2)]
 

@@ -36,11 +36,10 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     })
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
-    from workers.worker import WORKER_METHODS
+    from workers.methods import worker_method_error
 
-    if cfg.outer.method not in WORKER_METHODS:
-        raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
-                               f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
+    if (why := worker_method_error(cfg.outer.method)) is not None:
+        raise click.UsageError(why)
     if stage >= cfg.pipeline.stages:
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
                                  f"(pipeline.stages)", param_hint="--stage")
@@ -49,9 +48,9 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 
     import zmq
 
-    from noloco_rt.net.curve import load_curve_keys
     from noloco_rt.logs import configure_logging
     from noloco_rt.membership.table import Membership, check_access, connect
+    from noloco_rt.net.curve import load_curve_keys
     from noloco_rt.net.transport import disable_curve, enable_curve
     from workers.metrics import WorkerMetrics
     from workers.worker import (

@@ -32,6 +32,10 @@ from typing import Any
 import torch
 import zmq
 
+from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.algo.peer_checks import PeerCheck, check_peer_distance
+from noloco_rt.config import Config
+from noloco_rt.membership.table import MemberRecord
 from noloco_rt.net.codec import (
     CodecError,
     EncodedTensors,
@@ -40,10 +44,6 @@ from noloco_rt.net.codec import (
     decode_tensors,
     encode_tensors,
 )
-from noloco_rt.config import Config
-from noloco_rt.membership.table import MemberRecord
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.algo.peer_checks import PeerCheck, check_peer_distance
 from noloco_rt.net.transport import request
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,

@@ -28,28 +28,28 @@ from typing import Any
 import torch
 import zmq
 
+from noloco_rt.algo.optim import OuterCoefficients
+from noloco_rt.algo.replica import StageReplica
 from noloco_rt.checkpoint import load_checkpoint, save_checkpoint
 from noloco_rt.config import Config
 from noloco_rt.data import DataCursor, ShardedBatches, load_corpus
-from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
-from workers.data_path.inflight import InflightTable
 from noloco_rt.logs import get_logger
+from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.table import HeartbeatThread, MemberRecord, Membership, WorkerState
 from noloco_rt.model import lm_loss
-from noloco_rt.algo.optim import OuterCoefficients
-from noloco_rt.algo.replica import StageReplica
+from noloco_rt.net import messages
 from noloco_rt.net.transport import DataFaults, DataSocket, ExchangeServer
 from noloco_rt.net.wire import MessageKind, WireReject
-from noloco_rt.net import messages
+from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
+from workers.data_path.inflight import InflightTable
 from workers.exchange import SnapshotService, bootstrap_from_peer, exchange_with_peer
+from workers.methods import worker_method_error
 from workers.metrics import WorkerMetrics
-from noloco_rt.membership.peers import PeerView
 
 RECEIVE_POLL_S = 0.05
 SEND_TIMEOUT_S = 1.0
 UPSTREAM_CHECK_S = 0.5
 UPSTREAM_GONE_S = 5.0
-WORKER_METHODS = ("noloco", "local")
 
 
 def pick_device(local_rank: int) -> torch.device:
@@ -102,9 +102,8 @@ class StageWorker:
     def __init__(self, cfg: Config, stage: int, *, membership: Membership, ctx: zmq.Context,
                  name: str, device: torch.device, checkpoint_path: Path, metrics: WorkerMetrics,
                  max_steps: int | None = None) -> None:
-        if cfg.outer.method not in WORKER_METHODS:
-            raise ValueError(f"outer.method = {cfg.outer.method!r} needs a global collective; "
-                             f"workers run {', '.join(WORKER_METHODS)} (use `noloco-rt simulate` for the others)")
+        if (why := worker_method_error(cfg.outer.method)) is not None:
+            raise ValueError(why)
         if not 0 <= stage < cfg.pipeline.stages:
             raise ValueError(f"--stage must be in [0, {cfg.pipeline.stages}), got {stage}")
         self.cfg = cfg

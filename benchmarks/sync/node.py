@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.config import Config, load_config
+from noloco_rt.membership.peers import Blacklist
 from noloco_rt.membership.table import MemberRecord, WorkerState
 from noloco_rt.model import build_model
-from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.net.transport import ExchangeServer
 from workers.exchange import SnapshotService, exchange_with_peer
-from noloco_rt.membership.peers import Blacklist
 
 EXCHANGE_PORT = 6100  # + rank, so the loopback fallback needs no namespaces
 SYNTHETIC_TENSOR_NUMEL = 1 << 22  # 16 MiB float32 pieces, about the size of a large layer

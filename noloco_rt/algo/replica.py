@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
+from noloco_rt.algo.optim import InnerOptimizer, OuterCoefficients, PeerOuterState, group_outer_step
 from noloco_rt.config import Config
 from noloco_rt.model import PipelineStage, build_stage
-from noloco_rt.algo.optim import InnerOptimizer, OuterCoefficients, PeerOuterState, group_outer_step
 
 
 class StageReplica:

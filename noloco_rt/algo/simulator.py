@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from noloco_rt.config import Config, config_to_toml
-from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
 from noloco_rt.algo.diagnostics import perplexity, replica_spread
-from noloco_rt.model import lm_loss
 from noloco_rt.algo.optim import OuterCoefficients, average_gradients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.algo.routing import draw_groups, route_next_hop
+from noloco_rt.config import Config, config_to_toml
+from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
+from noloco_rt.model import lm_loss
 
 
 @dataclass

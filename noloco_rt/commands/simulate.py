@@ -38,8 +38,8 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
         "paths": {"out_dir": out_dir},
     })
 
-    from noloco_rt.logs import configure_logging, get_logger
     from noloco_rt.algo.simulator import run_simulation
+    from noloco_rt.logs import configure_logging, get_logger
 
     configure_logging(cfg.run.log_format)
     log = get_logger(run=cfg.run.run_id, worker="simulator", stage="all")

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from noloco_rt.membership.table import MemberRecord, Membership, WorkerState
 from noloco_rt.algo.routing import route_next_hop
+from noloco_rt.membership.table import MemberRecord, Membership, WorkerState
 
 
 @dataclass

@@ -32,8 +32,8 @@ from typing import Any
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from noloco_rt.net.curve import CurveKeys
 from noloco_rt.logs import get_logger
+from noloco_rt.net.curve import CurveKeys
 
 Frames = Sequence[Any]  # bytes, memoryview or zmq.Frame
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import click
 
-from workers.cluster.chaos_schedule import FAULT_KINDS, Fault, build_schedule
 from noloco_rt.cli import config_options
 from noloco_rt.net.transport import DATA_DELAY_ENV, DATA_LOSS_ENV
+from workers.cluster.chaos_schedule import FAULT_KINDS, Fault, build_schedule
 
 # Fast failure detection and recovery, so that a short run sees every fault recovered.
 CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_interval_s": 0.25,
@@ -175,8 +175,8 @@ class ChaosDriver:
 
     def run(self) -> None:
         from noloco_rt.membership.embedded_redis import EmbeddedRedis
-        from workers.supervise.supervisor import RestartPolicy, Supervisor
         from workers.cluster.up import worker_process_specs
+        from workers.supervise.supervisor import RestartPolicy, Supervisor
 
         self.redis = EmbeddedRedis().start()
         specs = worker_process_specs(self.cfg, self.config_file, self.names, self.redis.url,

@@ -68,11 +68,10 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         "network": {"redis_url": redis_url},
     })
     from workers.cluster.run_dir import RunDirError, prepare_run_dir
-    from workers.worker import WORKER_METHODS
+    from workers.methods import worker_method_error
 
-    if cfg.outer.method not in WORKER_METHODS:
-        raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
-                               f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
+    if (why := worker_method_error(cfg.outer.method)) is not None:
+        raise click.UsageError(why)
 
     out = Path(cfg.paths.out_dir)
     cfg = _with_curve(cfg, out, secure)

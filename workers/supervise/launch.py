@@ -63,14 +63,13 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
     if metrics_port_base is not None and metrics_port_base + nproc - 1 > 65535:
         raise click.BadParameter(f"{metrics_port_base} + {nproc} workers runs past port 65535",
                                  param_hint="--metrics-port-base")
-    from workers.worker import WORKER_METHODS
+    from workers.methods import worker_method_error
 
-    if cfg.outer.method not in WORKER_METHODS:
-        raise click.UsageError(f"outer.method = {cfg.outer.method!r} needs a global collective; workers run "
-                               f"{' or '.join(WORKER_METHODS)} (`noloco-rt simulate` runs the others)")
+    if (why := worker_method_error(cfg.outer.method)) is not None:
+        raise click.UsageError(why)
 
-    from noloco_rt.net.curve import load_curve_keys
     from noloco_rt.membership.table import check_access, connect
+    from noloco_rt.net.curve import load_curve_keys
 
     # Fail once, here, rather than in N workers restarted over and over: bad key files, wrong password.
     load_curve_keys(cfg.network)

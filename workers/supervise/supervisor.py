@@ -31,13 +31,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from noloco_rt.logs import get_logger
 from noloco_rt.process import (
     INCARNATION_ENV,
     PARENT_DEATH_SIGNAL_ENV,
     PARENT_PID_ENV,
     SUPERVISED_ENV,
 )
-from noloco_rt.logs import get_logger
 from workers.supervise.elastic import ElasticProcess
 
 STATES = ("pending", "running", "backoff", "finished", "failed", "stopped")
