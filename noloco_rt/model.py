@@ -204,7 +204,3 @@ def build_model(shape: ModelShape | str, *, vocab_size: int, seed: int,
                 device: torch.device | str = "cpu") -> PipelineStage:
     """The whole model: a single stage holding every layer."""
     return build_stage(shape, vocab_size=vocab_size, stage=0, num_stages=1, seed=seed, device=device)
-
-
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

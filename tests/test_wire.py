@@ -16,13 +16,11 @@ from noloco_rt.net.wire import (
     DecodedMessage,
     Header,
     MessageKind,
-    RejectCounter,
     RejectReason,
     WireLimits,
     WireReject,
     decode_message,
     encode_message,
-    safe_decode,
 )
 
 RUN = "run-1"
@@ -181,10 +179,11 @@ def test_every_reason_has_a_case():
 @pytest.mark.parametrize("reason", list(RejectReason), ids=str)
 def test_each_reject_reason(reason):
     parts, limits = CASES[reason]()
-    assert reason_of(parts, limits) == reason
-    counter = RejectCounter()
-    assert safe_decode(parts, expected_run_id=RUN, counter=counter, limits=limits) is None
-    assert counter == {reason.value: 1}
+    with pytest.raises(WireReject) as info:
+        decode_message(parts, expected_run_id=RUN, limits=limits)
+    assert info.value.reason is reason
+    # Receivers count and log the reason's value; the message leads with it.
+    assert str(info.value).split(":")[0] == reason.value
 
 
 BASE = {"version": PROTOCOL_VERSION, "run_id": RUN, "kind": "forward", "sender": "x"}
@@ -297,13 +296,23 @@ def _mutate(parts: list[Any], data: st.DataObject) -> list[Any]:
     return parts
 
 
-def assert_consistent(result: DecodedMessage | None, counter: RejectCounter) -> None:
-    """Exactly one of: decoded, or rejected and counted once. What decodes matches its header."""
-    assert (result is None) == (sum(counter.values()) == 1) and sum(counter.values()) <= 1
-    assert set(counter) <= {reason.value for reason in RejectReason}
-    if result is not None:
-        assert len(result.tensors) == len(result.header.tensors)
-        for tensor, spec in zip(result.tensors, result.header.tensors, strict=True):
+def outcome_of(parts: Any) -> DecodedMessage | RejectReason:
+    """What decode_message makes of parts: the message, or the reason it refused them.
+
+    Any exception other than WireReject propagates and fails the test.
+    """
+    try:
+        return decode_message(parts, expected_run_id=RUN)
+    except WireReject as reject:
+        return reject.reason
+
+
+def assert_consistent(outcome: DecodedMessage | RejectReason) -> None:
+    """Exactly one of: decoded, or rejected with one known reason. What decodes matches its header."""
+    assert isinstance(outcome, (DecodedMessage, RejectReason))
+    if isinstance(outcome, DecodedMessage):
+        assert len(outcome.tensors) == len(outcome.header.tensors)
+        for tensor, spec in zip(outcome.tensors, outcome.header.tensors, strict=True):
             assert list(tensor.shape) == spec["shape"]
             assert tensor.numel() * tensor.element_size() == spec["nbytes"]
 
@@ -311,24 +320,19 @@ def assert_consistent(result: DecodedMessage | None, counter: RejectCounter) -> 
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_fuzz_mutated_messages_never_raise(data):
-    counter = RejectCounter()
-    parts = _mutate(message(), data)
-    assert_consistent(safe_decode(parts, expected_run_id=RUN, counter=counter), counter)
+    assert_consistent(outcome_of(_mutate(message(), data)))
 
 
 @settings(max_examples=200, deadline=None)
 @given(parts=st.lists(st.one_of(st.binary(max_size=200), not_a_frame), max_size=6))
 def test_fuzz_random_parts_never_raise(parts):
-    counter = RejectCounter()
-    result = safe_decode(parts, expected_run_id=RUN, counter=counter)
-    assert result is None  # random bytes are never a valid header for this run
-    assert_consistent(result, counter)
+    outcome = outcome_of(parts)
+    assert isinstance(outcome, RejectReason)  # random bytes are never a valid header for this run
+    assert_consistent(outcome)
 
 
 @settings(max_examples=100, deadline=None)
 @given(header=st.dictionaries(st.sampled_from([*BASE, "tensors", "extra", "stage", "codec"]), hostile),
        frames=st.lists(st.binary(max_size=32), max_size=3))
 def test_fuzz_well_formed_msgpack_with_hostile_fields_never_raises(header, frames):
-    counter = RejectCounter()
-    result = safe_decode(with_header(header, frames), expected_run_id=RUN, counter=counter)
-    assert_consistent(result, counter)
+    assert_consistent(outcome_of(with_header(header, frames)))

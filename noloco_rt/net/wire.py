@@ -4,14 +4,12 @@ Everything received is untrusted. decode_message checks the frame count, header 
 version, run, kind, the tensor list against the frames (count, dtype allow-list,
 shape × itemsize = declared bytes = frame bytes) and size limits before it builds a
 single tensor, and raises WireReject with a reason, nothing else, whatever the input.
-safe_decode never raises: it counts the reason and returns None.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -263,19 +261,3 @@ def decode_message(parts: Sequence[Any], *, expected_run_id: str, limits: WireLi
             raise WireReject(RejectReason.NON_FINITE, f"tensor {index} holds NaN or Inf")
         tensors.append(tensor)
     return DecodedMessage(header=replace(header, kind=kind), tensors=tensors)
-
-
-class RejectCounter(Counter):
-    """Rejected messages by reason value (a plain Counter: counter["wrong_run"])."""
-
-
-def safe_decode(parts: Any, *, expected_run_id: str, counter: RejectCounter,
-                limits: WireLimits | None = None, check_finite: bool = True,
-                copy: bool = True) -> DecodedMessage | None:
-    """decode_message that never raises: a rejected message is counted by reason and dropped."""
-    try:
-        return decode_message(parts, expected_run_id=expected_run_id, limits=limits,
-                              check_finite=check_finite, copy=copy)
-    except WireReject as reject:
-        counter[reject.reason.value] += 1
-        return None
