@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from noloco_rt.net.codec_names import CODECS
 from noloco_rt.process import PROCESS_ENV_VARS
 
 ENV_PREFIX = "NOLOCO_"
@@ -261,9 +262,6 @@ class NetworkConfig:
                  "network", "redis_url", self.redis_url, "must start with redis://, rediss:// or unix://")
 
 
-SNAPSHOT_CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd")
-
-
 @dataclass(kw_only=True)
 class WorkerConfig:
     """Timing and fault-handling knobs of `noloco-rt worker`."""
@@ -308,7 +306,7 @@ class WorkerConfig:
         _require(self.exchange_attempts >= 1, "worker", "exchange_attempts", self.exchange_attempts, "must be >= 1")
         _require(self.staleness_outer_steps >= 0, "worker", "staleness_outer_steps", self.staleness_outer_steps,
                  "must be >= 0")
-        _choice("worker", "snapshot_codec", self.snapshot_codec, SNAPSHOT_CODECS)
+        _choice("worker", "snapshot_codec", self.snapshot_codec, CODECS)
         _require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
         _require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
         _require(self.max_peer_distance_ratio > 0, "worker", "max_peer_distance_ratio",

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 import zstandard
 
-CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd")
+from noloco_rt.net.codec_names import CODECS
+
 ALLOWED_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,

@@ -1,0 +1,7 @@
+"""The snapshot codecs by name, apart from their implementation.
+
+The config validates worker.snapshot_codec against this list, and the config is read by
+every command; keeping the names here spares that path numpy, torch and zstandard.
+"""
+
+CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd")
