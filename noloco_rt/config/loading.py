@@ -1,0 +1,139 @@
+"""Reading a config: a TOML file, then NOLOCO_* variables, then --set flags, each coerced
+to the field's type and merged over the defaults before the sections validate themselves."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from noloco_rt.config.errors import ConfigError
+from noloco_rt.config.schema import SECTIONS, Config
+from noloco_rt.process import PROCESS_ENV_VARS
+
+ENV_PREFIX = "NOLOCO_"
+
+
+def _field_types(section_cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def _coerce(qualified: str, value: Any, annotation: Any) -> Any:
+    """Turn a TOML, environment or flag value into the field's type, or raise ConfigError."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+            return None
+        inner = next(a for a in args if a is not type(None))
+        return _coerce(qualified, value, inner)
+    if origin is list:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(qualified, value, "must be a list")
+        return [_coerce(qualified, item, args[0]) for item in value]
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(qualified, value, "must be true or false")
+    if annotation is int:
+        if isinstance(value, bool):
+            raise ConfigError(qualified, value, "must be an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(qualified, value, "must be an integer")
+    if annotation is float:
+        if isinstance(value, bool):
+            raise ConfigError(qualified, value, "must be a number")
+        if isinstance(value, (int, float)):
+            result = float(value)
+        elif isinstance(value, str):
+            try:
+                result = float(value.strip())
+            except ValueError:
+                raise ConfigError(qualified, value, "must be a number") from None
+        else:
+            raise ConfigError(qualified, value, "must be a number")
+        if not math.isfinite(result):
+            raise ConfigError(qualified, value, "must be a finite number")
+        return result
+    if annotation is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(qualified, value, "must be a string")
+        return str(value)
+    raise TypeError(f"unsupported config field type {annotation!r} for {qualified}")
+
+
+def _merge(target: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str) -> None:
+    for section, values in layer.items():
+        if section not in SECTIONS:
+            raise ConfigError(section, values, f"unknown section in {origin}; known: {', '.join(SECTIONS)}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(section, values, f"must be a table of fields in {origin}")
+        known = _field_types(SECTIONS[section])
+        for name, value in values.items():
+            if name not in known:
+                raise ConfigError(f"{section}.{name}", value,
+                                  f"unknown field in {origin}; {section} has {', '.join(known)}")
+            target.setdefault(section, {})[name] = _coerce(f"{section}.{name}", value, known[name])
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """NOLOCO_OUTER_ALPHA=0.4 -> {"outer": {"alpha": "0.4"}}. Unknown names are errors."""
+    layer: dict[str, dict[str, str]] = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in PROCESS_ENV_VARS:  # those a supervisor sets
+            continue
+        rest = key[len(ENV_PREFIX):].lower()
+        section, _, name = rest.partition("_")
+        if section not in SECTIONS or not name:
+            raise ConfigError(key, value, "unknown NOLOCO_ variable; expected NOLOCO_<SECTION>_<FIELD> "
+                              f"with SECTION in {', '.join(s.upper() for s in SECTIONS)}")
+        layer.setdefault(section, {})[name] = value
+    return layer
+
+
+def parse_assignment(text: str) -> dict[str, dict[str, str]]:
+    """'outer.alpha=0.4' (a --set flag) -> {"outer": {"alpha": "0.4"}}."""
+    key, sep, value = text.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or not section or not name:
+        raise ConfigError(text, text, "expected SECTION.FIELD=VALUE, e.g. outer.alpha=0.4")
+    return {section: {name: value}}
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None,
+                overrides: list[Mapping[str, Any]] | None = None) -> Config:
+    """Defaults <- TOML file <- NOLOCO_* variables <- overrides (CLI flags), then validated."""
+    merged: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        file_path = Path(path)
+        try:
+            data = tomllib.loads(file_path.read_text())
+        except FileNotFoundError:
+            raise ConfigError("--config", str(path), "file does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", str(path), f"is not valid TOML: {exc}") from None
+        _merge(merged, data, str(path))
+    _merge(merged, env_overrides(os.environ if environ is None else environ), "environment")
+    for layer in overrides or []:
+        _merge(merged, layer, "command line")
+    sections = {name: SECTIONS[name](**merged.get(name, {})) for name in SECTIONS}
+    return Config(**sections)

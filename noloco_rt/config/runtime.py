@@ -1,0 +1,133 @@
+"""Sections that say how the processes run: network, worker, coordinator, paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from noloco_rt.config.errors import require, require_choice
+from noloco_rt.net.codec_names import CODECS
+
+
+@dataclass(kw_only=True)
+class NetworkConfig:
+    bind_host: str = "127.0.0.1"
+    """Interface the worker's sockets bind to."""
+    advertise_host: str = ""
+    """Address peers use to reach this worker (pod IP, public IP); empty: bind_host."""
+    data_port: int = 0
+    """0 picks a free port."""
+    exchange_port: int = 0
+    metrics_port: int = 0
+    redis_url: str = ""
+    """redis:// or rediss:// URL (password allowed); empty: an embedded local server."""
+    curve_key_dir: str = ""
+    """Folder with the run's CURVE key pair (<name>.secret, <name>.public from `noloco-rt keys
+    generate`, e.g. a mounted Kubernetes Secret); empty and no curve_secret_key: CURVE off."""
+    curve_secret_key: str = ""
+    """The run's CURVE secret key as z85 text (e.g. NOLOCO_NETWORK_CURVE_SECRET_KEY from a Secret)."""
+    curve_public_key: str = ""
+    """Optional with curve_secret_key (derived from it); if given it must match."""
+
+    def __post_init__(self) -> None:
+        for name in ("data_port", "exchange_port", "metrics_port"):
+            value = getattr(self, name)
+            require(0 <= value <= 65535, "network", name, value, "must be a port in [0, 65535]")
+        # Syntax only here; files are read and pairs checked where keys are used (noloco_rt.net.curve).
+        require(not (self.curve_key_dir and self.curve_secret_key), "network", "curve_key_dir",
+                 self.curve_key_dir, "set either curve_key_dir or curve_secret_key, not both")
+        require(not self.curve_public_key or bool(self.curve_secret_key or self.curve_key_dir), "network",
+                 "curve_public_key", self.curve_public_key, "needs curve_secret_key (servers need the secret)")
+        for name in ("curve_secret_key", "curve_public_key"):
+            value = getattr(self, name).strip()
+            shown = "<hidden>" if name == "curve_secret_key" else value
+            require(value == "" or len(value) == 40, "network", name, shown,
+                     f"a CURVE key is 40 z85 characters, got {len(value)}")
+        require(self.redis_url == "" or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
+                 "network", "redis_url", self.redis_url, "must start with redis://, rediss:// or unix://")
+
+
+@dataclass(kw_only=True)
+class WorkerConfig:
+    """Timing and fault-handling knobs of `noloco-rt worker`."""
+
+    heartbeat_interval_s: float = 1.0
+    """Membership heartbeat; the record's TTL is 3 heartbeats."""
+    exchange_timeout_s: float = 10.0
+    """Deadline of one outer exchange request; then another peer is tried."""
+    exchange_attempts: int = 3
+    """Peers tried at an outer step before falling back to a local step."""
+    staleness_outer_steps: int = 1
+    """A peer snapshot more than this many outer steps behind is not used."""
+    snapshot_codec: str = "shuffle-zstd"
+    """Compression of outer-step snapshots."""
+    max_retries: int = 3
+    """Re-sends of a microbatch to other workers before it is dropped."""
+    deadline_floor_s: float = 2.0
+    deadline_ceiling_s: float = 30.0
+    bootstrap_timeout_s: float = 60.0
+    """How long a joiner looks for a peer to download its state from."""
+    leave_grace_s: float = 20.0
+    """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
+    checkpoint_every: int = 1
+    """Outer steps between periodic checkpoints (0: only on leave)."""
+    max_peer_distance_ratio: float = 2.0
+    """A peer's outer-step contribution farther than this from ours, relative to our weight
+    norm (noloco_rt.algo.peer_checks), is rejected as "too_far" and the peer blacklisted. Honest
+    replicas measured at most 0.06 (h = 5) and 0.27 (h = 50) (benchmarks/peer_distance.py)."""
+    fault_scale_snapshot: float = 1.0
+    """FAULT INJECTION, for tests and chaos runs only: multiply the outer-step snapshot this
+    worker serves by this factor (1.0: off). Its own training is unaffected."""
+    fault_nan_snapshot: bool = False
+    """FAULT INJECTION, for tests and chaos runs only: serve outer-step snapshots holding NaN."""
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_interval_s", "exchange_timeout_s", "deadline_floor_s", "bootstrap_timeout_s",
+                     "leave_grace_s"):
+            value = getattr(self, name)
+            require(value > 0, "worker", name, value, "must be > 0")
+        require(self.deadline_ceiling_s >= self.deadline_floor_s, "worker", "deadline_ceiling_s",
+                 self.deadline_ceiling_s, "must be >= worker.deadline_floor_s")
+        require(self.exchange_attempts >= 1, "worker", "exchange_attempts", self.exchange_attempts, "must be >= 1")
+        require(self.staleness_outer_steps >= 0, "worker", "staleness_outer_steps", self.staleness_outer_steps,
+                 "must be >= 0")
+        require_choice("worker", "snapshot_codec", self.snapshot_codec, CODECS)
+        require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
+        require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
+        require(self.max_peer_distance_ratio > 0, "worker", "max_peer_distance_ratio",
+                 self.max_peer_distance_ratio, "must be > 0")
+        require(self.fault_scale_snapshot != 0, "worker", "fault_scale_snapshot", self.fault_scale_snapshot,
+                 "must not be 0 (1.0 turns the fault off)")
+
+
+@dataclass(kw_only=True)
+class CoordinatorConfig:
+    """`noloco-rt coordinator`: an observer that pulls snapshots, never on the training path."""
+
+    eval_interval_s: float = 10.0
+    """Seconds between evaluations of a model assembled from one replica per stage."""
+    spread_interval_s: float = 30.0
+    """Seconds between pulls of every replica (replica spread, consensus checkpoint)."""
+    max_pulls_per_s: float = 2.0
+    """Snapshot pulls per second at most, so observing never loads the workers much."""
+    pull_timeout_s: float = 10.0
+    """Deadline of one snapshot pull."""
+    status_port: int = 8780
+    """/status (JSON) and /metrics (Prometheus); 0 picks a free port."""
+
+    def __post_init__(self) -> None:
+        for name in ("eval_interval_s", "spread_interval_s", "max_pulls_per_s", "pull_timeout_s"):
+            value = getattr(self, name)
+            require(value > 0, "coordinator", name, value, "must be > 0")
+        require(0 <= self.status_port <= 65535, "coordinator", "status_port", self.status_port,
+                 "must be a port in [0, 65535]")
+
+
+@dataclass(kw_only=True)
+class PathsConfig:
+    out_dir: str = "runs/latest"
+    """Where a run writes metrics, logs, plots and its config."""
+    checkpoint_dir: str = ""
+    """Empty: <out_dir>/checkpoints."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.out_dir), "paths", "out_dir", self.out_dir, "must not be empty")

@@ -1,0 +1,49 @@
+"""The whole config: one field per section, and the checks that span sections."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from noloco_rt.config.errors import require
+from noloco_rt.config.runtime import CoordinatorConfig, NetworkConfig, PathsConfig, WorkerConfig
+from noloco_rt.config.training import (
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    OuterConfig,
+    PipelineConfig,
+    RoutingConfig,
+    RunConfig,
+)
+
+
+@dataclass(kw_only=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def __post_init__(self) -> None:
+        from noloco_rt.model import PRESETS
+
+        layers = PRESETS[self.model.preset].n_layers
+        require(self.pipeline.stages <= layers, "pipeline", "stages", self.pipeline.stages,
+                 f"preset {self.model.preset} has {layers} layers, so at most {layers} stages")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+# Section name -> its dataclass, in declaration order.
+SECTIONS: dict[str, type] = dict(typing.get_type_hints(Config))

@@ -1,0 +1,39 @@
+"""Writing a config back out as TOML (`noloco-rt config show`, a run's saved config)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noloco_rt.config.schema import Config
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def config_to_toml(config: Config) -> str:
+    """The effective config as TOML that load_config reads back to an equal Config.
+
+    Fields left to their method default (None) are written as comments with the value in force.
+    """
+    lines: list[str] = []
+    resolved = config.outer.resolved()
+    for section, values in config.to_dict().items():
+        lines.append(f"[{section}]")
+        for name, value in values.items():
+            if value is None:
+                in_force = getattr(resolved, name, None)
+                lines.append(f"# {name} = {_toml_value(in_force)}  (method default)")
+            else:
+                lines.append(f"{name} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""Sections that say what is trained and how: run, model, data, optim, outer, pipeline, routing."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from noloco_rt.config.errors import require, require_choice
+
+METHODS = ("noloco", "diloco", "local", "ddp")
+ROUTING_POLICIES = ("p2c", "random")
+DATA_SOURCES = ("stdlib", "files", "tokens")
+TOKEN_DTYPES = ("uint16", "uint32")
+LOG_FORMATS = ("auto", "json", "console")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    run_id: str = "default"
+    """Name of the run; membership keys and wire messages carry it, so runs never mix."""
+    seed: int = 0
+    """Seed for weights (all replicas of a stage start identical), data order and routing."""
+    steps: int = 1000
+    """Inner steps to train."""
+    eval_every: int = 50
+    """Inner steps between evaluations (validation loss, replica spread)."""
+    eval_batches: int = 8
+    """Validation batches per evaluation."""
+    log_format: str = "auto"
+    """auto: readable on a terminal, JSON otherwise."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.run_id) and self.run_id.replace("-", "").replace("_", "").isalnum(),
+                 "run", "run_id", self.run_id, "letters, digits, '-' and '_' only, not empty")
+        require(self.steps >= 1, "run", "steps", self.steps, "must be >= 1")
+        require(self.eval_every >= 1, "run", "eval_every", self.eval_every, "must be >= 1")
+        require(self.eval_batches >= 1, "run", "eval_batches", self.eval_batches, "must be >= 1")
+        require_choice("run", "log_format", self.log_format, LOG_FORMATS)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    preset: str = "tiny"
+    """One of the presets in noloco_rt.model.PRESETS."""
+    seq_len: int = 64
+    """Tokens per sequence."""
+    vocab_size: int = 256
+    """256 for the byte-level tokenizer; larger for pre-tokenized data."""
+
+    def __post_init__(self) -> None:
+        from noloco_rt.model import PRESETS  # local: model imports torch
+
+        require_choice("model", "preset", self.preset, tuple(PRESETS))
+        require(self.seq_len >= 2, "model", "seq_len", self.seq_len, "must be >= 2")
+        require(self.vocab_size >= 2, "model", "vocab_size", self.vocab_size, "must be >= 2")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    source: str = "stdlib"
+    """stdlib: the Python standard library's source; files: text files/globs; tokens: uint16/32 token files."""
+    paths: list[str] = field(default_factory=list)
+    """Files or globs for source = files or tokens."""
+    token_dtype: str = "uint16"
+    """Element type of pre-tokenized files."""
+    val_percent: float = 5.0
+    """Share of files (by path hash) held out for validation."""
+    batch_size: int = 8
+    """Sequences per microbatch."""
+    microbatches: int = 1
+    """Microbatches each stage-0 replica feeds per inner step."""
+
+    def __post_init__(self) -> None:
+        require_choice("data", "source", self.source, DATA_SOURCES)
+        require_choice("data", "token_dtype", self.token_dtype, TOKEN_DTYPES)
+        require(self.source == "stdlib" or len(self.paths) > 0, "data", "paths", self.paths,
+                 f"source = {self.source} needs at least one file or glob")
+        require(0.0 < self.val_percent < 100.0, "data", "val_percent", self.val_percent,
+                 "must be between 0 and 100 (exclusive)")
+        require(self.batch_size >= 1, "data", "batch_size", self.batch_size, "must be >= 1")
+        require(self.microbatches >= 1, "data", "microbatches", self.microbatches, "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """Inner optimizer: AdamW with linear warmup then cosine decay to lr_min."""
+
+    lr: float = 3e-3
+    lr_min: float = 3e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    grad_clip: float = 1.0
+    """Max global grad norm per stage; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        require(self.lr > 0, "optim", "lr", self.lr, "must be > 0")
+        require(0 <= self.lr_min <= self.lr, "optim", "lr_min", self.lr_min, "must be in [0, optim.lr]")
+        require(self.warmup_steps >= 0, "optim", "warmup_steps", self.warmup_steps, "must be >= 0")
+        require(self.weight_decay >= 0, "optim", "weight_decay", self.weight_decay, "must be >= 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            require(0 <= value < 1, "optim", name, value, "must be in [0, 1)")
+        require(self.grad_clip >= 0, "optim", "grad_clip", self.grad_clip, "must be >= 0")
+
+
+# Paper defaults per method (DESIGN §1); None in OuterConfig means "use these".
+# local reuses noloco's coefficients so that it differs from noloco only by its group.
+OUTER_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "noloco": {"alpha": 0.5, "beta": 0.7, "h": 50},
+    "diloco": {"alpha": 0.3, "beta": 0.7, "h": 100, "gamma": 0.0},
+    "local": {"alpha": 0.5, "beta": 0.7, "h": 50},
+    "ddp": {"alpha": 0.0, "beta": 0.0, "h": 1, "gamma": 0.0},
+}
+
+
+@dataclass(kw_only=True)
+class OuterConfig:
+    """The outer step: δ ← α·δ + β·mean Δ + γ·(mean φ − φ_i) every h inner steps."""
+
+    method: str = "noloco"
+    alpha: float | None = None
+    """Outer momentum; None: the method's paper default."""
+    beta: float | None = None
+    """Weight of the mean outer gradient; None: the method's paper default."""
+    gamma: float | None = None
+    """Weight of the pull toward the group's mean slow weights; None: beta for noloco/local, 0 for diloco."""
+    h: int | None = None
+    """Inner steps per outer step; None: the method's paper default."""
+    group_size: int = 2
+    """noloco: members per group (i plus group_size - 1 random live peers)."""
+
+    def __post_init__(self) -> None:
+        require_choice("outer", "method", self.method, METHODS)
+        for name in ("alpha", "beta", "gamma"):
+            value = getattr(self, name)
+            require(value is None or (math.isfinite(value) and 0 <= value <= 2), "outer", name,
+                     value, "must be a number in [0, 2]")
+        require(self.h is None or self.h >= 1, "outer", "h", self.h, "must be >= 1")
+        require(self.group_size >= 2, "outer", "group_size", self.group_size, "must be >= 2")
+
+    def resolved(self) -> ResolvedOuter:
+        """The coefficients actually used, method defaults filled in."""
+        defaults = OUTER_DEFAULTS[self.method]
+        alpha = self.alpha if self.alpha is not None else float(defaults["alpha"])
+        beta = self.beta if self.beta is not None else float(defaults["beta"])
+        if self.gamma is not None:
+            gamma = self.gamma
+        else:
+            gamma = float(defaults.get("gamma", beta))
+        h = self.h if self.h is not None else int(defaults["h"])
+        return ResolvedOuter(method=self.method, alpha=alpha, beta=beta, gamma=gamma, h=h,
+                             group_size=self.group_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedOuter:
+    method: str
+    alpha: float
+    beta: float
+    gamma: float
+    h: int
+    group_size: int
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    stages: int = 2
+    """Pipeline stages the model is cut into (by layer ranges)."""
+    replicas: int = 2
+    """Replicas per stage (the simulator; live workers decide it in a real run)."""
+    max_inflight: int = 4
+    """B: forwards a worker accepts before it waits for their gradients and steps."""
+
+    def __post_init__(self) -> None:
+        require(self.stages >= 1, "pipeline", "stages", self.stages, "must be >= 1")
+        require(self.replicas >= 1, "pipeline", "replicas", self.replicas, "must be >= 1")
+        require(self.max_inflight >= 1, "pipeline", "max_inflight", self.max_inflight, "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class RoutingConfig:
+    policy: str = "p2c"
+    """p2c: two random live candidates, the shorter queue wins; random: uniform."""
+
+    def __post_init__(self) -> None:
+        require_choice("routing", "policy", self.policy, ROUTING_POLICIES)
