@@ -59,6 +59,7 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
     """Compose the worker from its parts and run it until its steps are done or it leaves."""
     from noloco_rt.membership.table import Membership
     from workers.cluster.faults import data_faults_from_env
+    from workers.health_metrics import register_health_collector
     from workers.metrics import WorkerMetrics
     from workers.worker import (
         StageWorker,
@@ -77,6 +78,8 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
                                device=pick_device(int(os.environ.get("LOCAL_RANK", "0"))),
                                checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics,
                                data_faults=data_faults_from_env(os.environ, name=name))
+    register_health_collector(metrics.registry, membership, stage_worker.replica.inner,
+                              stage_worker.exchange_server)
     stage_worker.metrics_addr = f"{cfg.network.advertise_host or cfg.network.bind_host}:{metrics_port_bound}"
     install_signal_handlers(stage_worker)
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)
