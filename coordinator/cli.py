@@ -34,48 +34,38 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     import signal
     import threading
 
-    import zmq
-
     from coordinator.observer import Observer
     from coordinator.pull import RateLimiter, SnapshotPuller
     from coordinator.server import CoordinatorMetrics, StatusServer
-    from noloco_rt.logs import configure_logging, get_logger
-    from noloco_rt.membership.table import Membership, check_access, connect
-    from noloco_rt.net.curve import load_curve_keys
-    from noloco_rt.net.transport import disable_curve, enable_curve
-    from noloco_rt.process import set_event_from_signal_handler, set_parent_death_signal_from_env
+    from noloco_rt.logs import get_logger
+    from noloco_rt.membership.table import Membership
+    from noloco_rt.process import set_event_from_signal_handler
+    from noloco_rt.startup import process_startup
 
-    set_parent_death_signal_from_env()
-    curve = load_curve_keys(cfg.network)
-    client = connect(cfg.network.redis_url)
-    check_access(client, cfg.network.redis_url)
-    configure_logging(cfg.run.log_format)
-    log = get_logger(run=cfg.run.run_id, role="coordinator")
-    out = Path(cfg.paths.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = CoordinatorMetrics()
-    ctx = zmq.Context()
-    enable_curve(ctx, curve)  # snapshot pulls (DEALER requests) present the run's keys
-    membership = Membership(client, run_id=cfg.run.run_id)
-    puller = SnapshotPuller(cfg, ctx, metrics=metrics, log=log,
-                            limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
-    observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log)
-    try:
-        server = StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
-                              status_json=observer.status_json, registry=metrics.registry)
-    except OSError as exc:
-        raise click.ClickException(f"cannot serve on {cfg.network.bind_host}:{cfg.coordinator.status_port}: "
-                                   f"{exc.strerror}") from None
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: set_event_from_signal_handler(stop))
-    server.start()
-    log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
-             port=server.port, out=str(out), curve=curve is not None)
-    try:
-        observer.run(stop)
-    finally:
-        server.stop()
-        disable_curve(ctx)
-        ctx.destroy(linger=0)
-        log.info("coordinator_stopped", evaluations=observer.status.evaluations)
+    # Snapshot pulls (DEALER requests) made from the context present the run's keys.
+    with process_startup(cfg) as started:
+        log = get_logger(run=cfg.run.run_id, role="coordinator")
+        out = Path(cfg.paths.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        metrics = CoordinatorMetrics()
+        membership = Membership(started.client, run_id=cfg.run.run_id)
+        puller = SnapshotPuller(cfg, started.ctx, metrics=metrics, log=log,
+                                limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
+        observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log)
+        try:
+            server = StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
+                                  status_json=observer.status_json, registry=metrics.registry)
+        except OSError as exc:
+            raise click.ClickException(f"cannot serve on {cfg.network.bind_host}:{cfg.coordinator.status_port}: "
+                                       f"{exc.strerror}") from None
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: set_event_from_signal_handler(stop))
+        server.start()
+        log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
+                 port=server.port, out=str(out), curve=started.curve is not None)
+        try:
+            observer.run(stop)
+        finally:
+            server.stop()
+            log.info("coordinator_stopped", evaluations=observer.status.evaluations)

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from coordinator.pull import PulledReplica, SnapshotPuller
-from noloco_rt.algo.diagnostics import perplexity, pooled_spread, replica_spread
+from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.config import Config
 from noloco_rt.evaluation import load_validation_batches, validation_loss
-from noloco_rt.export import mean_over_replicas, save_consensus
+from noloco_rt.export import write_scored_consensus
 from noloco_rt.membership.table import MemberRecord, Membership
 from noloco_rt.model import build_stage
 
@@ -40,7 +40,6 @@ class StageChain:
                                    num_stages=cfg.pipeline.stages, seed=cfg.run.seed)
                        for k in range(cfg.pipeline.stages)]
         self.model = nn.Sequential(*self.stages)
-        self.numels = [sum(p.numel() for p in stage.parameters()) for stage in self.stages]
 
     @torch.no_grad()
     def load(self, tensors_by_stage: Sequence[Sequence[torch.Tensor]]) -> nn.Module:
@@ -200,24 +199,20 @@ class Observer:
                 self._note(f"spread: no replica of stage {stage} could be pulled")
                 return None
             pulled_by_stage.append(pulled)
-        spreads = [replica_spread([p.slow for p in pulled]) for pulled in pulled_by_stage]
-        consensus = [mean_over_replicas([p.slow for p in pulled]) for pulled in pulled_by_stage]
         step = min(p.inner_steps for pulled in pulled_by_stage for p in pulled)
-        counts = [len(pulled) for pulled in pulled_by_stage]
-        path = self.out_dir / "consensus.safetensors"
-        save_consensus(path, self.cfg, consensus,
-                       metadata={"step": str(step), "replicas_per_stage": ",".join(map(str, counts)),
-                                 "created": f"{time.time():.3f}", "source": "coordinator"})
-        consensus_loss = validation_loss(self.chain.load(consensus), self.cfg, val_batches=self.val_batches)
-        result = SpreadResult(time=time.time(), step=step, spread=pooled_spread(spreads, self.chain.numels),
-                              spread_by_stage=spreads, replicas_per_stage=counts,
-                              consensus_val_loss=consensus_loss, consensus_path=str(path))
+        scored = write_scored_consensus(self.out_dir / "consensus.safetensors", self.cfg,
+                                        [[p.slow for p in pulled] for pulled in pulled_by_stage], step=step,
+                                        source="coordinator", val_batches=self.val_batches)
+        result = SpreadResult(time=time.time(), step=step, spread=scored.spread,
+                              spread_by_stage=scored.spread_by_stage, replicas_per_stage=scored.replicas_per_stage,
+                              consensus_val_loss=scored.val_loss, consensus_path=str(scored.path))
         with self._lock:
             self.status.last_spread = result
         self.metrics.spread.labels(stage="all").set(result.spread)
-        for stage, value in enumerate(spreads):
+        for stage, value in enumerate(result.spread_by_stage):
             self.metrics.spread.labels(stage=str(stage)).set(value)
         self.metrics.consensus_writes.inc()
-        self.log.info("spread_measured", step=step, spread=result.spread, by_stage=spreads, replicas=counts,
-                      consensus_val_loss=round(consensus_loss, 4), consensus=str(path))
+        self.log.info("spread_measured", step=step, spread=result.spread, by_stage=result.spread_by_stage,
+                      replicas=result.replicas_per_stage, consensus_val_loss=round(scored.val_loss, 4),
+                      consensus=str(scored.path))
         return result

@@ -4,7 +4,9 @@ Every worker keeps its own slow weights φ; the model a run has learned is their
 over the replicas of each stage. This module averages them (from tensors in memory or
 from the workers' checkpoint files), writes the result as one safetensors file whose
 metadata carries the run's config, and loads it back as the whole model, so a
-consensus file is usable without the run's config file or cluster.
+consensus file is usable without the run's config file or cluster. The coordinator
+(replicas pulled live) and `up` / `chaos` (final checkpoints) build and score it with
+the same write_scored_consensus.
 
 Writes are atomic (temporary file, fsync, rename): a reader sees the previous complete
 file or the new one, never a torn one.
@@ -12,6 +14,7 @@ file or the new one, never a torn one.
 
 from __future__ import annotations
 
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +25,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
+from noloco_rt.algo.diagnostics import perplexity, pooled_spread, replica_spread
 from noloco_rt.checkpoint import CHECKPOINT_VERSION, atomic_write_bytes
 from noloco_rt.config import Config, ConfigError, config_to_toml, load_config
+from noloco_rt.evaluation import Batch, validation_loss
 from noloco_rt.logs import get_logger
 from noloco_rt.model import PRESETS, PipelineStage
 
@@ -67,8 +72,8 @@ def _check_tensors(tensors: Sequence[torch.Tensor], expected: list[tuple[str, to
 
 @dataclass
 class _MeanAccumulator:
-    """Running elementwise float32 sum, so that averaging checkpoint files holds one
-    replica in memory at a time beside the result (float32: R·eps relative error, fine for R replicas)."""
+    """Running elementwise float32 sum: one float32 copy of the result beside the replicas
+    (float32: R·eps relative error, fine for R replicas)."""
 
     sums: list[torch.Tensor] | None = None
     count: int = 0
@@ -192,19 +197,6 @@ def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Conf
 # -- from worker checkpoints --------------------------------------------------------------
 
 
-@dataclass
-class CheckpointScan:
-    """What a checkpoint folder holds for one run: summed slow weights per stage, and what was left out."""
-
-    sums_by_stage: dict[int, _MeanAccumulator] = field(default_factory=dict)
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
-    """(file, reason) for every *.pt not used: unreadable, another run, wrong stage or shapes."""
-
-    def replicas(self, stage: int) -> int:
-        accumulator = self.sums_by_stage.get(stage)
-        return accumulator.count if accumulator else 0
-
-
 def _usable_slow(state: Any, cfg: Config, shapes: list[list[tuple[str, torch.Size]]]) -> tuple[int, list] | str:
     """(stage, slow tensors) of a checkpoint of this run, or why it cannot be used."""
     if not isinstance(state, dict):
@@ -226,77 +218,94 @@ def _usable_slow(state: Any, cfg: Config, shapes: list[list[tuple[str, torch.Siz
     return stage, slow
 
 
-def scan_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> CheckpointScan:
-    """Sum the slow weights of every usable ``*.pt`` of run cfg.run.run_id in checkpoint_dir.
+@dataclass
+class WorkerCheckpoints:
+    """The usable checkpoints of one run in a folder, and what was left out."""
 
-    A file that cannot be read or does not fit is recorded in ``skipped``; one bad
-    file never stops the export. Files are read in name order, one at a time.
-    """
-    shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
-    scan = CheckpointScan()
-    for path in sorted(Path(checkpoint_dir).glob("*.pt")):
-        try:
-            # mmap: only the slow weights are read from disk, not fast weights or optimizer state.
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # torch raises many types for a damaged or foreign file
-            scan.skipped.append((path, f"cannot be read: {type(exc).__name__}: {exc}"))
-            continue
-        usable = _usable_slow(state, cfg, shapes)
-        if isinstance(usable, str):
-            scan.skipped.append((path, usable))
-            continue
-        stage, slow = usable
-        scan.sums_by_stage.setdefault(stage, _MeanAccumulator()).add(slow)
-    return scan
+    replicas_by_stage: list[list[list[torch.Tensor]]]
+    """Per stage, every replica's slow weights (float32)."""
+    inner_steps: list[int]
+    """The inner step of each checkpoint used."""
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    """(file, reason) for every *.pt not used: unreadable, another run, wrong stage or shapes."""
 
 
-def consensus_from_checkpoints(checkpoint_dir: Path, cfg: Config) -> tuple[list[list[torch.Tensor]], list[int]]:
-    """(per-stage mean slow weights, replicas per stage) from the workers' checkpoint files.
+def read_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> WorkerCheckpoints:
+    """Every usable ``*.pt`` of run cfg.run.run_id in checkpoint_dir, in name order.
 
-    Files that cannot be used are logged (event ``checkpoint_skipped``) and left out;
-    a stage with no usable checkpoint is an ExportError.
-    """
-    if not Path(checkpoint_dir).is_dir():
-        raise ExportError(f"{checkpoint_dir}: no such folder")
-    scan = scan_worker_checkpoints(checkpoint_dir, cfg)
-    log = get_logger(run=cfg.run.run_id, worker="export", stage="all")
-    for path, reason in scan.skipped:
-        log.warning("checkpoint_skipped", path=str(path), reason=reason)
-    stages = range(cfg.pipeline.stages)
-    empty = [s for s in stages if scan.replicas(s) == 0]
-    if empty:
-        raise ExportError(f"{checkpoint_dir}: no usable checkpoint of run {cfg.run.run_id!r} for stage(s) "
-                          f"{', '.join(map(str, empty))} ({len(scan.skipped)} files skipped)")
-    return [scan.sums_by_stage[s].mean() for s in stages], [scan.replicas(s) for s in stages]
-
-
-def replicas_from_checkpoints(checkpoint_dir: Path, cfg: Config) -> tuple[list[list[list[torch.Tensor]]], list[int]]:
-    """(per stage, every replica's slow weights; the inner step of each checkpoint used).
-
-    Holds every replica in memory at once (what `noloco-rt up` needs for the final replica
-    spread of a run that fitted on one machine); consensus_from_checkpoints streams instead.
+    A file that cannot be read or does not fit is recorded in ``skipped``; one bad file
+    never stops the export. Holds every replica in memory at once (the replica spread needs them).
     """
     if not Path(checkpoint_dir).is_dir():
         raise ExportError(f"{checkpoint_dir}: no such folder")
     shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
-    by_stage: list[list[list[torch.Tensor]]] = [[] for _ in shapes]
-    steps: list[int] = []
-    log = get_logger(run=cfg.run.run_id, worker="export", stage="all")
+    found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps=[])
     for path in sorted(Path(checkpoint_dir).glob("*.pt")):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many types for a damaged or foreign file
-            log.warning("checkpoint_skipped", path=str(path), reason=f"cannot be read: {exc}")
+            found.skipped.append((path, f"cannot be read: {type(exc).__name__}: {exc}"))
             continue
         usable = _usable_slow(state, cfg, shapes)
         if isinstance(usable, str):
-            log.warning("checkpoint_skipped", path=str(path), reason=usable)
+            found.skipped.append((path, usable))
             continue
         stage, slow = usable
-        by_stage[stage].append([t.float() for t in slow])
-        steps.append(int((state.get("counters") or {}).get("inner_steps", 0)))
-    empty = [s for s, replicas in enumerate(by_stage) if not replicas]
+        found.replicas_by_stage[stage].append([t.float() for t in slow])
+        found.inner_steps.append(int((state.get("counters") or {}).get("inner_steps", 0)))
+    return found
+
+
+# -- the consensus, scored -------------------------------------------------------------
+
+
+@dataclass
+class ScoredConsensus:
+    """A consensus file just written, with its validation score and the replica spread it came from."""
+
+    path: Path
+    step: int
+    """Lowest inner step among the replicas averaged."""
+    val_loss: float
+    val_ppl: float
+    spread: float
+    spread_by_stage: list[float]
+    replicas_per_stage: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "val_loss": self.val_loss, "val_ppl": self.val_ppl, "spread": self.spread,
+                "spread_by_stage": self.spread_by_stage, "replicas_per_stage": self.replicas_per_stage,
+                "consensus": str(self.path)}
+
+
+def write_scored_consensus(path: Path, cfg: Config, replicas_by_stage: Sequence[Sequence[Sequence[torch.Tensor]]],
+                           *, step: int, source: str, val_batches: Sequence[Batch] | None = None) -> ScoredConsensus:
+    """Average each stage's replicas into the consensus file at `path`, load it back (what a
+    user will load) and score it on the validation batches; also the replica spread."""
+    counts = [len(stage) for stage in replicas_by_stage]
+    save_consensus(path, cfg, [mean_over_replicas(stage) for stage in replicas_by_stage], metadata={
+        "step": str(step), "replicas_per_stage": ",".join(map(str, counts)), "source": source,
+        "created": f"{time.time():.3f}"})
+    _, model, _ = load_consensus(path)
+    loss = validation_loss(model, cfg, val_batches=val_batches)
+    spreads = [replica_spread(stage) for stage in replicas_by_stage]
+    numels = [sum(t.numel() for t in stage[0]) for stage in replicas_by_stage]
+    return ScoredConsensus(path=Path(path), step=step, val_loss=loss, val_ppl=perplexity(loss),
+                           spread=pooled_spread(spreads, numels), spread_by_stage=spreads, replicas_per_stage=counts)
+
+
+def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, source: str) -> ScoredConsensus:
+    """The consensus of the workers' checkpoint files (`up` and `chaos` at the end of a run).
+
+    Files that cannot be used are logged (event ``checkpoint_skipped``) and left out;
+    a stage with no usable checkpoint is an ExportError.
+    """
+    found = read_worker_checkpoints(checkpoint_dir, cfg)
+    log = get_logger(run=cfg.run.run_id, worker="export", stage="all")
+    for skipped, reason in found.skipped:
+        log.warning("checkpoint_skipped", path=str(skipped), reason=reason)
+    empty = [s for s, replicas in enumerate(found.replicas_by_stage) if not replicas]
     if empty:
         raise ExportError(f"{checkpoint_dir}: no usable checkpoint of run {cfg.run.run_id!r} for stage(s) "
-                          f"{', '.join(map(str, empty))}")
-    return by_stage, steps
+                          f"{', '.join(map(str, empty))} ({len(found.skipped)} files skipped)")
+    return write_scored_consensus(path, cfg, found.replicas_by_stage, step=min(found.inner_steps), source=source)

@@ -1,4 +1,4 @@
-"""structlog set-up: readable on a terminal, JSON lines otherwise.
+"""structlog set-up: readable on a terminal, JSON lines otherwise; and the reader of those lines.
 
 Only entry points (the CLI) call configure_logging; library code just asks for a
 logger and binds run / worker / stage once.
@@ -6,8 +6,10 @@ logger and binds run / worker / stage once.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
@@ -33,3 +35,29 @@ def configure_logging(log_format: str = "auto", *, stream: TextIO | None = None,
 
 def get_logger(**bound: Any) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger("noloco_rt").bind(**bound)
+
+
+LogRecord = dict[str, Any]
+
+
+def read_json_lines(path: Path, offset: int = 0) -> tuple[list[LogRecord], int]:
+    """The JSON records of a log (or metrics.jsonl) from byte `offset`, and the offset to read
+    on from. Only complete lines are read: a last line still being written (or torn by a
+    killed writer) waits for the next read. Lines that are not a JSON object (a traceback,
+    torch's own output) are skipped. A file not there yet holds no record."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = chunk[:chunk.rfind(b"\n") + 1]
+    records = []
+    for line in complete.decode(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records, offset + len(complete)

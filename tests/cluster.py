@@ -6,7 +6,6 @@ Workers log JSON lines to one file each; tests wait on those events with deadlin
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from noloco_rt.logs import read_json_lines
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.table import Membership, WorkerState, connect
 
@@ -25,19 +25,8 @@ Event = dict[str, Any]
 
 def read_events(log_path: Path, event: str | None = None) -> list[Event]:
     """The JSON log lines of a file (all, or those of one event); other lines are skipped."""
-    found: list[Event] = []
-    if not log_path.exists():
-        return found
-    for line in log_path.read_text(errors="replace").splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-        if event is None or record.get("event") == event:
-            found.append(record)
-    return found
+    records, _ = read_json_lines(log_path)
+    return [r for r in records if event is None or r.get("event") == event]
 
 
 @dataclass

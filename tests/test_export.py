@@ -3,6 +3,7 @@ and averaging real worker checkpoint files."""
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -14,14 +15,15 @@ from safetensors.torch import load_file, save_file
 
 from noloco_rt.checkpoint import save_checkpoint
 from noloco_rt.config import config_to_toml, load_config
+from noloco_rt.evaluation import validation_loss
 from noloco_rt.export import (
     CONSENSUS_FORMAT,
     ExportError,
-    consensus_from_checkpoints,
+    consensus_of_checkpoints,
     load_consensus,
     mean_over_replicas,
+    read_worker_checkpoints,
     save_consensus,
-    scan_worker_checkpoints,
     stage_parameter_shapes,
 )
 from noloco_rt.model import build_stage
@@ -266,23 +268,27 @@ def test_consensus_from_real_checkpoint_files_skips_what_does_not_belong(tmp_pat
     save_checkpoint(tmp_path / "wrong-shapes.pt", _worker_state(cfg, 1, [torch.zeros(2)]))
     (tmp_path / ".s0-r0.pt.abc.tmp").write_bytes(b"a torn temporary file")  # not a *.pt: never read
 
-    stages, counts = consensus_from_checkpoints(tmp_path, cfg)
-    assert counts == [2, 2]
+    out = tmp_path / "export" / "consensus.safetensors"
+    scored = consensus_of_checkpoints(cfg, tmp_path, out, source="test")
+    assert scored.replicas_per_stage == [2, 2] and scored.step == 10 and scored.path == out
+    _, model, metadata = load_consensus(out)
+    assert metadata["replicas_per_stage"] == "2,2" and metadata["step"] == "10" and metadata["source"] == "test"
+    params = {name: param.detach() for name, param in model.named_parameters()}
     for stage in range(2):
         expected = mean_over_replicas([replicas[0][stage], replicas[1][stage]])
-        assert all(torch.equal(a, b) for a, b in zip(stages[stage], expected, strict=True))
+        names = [name for name, _ in stage_parameter_shapes(cfg, stage)]
+        assert all(torch.equal(params[name], tensor) for name, tensor in zip(names, expected, strict=True))
+    assert torch.equal(params["head.weight"], expected[-1])
+    # Scored as loaded back: the validation loss of the file's model, and the spread of the replicas averaged.
+    assert scored.val_loss == pytest.approx(validation_loss(model, cfg))
+    assert scored.val_ppl == pytest.approx(math.exp(scored.val_loss)) and scored.spread > 0.0
+    assert scored.to_json()["consensus"] == str(out)
 
-    skipped = {path.name: reason for path, reason in scan_worker_checkpoints(tmp_path, cfg).skipped}
+    skipped = {path.name: reason for path, reason in read_worker_checkpoints(tmp_path, cfg).skipped}
     assert set(skipped) == {"other-run.pt", "corrupt.pt", "wrong-shapes.pt"}
     assert "belongs to run 'other'" in skipped["other-run.pt"]
     assert "cannot be read" in skipped["corrupt.pt"]
     assert "stage 1 slow weights: 1 tensors, expected" in skipped["wrong-shapes.pt"]
-
-    out = tmp_path / "export" / "consensus.safetensors"
-    save_consensus(out, cfg, stages, metadata={"replicas_per_stage": ",".join(map(str, counts))})
-    _, model, metadata = load_consensus(out)
-    assert metadata["replicas_per_stage"] == "2,2"
-    assert torch.equal(dict(model.named_parameters())["head.weight"].detach(), stages[1][-1])
 
 
 def test_consensus_needs_every_stage(tmp_path):
@@ -290,6 +296,7 @@ def test_consensus_needs_every_stage(tmp_path):
     save_checkpoint(tmp_path / "s0.pt", _worker_state(cfg, 0, random_stages(cfg, seed=1)[0]))
     (tmp_path / "bad.pt").write_bytes(b"junk")
     with pytest.raises(ExportError, match=r"no usable checkpoint of run 'exp' for stage\(s\) 1 \(1 files skipped\)"):
-        consensus_from_checkpoints(tmp_path, cfg)
+        consensus_of_checkpoints(cfg, tmp_path, tmp_path / "c.safetensors", source="test")
+    assert not (tmp_path / "c.safetensors").exists()
     with pytest.raises(ExportError, match="no such folder"):
-        consensus_from_checkpoints(tmp_path / "absent", cfg)
+        consensus_of_checkpoints(cfg, tmp_path / "absent", tmp_path / "c.safetensors", source="test")

@@ -15,7 +15,6 @@ from noloco_rt.membership.table import (
     Membership,
     WorkerState,
     connect,
-    pick_fresh,
 )
 
 
@@ -115,12 +114,6 @@ def test_malformed_records_are_skipped_and_counted(server):
     assert [r.worker_id for r in m.live_members(stage=0)] == ["a"]
     assert m.malformed_records == 1
 
-
-def test_pick_fresh():
-    now = 100.0
-    records = [MemberRecord("a", "r", 0, "x", "y", WorkerState.ONLINE, heartbeat_time=99.5),
-               MemberRecord("b", "r", 0, "x", "y", WorkerState.ONLINE, heartbeat_time=90.0)]
-    assert [r.worker_id for r in pick_fresh(records, now, max_age_s=2.0)] == ["a"]
 
 
 def test_password_is_required_when_configured():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
+import structlog
 import zmq
 
 from noloco_rt.net.transport import DataSocket, ExchangeServer, request
@@ -45,37 +45,26 @@ def test_exchange_request_reply_and_timeout():
         ctx.term()
 
 
-def test_data_faults_from_the_environment_drop_a_seeded_fraction():
-    from noloco_rt.net.transport import DATA_DELAY_ENV, DATA_LOSS_ENV, DataFaults
-
-    assert DataFaults.from_env({}) is None  # the normal case: no injection at all
-    faults = DataFaults.from_env({DATA_LOSS_ENV: "0.25", DATA_DELAY_ENV: "0"}, seed=7)
-    assert faults is not None and faults.delay_s == 0.0
-    drops = sum(faults.should_drop() for _ in range(4000))
-    assert 800 < drops < 1200 and faults.dropped == drops
-    first, second = DataFaults(loss=0.25, seed=7), DataFaults(loss=0.25, seed=7)
-    assert [first.should_drop() for _ in range(50)] == [second.should_drop() for _ in range(50)]  # seeded
-    with pytest.raises(ValueError):
-        DataFaults(loss=1.0)
-
-
-def test_a_lost_message_is_reported_sent_and_never_arrives():
-    import zmq
-
-    from noloco_rt.net.transport import DataFaults, DataSocket
-
+def test_a_failing_handler_is_counted_and_logged_boundedly_and_the_server_serves_on():
     ctx = zmq.Context()
+
+    def handler(frames):
+        if frames[0].bytes == b"boom":
+            raise RuntimeError("handler bug")
+        return [b"ok"]
+
+    server = ExchangeServer(ctx, bind_host="127.0.0.1", port=0, advertise_host="", handler=handler)
+    server.start()
     try:
-        receiver = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="")
-        lossy = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="",
-                           faults=DataFaults(loss=0.5, seed=1))
-        sent = [lossy.send(receiver.address, [f"m{i}".encode()], timeout_s=2.0) for i in range(40)]
-        assert all(sent)  # the sender cannot tell: only its deadline will
-        received = []
-        while (frames := receiver.receive(1.0)) is not None:
-            received.append(bytes(frames[0]))
-        assert len(received) == 40 - lossy.faults.dropped and 0 < lossy.faults.dropped < 40
-        receiver.close()
-        lossy.close()
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(3):  # no reply for a failed request: the requester times out
+                assert request(ctx, server.address, [b"boom"], timeout_s=0.3) is None
+            reply = request(ctx, server.address, [b"fine"], timeout_s=5.0)
+        assert reply is not None and [f.bytes for f in reply] == [b"ok"]
+        assert server.handler_errors == 3 and "handler bug" in server.last_error
+        failures = [e for e in logs if e["event"] == "exchange_handler_failed"]
+        assert len(failures) == 1  # the first, then every 100th
+        assert failures[0]["handler_errors_total"] == 1 and failures[0]["log_level"] == "error"
     finally:
+        server.stop()
         ctx.term()

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from noloco_rt.cli import config_options
+
+if TYPE_CHECKING:  # the command body imports these when it runs, so that `--help` stays fast
+    from noloco_rt.config import Config
+    from noloco_rt.startup import Started
 
 
 @click.command()
@@ -24,9 +30,6 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
            advertise_host: str | None, metrics_port: int | None, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
-    from noloco_rt.process import set_parent_death_signal_from_env
-
-    set_parent_death_signal_from_env()  # first thing: a supervised worker must not outlive its supervisor
     from noloco_rt.commands import effective_config
 
     cfg = effective_config(config_path, assignments, {
@@ -43,15 +46,20 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     if stage >= cfg.pipeline.stages:
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
                                  f"(pipeline.stages)", param_hint="--stage")
+    from noloco_rt.startup import process_startup
 
-    import os
+    # A bad key file or a refused password fails here, before anything starts. Merely
+    # unreachable Redis is no error: the heartbeat registers once it is up (DESIGN §5).
+    with process_startup(cfg) as started:
+        code = _run_worker(cfg, stage, name, started)
+    sys.exit(code)
 
-    import zmq
 
-    from noloco_rt.logs import configure_logging
-    from noloco_rt.membership.table import Membership, check_access, connect
-    from noloco_rt.net.curve import load_curve_keys
-    from noloco_rt.net.transport import disable_curve, enable_curve
+def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> int:
+    """Compose the worker from its parts and run it until its steps are done or it leaves."""
+    from noloco_rt.membership.table import Membership
+    from workers.cluster.faults import data_faults_from_env
+    from workers.health_metrics import register_health_collector
     from workers.metrics import WorkerMetrics
     from workers.worker import (
         StageWorker,
@@ -60,30 +68,21 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
         pick_device,
     )
 
-    curve = load_curve_keys(cfg.network)  # a bad key file fails here, before anything starts
-    client = connect(cfg.network.redis_url)
-    # Wrong password or ACL: one clear line and exit 2. Merely unreachable: start anyway, the
-    # heartbeat registers once Redis is up (DESIGN §5).
-    check_access(client, cfg.network.redis_url)
-    configure_logging(cfg.run.log_format)
     name = name or default_worker_name(stage)
     checkpoint_dir = Path(cfg.paths.checkpoint_dir or Path(cfg.paths.out_dir) / "checkpoints")
     metrics = WorkerMetrics()
     metrics_port_bound = metrics.serve(cfg.network.metrics_port, host=cfg.network.bind_host)
-    ctx = zmq.Context()
-    enable_curve(ctx, curve)  # every socket made from ctx gets the run's keys (noloco_rt.net.transport)
-    membership = Membership(client, run_id=cfg.run.run_id, heartbeat_interval_s=cfg.worker.heartbeat_interval_s)
-    device = pick_device(int(os.environ.get("LOCAL_RANK", "0")))
-    stage_worker = StageWorker(cfg, stage, membership=membership, ctx=ctx, name=name, device=device,
-                               checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics)
+    membership = Membership(started.client, run_id=cfg.run.run_id,
+                            heartbeat_interval_s=cfg.worker.heartbeat_interval_s)
+    stage_worker = StageWorker(cfg, stage, membership=membership, ctx=started.ctx, name=name,
+                               device=pick_device(int(os.environ.get("LOCAL_RANK", "0"))),
+                               checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics,
+                               data_faults=data_faults_from_env(os.environ, name=name))
+    register_health_collector(metrics.registry, membership, stage_worker.replica.inner,
+                              stage_worker.exchange_server)
     stage_worker.metrics_addr = f"{cfg.network.advertise_host or cfg.network.bind_host}:{metrics_port_bound}"
     install_signal_handlers(stage_worker)
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)
-    stage_worker.log.info("curve", enabled=curve is not None,
-                          public_key=curve.public_key.decode() if curve else "")
-    try:
-        code = stage_worker.run()
-    finally:
-        disable_curve(ctx)
-    ctx.term()
-    sys.exit(code)
+    stage_worker.log.info("curve", enabled=started.curve is not None,
+                          public_key=started.curve.public_key.decode() if started.curve else "")
+    return stage_worker.run()

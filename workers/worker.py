@@ -38,8 +38,9 @@ from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.table import HeartbeatThread, MemberRecord, Membership, WorkerState
 from noloco_rt.model import lm_loss
 from noloco_rt.net import messages
-from noloco_rt.net.transport import DataFaults, DataSocket, ExchangeServer
+from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.net.wire import MessageKind, WireReject
+from workers.cluster.faults import DataFaults
 from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
 from workers.data_path.inflight import InflightTable
 from workers.exchange import SnapshotService, bootstrap_from_peer, exchange_with_peer
@@ -101,7 +102,7 @@ class Counters:
 class StageWorker:
     def __init__(self, cfg: Config, stage: int, *, membership: Membership, ctx: zmq.Context,
                  name: str, device: torch.device, checkpoint_path: Path, metrics: WorkerMetrics,
-                 max_steps: int | None = None) -> None:
+                 max_steps: int | None = None, data_faults: DataFaults | None = None) -> None:
         if (why := worker_method_error(cfg.outer.method)) is not None:
             raise ValueError(why)
         if not 0 <= stage < cfg.pipeline.stages:
@@ -148,7 +149,7 @@ class StageWorker:
         self.batches: ShardedBatches | None = None
         self.data = DataSocket(ctx, bind_host=cfg.network.bind_host, port=cfg.network.data_port,
                                advertise_host=cfg.network.advertise_host,
-                               faults=DataFaults.from_env(seed=zlib.crc32(name.encode())))
+                               faults=data_faults)
         self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])
         self.exchange_server = ExchangeServer(ctx, bind_host=cfg.network.bind_host, port=cfg.network.exchange_port,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlparse, urlunparse
@@ -136,10 +136,6 @@ def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -
     except (redis.ConnectionError, redis.TimeoutError):
         return False
     return True
-
-
-def pick_fresh(records: Iterable[MemberRecord], now: float, max_age_s: float) -> list[MemberRecord]:
-    return [r for r in records if now - r.heartbeat_time <= max_age_s]
 
 
 class Membership:

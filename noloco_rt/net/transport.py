@@ -27,7 +27,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -91,12 +91,6 @@ def curve_keys(ctx: zmq.Context) -> CurveKeys | None:
     return gate.keys if gate is not None else None
 
 
-def curve_denied(ctx: zmq.Context) -> int:
-    """Clients refused by the ZAP handler of `ctx` so far."""
-    gate = _GATES.get(ctx)
-    return gate.denied if gate is not None else 0
-
-
 def apply_curve(socket: zmq.Socket, keys: CurveKeys | None, *, server: bool) -> None:
     """Set the CURVE options on a socket before it binds or connects; no-op for None."""
     if keys is None:
@@ -115,51 +109,17 @@ def apply_curve(socket: zmq.Socket, keys: CurveKeys | None, *, server: bool) -> 
         socket.setsockopt(zmq.CURVE_SERVERKEY, keys.public_key)
 
 
-# Chaos testing only (never configuration, hence not NOLOCO_*): a worker started with these
-# loses or delays its outgoing data-path messages, as a bad network link would.
-DATA_LOSS_ENV = "CHAOS_DATA_LOSS"
-DATA_DELAY_ENV = "CHAOS_DATA_DELAY_MS"
-
-
-@dataclass
-class DataFaults:
-    """Injected data-path faults: each outgoing message is dropped with probability
-    `loss` (the sender believes it went: its deadline and retry must recover) or held
-    `delay_s` before it is queued (a slow link; it delays the sender's loop too)."""
-
-    loss: float = 0.0
-    delay_s: float = 0.0
-    seed: int = 0
-    dropped: int = 0
-    delayed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.loss < 1.0 or self.delay_s < 0.0:
-            raise ValueError(f"data faults need 0 <= loss < 1 and delay >= 0, got {self.loss}, {self.delay_s}")
-        import random
-
-        self._rng = random.Random(self.seed)
-
-    @classmethod
-    def from_env(cls, environ: Any = None, *, seed: int = 0) -> DataFaults | None:
-        """The faults asked for by CHAOS_DATA_LOSS / CHAOS_DATA_DELAY_MS, or None (the normal case)."""
-        import os
-
-        environ = os.environ if environ is None else environ
-        loss = float(environ.get(DATA_LOSS_ENV, "0") or 0)
-        delay_ms = float(environ.get(DATA_DELAY_ENV, "0") or 0)
-        return cls(loss=loss, delay_s=delay_ms / 1000.0, seed=seed) if loss or delay_ms else None
+class SendFaults(Protocol):
+    """Faults injected into a data socket's outgoing messages, for fault testing (the chaos
+    tooling supplies one; production sockets have none)."""
 
     def should_drop(self) -> bool:
-        if self.loss and self._rng.random() < self.loss:
-            self.dropped += 1
-            return True
-        return False
+        """True: lose this message (the sender is told it went; only its deadline will tell)."""
+        ...
 
     def hold(self) -> None:
-        if self.delay_s:
-            self.delayed += 1
-            time.sleep(self.delay_s)  # the injected fault itself: a slow link
+        """Delay this message before it is queued, as a slow link would."""
+        ...
 
 
 def bind_random_or_fixed(socket: zmq.Socket, host: str, port: int) -> int:
@@ -175,7 +135,7 @@ class DataSocket:
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
                  high_water_mark: int = 64, curve: CurveKeys | None = None,
-                 faults: DataFaults | None = None) -> None:
+                 faults: SendFaults | None = None) -> None:
         self.ctx = ctx
         self.faults = faults
         self.high_water_mark = high_water_mark
@@ -284,14 +244,21 @@ class ExchangeServer:
             try:
                 reply = self.handler(body)
             except Exception as exc:  # last line of defence: the serving thread must outlive any request
-                self.handler_errors += 1
-                self.last_error = repr(exc)
+                self._handler_failed(exc)
                 continue
             self.requests_served += 1  # before the send: the requester may look right after
             try:
                 self.socket.send_multipart([identity, *reply], flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 pass  # the requester is gone or saturated; it will time out and try another peer
+
+    def _handler_failed(self, exc: Exception) -> None:
+        self.handler_errors += 1
+        self.last_error = repr(exc)
+        # Bounded: a peer that keeps sending the request that breaks the handler must not flood the log.
+        if self.handler_errors == 1 or self.handler_errors % 100 == 0:
+            get_logger().error("exchange_handler_failed", error=self.last_error,
+                               handler_errors_total=self.handler_errors, exc_info=exc)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()

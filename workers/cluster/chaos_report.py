@@ -1,12 +1,12 @@
 """What `noloco-rt chaos` concludes from a run: worker logs plus what the driver did.
 
 Pure functions over parsed records (no processes, no sockets), so the invariants are
-tested on their own terms; workers/cluster/chaos.py gathers the records and prints the table.
+tested on their own terms; workers/cluster/chaos_driver.py gathers the records and
+workers/cluster/chaos.py prints the tables.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from noloco_rt.logs import read_json_lines
 from workers.cluster.chaos_schedule import FAULT_KINDS
 
 LOG_NAME = re.compile(r"(?P<name>.+)\.(?P<incarnation>\d+)\.log")
@@ -23,25 +24,13 @@ LOSS_TOLERANCE = 0.10
 Event = dict[str, Any]
 
 
-def read_log(path: Path) -> list[Event]:
-    """JSON lines of one log (a torn last line of a killed writer, and non-JSON lines, skipped)."""
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
-
-
 def read_logs(log_dir: Path) -> dict[tuple[str, int], list[Event]]:
     """(worker name, incarnation) -> its structured log events."""
     found = {}
     for path in log_dir.glob("*.log"):
         match = LOG_NAME.fullmatch(path.name)
         if match:
-            found[(match["name"], int(match["incarnation"]))] = read_log(path)
+            found[(match["name"], int(match["incarnation"]))] = read_json_lines(path)[0]
     return found
 
 
@@ -169,3 +158,47 @@ def format_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def invariants(phase: Mapping[str, Any], max_inflight: int, stall_bound_s: float,
+               baseline_loss: float | None) -> dict[str, dict[str, Any]]:
+    """Each invariant of a faulty phase: whether it held, and the evidence."""
+    accounting = phase["accounting"]
+    ratio, loss_ok = loss_ratio_check(phase.get("val_loss"), baseline_loss)
+    return {
+        "finished": {"ok": not phase["timed_out"], "detail": f"every worker reached its steps: {phase['reached']}"},
+        "no_stall": {"ok": phase["largest_progress_gap_s"] <= stall_bound_s,
+                     "detail": f"largest gap {phase['largest_progress_gap_s']} s <= {stall_bound_s} s"},
+        "no_unexpected_exit": {"ok": not phase["unexpected_exits"], "detail": phase["unexpected_exits"]},
+        "restarted_rejoined": {"ok": not phase["not_rejoined"], "detail": phase["not_rejoined"]},
+        "microbatch_accounting": {
+            "ok": not accounting["mismatches"],
+            "detail": (f"{accounting['graceful']} graceful stage-0 exits: sent {accounting['sent']} = trained "
+                       f"{accounting['trained']} + dropped {accounting['dropped']} (retried "
+                       f"{accounting['retried']}); {accounting['killed']} lost with a killed worker "
+                       f"(<= {max_inflight} each); {accounting['mismatches']}")},
+        "checkpoints_load": {"ok": not phase["checkpoint_failures"] and phase["checkpoint_loads"] > 0,
+                             "detail": f"{phase['checkpoint_loads']} loads, failures {phase['checkpoint_failures']}"},
+        "final_loss": {"ok": loss_ok, "ratio": ratio,
+                       "detail": f"val loss {phase.get('val_loss')} vs baseline {baseline_loss}"},
+    }
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The report as the tables `noloco-rt chaos` prints."""
+    phase = report["faulty"]
+    kinds = report["kinds"]
+    rows = [(kind, sum(f["kind"] == kind for f in phase["injected"]),
+             sum(f["kind"] == kind for f in phase["skipped"]), phase["observed"].get(kind, 0)) for kind in kinds]
+    faults = format_table(rows, ("fault", "injected", "skipped", "observed"))
+    checks = format_table([(name, "ok" if c["ok"] else "FAILED", c["detail"])
+                           for name, c in report["invariants"].items()], ("invariant", "result", "detail"))
+    baseline = report.get("baseline") or {}
+    ratio = report["invariants"]["final_loss"]["ratio"]
+    lines = [faults, "", checks, "",
+             f"faulty run: {phase['elapsed_s']} s, val loss {phase.get('val_loss')}; baseline: "
+             f"{baseline.get('elapsed_s')} s, val loss {baseline.get('val_loss')}; ratio "
+             f"{'n/a' if ratio is None else f'{ratio:.3f}'}",
+             "all invariants hold" if not report["failed"] else f"FAILED: {', '.join(report['failed'])}"]
+    return "\n".join(lines)
+

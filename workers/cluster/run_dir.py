@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from noloco_rt.config import Config, config_to_toml
+from noloco_rt.logs import read_json_lines
 
 # Sections that must match for checkpoints in a run directory to be reusable.
 _MUST_MATCH = ("model", "pipeline", "data", "optim", "outer")
@@ -63,40 +64,4 @@ class MetricsLog:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl as records; a torn last line (killed mid-write) is skipped."""
-    records = []
-    if not path.exists():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def consensus_of_final_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, source: str) -> dict[str, Any]:
-    """Average the workers' last checkpoints per stage into the consensus file at `path`,
-    load it back (what a user will load) and score it; also the final replica spread.
-    Raises noloco_rt.export.ExportError when some stage has no usable checkpoint."""
-    from noloco_rt.algo.diagnostics import perplexity, pooled_spread, replica_spread
-    from noloco_rt.evaluation import validation_loss
-    from noloco_rt.export import (
-        load_consensus,
-        mean_over_replicas,
-        replicas_from_checkpoints,
-        save_consensus,
-    )
-
-    replicas, steps = replicas_from_checkpoints(checkpoint_dir, cfg)
-    counts = [len(stage) for stage in replicas]
-    step = min(steps)
-    save_consensus(path, cfg, [mean_over_replicas(stage) for stage in replicas], metadata={
-        "step": str(step), "replicas_per_stage": ",".join(map(str, counts)), "source": source,
-        "created": f"{time.time():.3f}"})
-    _, model, _ = load_consensus(path)
-    loss = validation_loss(model, cfg)
-    spreads = [replica_spread(stage) for stage in replicas]
-    numels = [sum(t.numel() for t in stage[0]) for stage in replicas]
-    return {"step": step, "val_loss": loss, "val_ppl": perplexity(loss),
-            "spread": pooled_spread(spreads, numels), "spread_by_stage": spreads,
-            "replicas_per_stage": counts, "consensus": str(path)}
+    return read_json_lines(path)[0]

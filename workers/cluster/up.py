@@ -20,12 +20,36 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.live import Live
 
 from noloco_rt.cli import config_options
-from noloco_rt.process import set_event_from_signal_handler, set_parent_death_signal_from_env
+from noloco_rt.commands import effective_config
+from noloco_rt.config import Config
+from noloco_rt.export import ExportError, consensus_of_checkpoints
+from noloco_rt.logs import get_logger
+from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
+from noloco_rt.membership.table import Membership, connect, redact_url
+from noloco_rt.net.curve import write_key_pair
+from noloco_rt.plots import plot_distributed_run
+from noloco_rt.process import set_event_from_signal_handler
+from noloco_rt.startup import process_startup
+from workers.cluster.processes import (
+    child_env,
+    names_by_stage,
+    run_command,
+    supervisor_grace_s,
+    worker_process_specs,
+)
+from workers.cluster.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
+from workers.cluster.run_view import RunSample, build_sample, log_fields, render_table
+from workers.methods import worker_method_error
+from workers.supervise.elastic import quiet_torch_elastic_logs
+from workers.supervise.supervisor import ProcessSpec, ProcessStatus, RestartPolicy, Supervisor
 
 COORDINATOR = "coordinator"
 EXIT_INTERRUPTED = 130
@@ -58,8 +82,6 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     OUT/consensus.safetensors (try `noloco-rt eval` and `noloco-rt sample` on it) and
     OUT/curves.png.
     """
-    from noloco_rt.commands import effective_config
-
     cfg = effective_config(config_path, assignments, {
         "pipeline": {"stages": stages, "replicas": replicas},
         "run": {"steps": steps},
@@ -67,37 +89,28 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         "paths": {"out_dir": out_dir},
         "network": {"redis_url": redis_url},
     })
-    from workers.cluster.run_dir import RunDirError, prepare_run_dir
-    from workers.methods import worker_method_error
-
     if (why := worker_method_error(cfg.outer.method)) is not None:
         raise click.UsageError(why)
 
     out = Path(cfg.paths.out_dir)
     cfg = _with_curve(cfg, out, secure)
-    try:
-        # The secret key value (if given as one) goes to the children by environment, never into config.toml.
-        config_file = prepare_run_dir(out, dataclasses.replace(
-            cfg, network=dataclasses.replace(cfg.network, curve_secret_key="")))
-    except RunDirError as exc:
-        raise click.UsageError(str(exc)) from None
-    if cfg.network.redis_url:
-        from noloco_rt.membership.table import check_access, connect
-
-        check_access(connect(cfg.network.redis_url), cfg.network.redis_url)  # wrong password: exit 2 now
-    from noloco_rt.logs import configure_logging
-
-    configure_logging(cfg.run.log_format)
-    set_parent_death_signal_from_env()  # when `up` itself is supervised
-    sys.exit(UpRun(cfg, out, config_file, with_coordinator=with_coordinator, max_restarts=max_restarts,
-                   interval_s=interval).run())
+    # A bad key file or a refused Redis password fails now (exit 2), not in every child;
+    # no ZeroMQ here: `up` only supervises.
+    with process_startup(cfg, zmq_context=False):
+        try:
+            # The secret key value (if given as one) goes to the children by environment, never into config.toml.
+            config_file = prepare_run_dir(out, dataclasses.replace(
+                cfg, network=dataclasses.replace(cfg.network, curve_secret_key="")))
+        except RunDirError as exc:
+            raise click.UsageError(str(exc)) from None
+        code = UpRun(cfg, out, config_file, with_coordinator=with_coordinator, max_restarts=max_restarts,
+                     interval_s=interval).run()
+    sys.exit(code)
 
 
-def _with_curve(cfg: Any, out: Path, secure: bool) -> Any:
-    """The config with CURVE settled: configured keys are checked (a bad file fails now, not in
-    every child); --secure without keys uses OUT/keys, generated the first time."""
-    from noloco_rt.net.curve import load_curve_keys, write_key_pair
-
+def _with_curve(cfg: Config, out: Path, secure: bool) -> Config:
+    """The config with CURVE settled: --secure without keys uses OUT/keys, generated the first
+    time; a configured key directory is made absolute (the keys are checked at start-up)."""
     network = cfg.network
     if secure and not (network.curve_key_dir or network.curve_secret_key):
         keys_dir = out / "keys"
@@ -106,45 +119,14 @@ def _with_curve(cfg: Any, out: Path, secure: bool) -> Any:
         network = dataclasses.replace(network, curve_key_dir=str(keys_dir.resolve()))
     elif network.curve_key_dir:  # children may not share our working directory's meaning
         network = dataclasses.replace(network, curve_key_dir=str(Path(network.curve_key_dir).resolve()))
-    load_curve_keys(network)
     return dataclasses.replace(cfg, network=network)
-
-
-def run_command(config_file: Path, *args: str) -> tuple[str, ...]:
-    """`noloco-rt ARGS` reading the run's config.toml, logging JSON lines (what the logs hold)."""
-    return (sys.executable, "-m", "noloco_rt.cli", *args, "--config", str(config_file),
-            "--set", "run.log_format=json")
-
-
-def child_env(cfg: Any, redis_url: str) -> dict[str, str]:
-    # One thread per worker: S × R processes share this machine's cores.
-    # The Redis URL goes through the environment, like `launch` does: a password in it
-    # never shows in `ps`.
-    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
-    if cfg.network.curve_secret_key:  # kept out of config.toml and the command line
-        env["NOLOCO_NETWORK_CURVE_SECRET_KEY"] = cfg.network.curve_secret_key
-    return env
-
-
-def worker_process_specs(cfg: Any, config_file: Path, names_by_stage: dict[str, int], redis_url: str,
-                         extra_env: dict[str, str] | None = None) -> list[Any]:
-    """One supervised `noloco-rt worker` per name (also used by `noloco-rt chaos`)."""
-    from workers.supervise.supervisor import ProcessSpec
-
-    env = {**child_env(cfg, redis_url), **(extra_env or {})}
-    return [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % cfg.pipeline.replicas)},
-                        args=run_command(config_file, "worker", "--stage", str(stage), "--name", name,
-                                         "--metrics-port", "0"))
-            for index, (name, stage) in enumerate(names_by_stage.items())]
 
 
 class UpRun:
     """One `up` invocation: start everything, watch it, shut it down, finalise."""
 
-    def __init__(self, cfg: Any, out: Path, config_file: Path, *, with_coordinator: bool, max_restarts: int,
+    def __init__(self, cfg: Config, out: Path, config_file: Path, *, with_coordinator: bool, max_restarts: int,
                  interval_s: float) -> None:
-        from noloco_rt.logs import get_logger
-
         self.cfg = cfg
         self.out = out
         self.config_file = config_file
@@ -154,61 +136,43 @@ class UpRun:
         self.log = get_logger(run=cfg.run.run_id, role="up")
         self.stop = threading.Event()
         self.interrupted = False
-        self.names_by_stage = {f"s{k}-r{j}": k for k in range(cfg.pipeline.stages)
-                               for j in range(cfg.pipeline.replicas)}
+        self.names_by_stage = names_by_stage(cfg)
         self.coordinator_port = 0
         self.started = time.time()
 
     # -- processes ------------------------------------------------------------------------
 
-    def _command(self, *args: str) -> tuple[str, ...]:
-        return run_command(self.config_file, *args)
-
-    def _specs(self, redis_url: str) -> list[Any]:
-        from workers.supervise.supervisor import ProcessSpec
-
-        env = child_env(self.cfg, redis_url)
+    def _specs(self, redis_url: str) -> list[ProcessSpec]:
         specs = worker_process_specs(self.cfg, self.config_file, self.names_by_stage, redis_url)
         if self.with_coordinator:
-            from noloco_rt.membership.embedded_redis import free_port
-
             self.coordinator_port = free_port()
-            specs.append(ProcessSpec(name=COORDINATOR, env=env,
-                                     args=self._command("coordinator", "--status-port",
-                                                        str(self.coordinator_port), "--out", str(self.out))))
+            specs.append(ProcessSpec(name=COORDINATOR, env=child_env(self.cfg, redis_url),
+                                     args=run_command(self.config_file, "coordinator", "--status-port",
+                                                      str(self.coordinator_port), "--out", str(self.out))))
         return specs
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.interrupted:  # a second Ctrl-C: stop waiting for graceful exits
             raise KeyboardInterrupt
         self.interrupted = True
         set_event_from_signal_handler(self.stop)
 
     def run(self) -> int:
-        from noloco_rt.membership.embedded_redis import EmbeddedRedis
-        from noloco_rt.membership.table import redact_url
-        from workers.supervise.elastic import quiet_torch_elastic_logs
-        from workers.supervise.supervisor import RestartPolicy, Supervisor
-
         quiet_torch_elastic_logs()
-
         redis = None
         redis_url = self.cfg.network.redis_url
         if not redis_url:
             redis = EmbeddedRedis().start()
             redis_url = redis.url
-        grace_s = self.cfg.worker.leave_grace_s + 5.0
         supervisor = Supervisor(self._specs(redis_url), log_dir=self.out / "logs",
-                                policy=RestartPolicy(max_restarts=self.max_restarts), grace_s=grace_s, log=self.log)
+                                policy=RestartPolicy(max_restarts=self.max_restarts),
+                                grace_s=supervisor_grace_s(self.cfg), log=self.log)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         self.log.info("up_started", stages=self.cfg.pipeline.stages, replicas=self.cfg.pipeline.replicas,
                       steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redact_url(redis_url),
                       out=str(self.out), curve=bool(self.cfg.network.curve_key_dir or self.cfg.network.curve_secret_key),
                       logs=str(self.out / "logs"))
-        from noloco_rt.membership.table import Membership, connect
-        from workers.cluster.run_dir import MetricsLog
-
         metrics = MetricsLog(self.out / "metrics.jsonl")
         membership = Membership(connect(redis_url), run_id=self.cfg.run.run_id)
         gave_up = False
@@ -231,13 +195,8 @@ class UpRun:
             return EXIT_INTERRUPTED
         return 1 if gave_up else 0
 
-    def _watch(self, supervisor: Any, membership: Any, metrics: Any) -> bool:
+    def _watch(self, supervisor: Supervisor, membership: Membership, metrics: MetricsLog) -> bool:
         """Poll until every worker has finished (or gave up) or we are told to stop; True if one gave up."""
-        from rich.console import Console
-        from rich.live import Live
-
-        from workers.cluster.run_view import build_sample, log_fields, render_table
-
         console = Console()
         live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
         last_seen: dict[str, Any] = {}
@@ -255,15 +214,7 @@ class UpRun:
                 if time.monotonic() >= next_sample:
                     next_sample = time.monotonic() + self.interval_s
                     coordinator_status = self._coordinator_status()
-                    records = membership.live_members(stage=None, states=None)
-                    coordinator_state = "off" if not self.with_coordinator else (
-                        "ok" if coordinator_status else getattr(statuses.get(COORDINATOR), "state", "?"))
-                    sample = build_sample(now=time.time(), started=self.started, steps=self.cfg.run.steps,
-                                          names_by_stage=self.names_by_stage, processes=statuses,
-                                          records=records, last_seen=last_seen,
-                                          coordinator_status=coordinator_status,
-                                          coordinator_state=coordinator_state,
-                                          redis_up=membership.redis_available)
+                    sample = self._sample(statuses, membership, last_seen, coordinator_status)
                     metrics.write(sample.to_json())
                     self._record_coordinator(coordinator_status, seen_evals, metrics)
                     if live:
@@ -278,6 +229,16 @@ class UpRun:
             if live:
                 live.stop()
 
+    def _sample(self, statuses: dict[str, ProcessStatus], membership: Membership, last_seen: dict[str, Any],
+                coordinator_status: dict[str, Any] | None) -> RunSample:
+        coordinator_state = "off" if not self.with_coordinator else (
+            "ok" if coordinator_status else getattr(statuses.get(COORDINATOR), "state", "?"))
+        return build_sample(now=time.time(), started=self.started, steps=self.cfg.run.steps,
+                            names_by_stage=self.names_by_stage, processes=statuses,
+                            records=membership.live_members(stage=None, states=None), last_seen=last_seen,
+                            coordinator_status=coordinator_status, coordinator_state=coordinator_state,
+                            redis_up=membership.redis_available)
+
     def _coordinator_status(self) -> dict[str, Any] | None:
         if not self.with_coordinator:
             return None
@@ -288,7 +249,7 @@ class UpRun:
             return None  # not up yet, restarting, or busy: the next sample will tell
 
     @staticmethod
-    def _record_coordinator(status: dict[str, Any] | None, seen: set[tuple[str, Any]], metrics: Any) -> None:
+    def _record_coordinator(status: dict[str, Any] | None, seen: set[tuple[str, Any]], metrics: MetricsLog) -> None:
         """Each new evaluation and spread measurement of the coordinator, once, into metrics.jsonl."""
         if not status:
             return
@@ -300,16 +261,12 @@ class UpRun:
 
     # -- the end ---------------------------------------------------------------------------
 
-    def _finalise(self, metrics: Any) -> None:
+    def _finalise(self, metrics: MetricsLog) -> None:
         """Consensus of the workers' last checkpoints: written, scored, plotted."""
-        from noloco_rt.export import ExportError
-        from noloco_rt.plots import plot_distributed_run
-        from workers.cluster.run_dir import consensus_of_final_checkpoints, read_metrics
-
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"
         try:
-            final = consensus_of_final_checkpoints(self.cfg, checkpoint_dir, path, source="final checkpoints")
+            final = consensus_of_checkpoints(self.cfg, checkpoint_dir, path, source="final checkpoints").to_json()
         except ExportError as exc:
             self.log.warning("no_consensus", reason=str(exc))
             return

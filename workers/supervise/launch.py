@@ -22,12 +22,12 @@ from noloco_rt.cli import config_options
 from noloco_rt.config import parse_assignment
 
 if TYPE_CHECKING:  # the supervisor imports torch: only when the command runs
+    from noloco_rt.config import Config
     from workers.supervise.supervisor import ProcessSpec
 
-# The supervisor reports exits and restarts as structured events; torch's own lines
-# about the same exits would only repeat them in another format.
-# After worker.leave_grace_s a worker should be gone; allow for interpreter shutdown.
-_STOP_MARGIN_S = 5.0
+STOP_MARGIN_S = 5.0
+"""After worker.leave_grace_s a worker should be gone; this allows for interpreter shutdown
+(`up` and `chaos` give their supervisors the same margin)."""
 
 
 @click.command()
@@ -48,9 +48,6 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
            log_dir: str | None, steps: int | None, metrics_port_base: int | None, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Run NPROC workers of pipeline stage STAGE here, restarting each one that fails."""
-    from noloco_rt.process import set_parent_death_signal_from_env
-
-    set_parent_death_signal_from_env()  # when itself supervised (`noloco-rt up`)
     from noloco_rt.commands import effective_config
 
     cfg = effective_config(config_path, assignments, {"network": {"redis_url": redis_url},
@@ -67,27 +64,30 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
 
     if (why := worker_method_error(cfg.outer.method)) is not None:
         raise click.UsageError(why)
+    from noloco_rt.startup import process_startup
 
-    from noloco_rt.membership.table import check_access, connect
-    from noloco_rt.net.curve import load_curve_keys
-
-    # Fail once, here, rather than in N workers restarted over and over: bad key files, wrong password.
-    load_curve_keys(cfg.network)
-    check_access(connect(cfg.network.redis_url), cfg.network.redis_url)
-    from noloco_rt.logs import configure_logging, get_logger
-    from workers.supervise.elastic import quiet_torch_elastic_logs
-    from workers.supervise.supervisor import RestartPolicy, Supervisor
-
-    configure_logging(cfg.run.log_format)
-    quiet_torch_elastic_logs()
     prefix = name_prefix or f"{socket.gethostname()}-s{stage}"
     logs = Path(log_dir) if log_dir else Path(cfg.paths.out_dir) / "logs"
     specs = worker_specs(stage=stage, nproc=nproc, prefix=prefix, redis_url=cfg.network.redis_url, steps=steps,
                          metrics_port_base=metrics_port_base, config_path=config_path, assignments=assignments)
+    # Fail once, here, rather than in N workers restarted over and over: bad key files, wrong password.
+    with process_startup(cfg, zmq_context=False):
+        code = _supervise(cfg, stage, specs, logs, max_restarts)
+    sys.exit(code)
+
+
+def _supervise(cfg: Config, stage: int, specs: list[ProcessSpec], logs: Path, max_restarts: int) -> int:
+    """Run the workers until they are done or a signal asks them to leave; the supervisor's exit code."""
+    from noloco_rt.logs import get_logger
+    from workers.supervise.elastic import quiet_torch_elastic_logs
+    from workers.supervise.supervisor import RestartPolicy, Supervisor
+
+    # The supervisor reports exits and restarts as structured events; torch's own lines
+    # about the same exits would only repeat them in another format.
+    quiet_torch_elastic_logs()
     log = get_logger(component="launch", stage=stage)
     supervisor = Supervisor(specs, log_dir=logs, policy=RestartPolicy(max_restarts=max_restarts),
-                            grace_s=cfg.worker.leave_grace_s + _STOP_MARGIN_S, log=log)
-
+                            grace_s=cfg.worker.leave_grace_s + STOP_MARGIN_S, log=log)
     stop = threading.Event()
     received: list[int] = []
 
@@ -104,8 +104,7 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
     code = supervisor.run(stop)
     log.info("launch_done", code=code, signal=signal.Signals(received[0]).name if received else None,
              returncodes=supervisor.stop())
-    sys.exit(code)
-
+    return code
 
 def worker_specs(*, stage: int, nproc: int, prefix: str, redis_url: str, steps: int | None,
                  metrics_port_base: int | None, config_path: str | None,

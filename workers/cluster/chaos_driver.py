@@ -1,0 +1,252 @@
+"""The driver of one `noloco-rt chaos` phase: starts the cluster, applies the fault
+schedule while it trains, stops it once every worker reached its steps.
+
+It follows the workers through their JSON logs (read as they grow) and the supervisor's
+exit events, and re-checks before each fault that its target is still a fair one (running,
+online, not already faulted, not the last live worker of its stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from noloco_rt.checkpoint import CheckpointError, load_checkpoint
+from noloco_rt.config import Config
+from noloco_rt.logs import get_logger, read_json_lines
+from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from workers.cluster.chaos_report import (
+    injected_network_faults,
+    largest_progress_gap_s,
+    microbatch_accounting,
+    not_rejoined,
+    observed_counts,
+    read_logs,
+    unexpected_exits,
+)
+from workers.cluster.chaos_schedule import Fault
+from workers.cluster.processes import names_by_stage, supervisor_grace_s, worker_process_specs
+from workers.supervise.supervisor import RestartPolicy, Supervisor, SupervisorEvent
+
+TICK_S = 0.1
+CHECKPOINT_CHECK_EVERY_S = 2.0
+RETRY_SKIPPED_S = 1.0
+
+
+class ChaosDriver:
+    """Starts the cluster, applies the schedule while it trains, stops it at target_steps."""
+
+    def __init__(self, cfg: Config, out: Path, config_file: Path, target_steps: int, schedule: list[Fault],
+                 timeout_s: float, *, extra_env: dict[str, str] | None = None) -> None:
+        self.extra_env = extra_env or {}
+        """Added to every worker's environment (data-path loss and delay for the faulty phase)."""
+        self.cfg = cfg
+        self.out = out
+        self.config_file = config_file
+        self.target_steps = target_steps
+        self.pending = sorted(schedule, key=lambda f: f.at_s)
+        self.timeout_s = timeout_s
+        self.log = get_logger(run=cfg.run.run_id, role="chaos")
+        self.names = names_by_stage(cfg)
+        self.checkpoint_dir = out / "checkpoints"
+        self.tails: dict[Path, int] = {}
+        self.reached: dict[str, int] = {}
+        self.online: set[tuple[str, int]] = set()
+        self.injected: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.exits: list[dict[str, Any]] = []
+        self.caused: set[tuple[str, int]] = set()
+        self.awaiting_respawn: set[str] = set()
+        self.stopped: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.redis_down: tuple[float, dict[str, Any]] | None = None
+        self.checkpoint_loads = 0
+        self.checkpoint_failures: list[str] = []
+        self.timed_out = False
+        self.train_started: float | None = None
+
+    def run(self) -> None:
+        self.redis = EmbeddedRedis().start()
+        specs = worker_process_specs(self.cfg, self.config_file, self.names, self.redis.url,
+                                     extra_env=self.extra_env)
+        # Quick restarts, and enough of them for a long run's kills and preemptions.
+        policy = RestartPolicy(max_restarts=1000, backoff_initial_s=0.5, backoff_max_s=2.0)
+        self.supervisor = Supervisor(specs, log_dir=self.out / "logs", policy=policy,
+                                     grace_s=supervisor_grace_s(self.cfg), log=self.log)
+        deadline = time.monotonic() + self.timeout_s
+        next_check = time.monotonic()
+        try:
+            self.supervisor.start()
+            while not self._done():
+                if time.monotonic() > deadline:
+                    self.timed_out = True
+                    self.log.error("chaos_timed_out", timeout_s=self.timeout_s, reached=self.reached)
+                    break
+                self._on_events(self.supervisor.poll())
+                self._read_logs()
+                if self.train_started is not None:
+                    self._apply_due(time.monotonic() - self.train_started)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + CHECKPOINT_CHECK_EVERY_S
+                    self.check_checkpoints()
+                time.sleep(TICK_S)  # the pace of a polling loop; every wait above has a condition
+        finally:
+            for name in list(self.stopped):
+                self._resume(name)
+            if self.redis_down is not None:
+                self._redis_back()
+            self.supervisor.stop()
+            self.redis.stop()
+        self.check_checkpoints()
+
+    # -- progress -------------------------------------------------------------------------
+
+    def _done(self) -> bool:
+        """Every worker logged target_steps, no fault is still in effect, and every running
+        incarnation has come online (so a last restart is seen to rejoin)."""
+        if not self._all_reached():
+            return False
+        if self.stopped or self.redis_down is not None or self.awaiting_respawn:
+            return False
+        return all((s.name, s.incarnation) in self.online for s in self.supervisor.statuses()
+                   if s.state == "running")
+
+    def _all_reached(self) -> bool:
+        return all(self.reached.get(name, 0) >= self.target_steps for name in self.names)
+
+    def _read_logs(self) -> None:
+        for path in (self.out / "logs").glob("*.log"):
+            records, self.tails[path] = read_json_lines(path, self.tails.get(path, 0))
+            name, _, incarnation = path.name[:-len(".log")].rpartition(".")
+            for record in records:
+                event = record.get("event")
+                if event == "member_online":
+                    self.online.add((name, int(incarnation)))
+                if isinstance(record.get("inner_step"), int) and event in (
+                        "train_progress", "steps_done", "checkpoint_written"):
+                    self.reached[name] = max(self.reached.get(name, 0), record["inner_step"])
+                if event == "train_progress" and self.train_started is None:
+                    self.train_started = time.monotonic()  # the schedule's clock starts with training
+
+    def _on_events(self, events: list[SupervisorEvent]) -> None:
+        for event in events:
+            if event.kind != "exited":
+                continue
+            self.exits.append({"name": event.name, "incarnation": event.incarnation,
+                               "returncode": event.returncode, "time": time.time()})
+            if event.name in self.awaiting_respawn and event.returncode == 0:
+                self.awaiting_respawn.discard(event.name)
+                self.supervisor.respawn(event.name)  # the preempted machine's replacement
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def _apply_due(self, now_s: float) -> None:
+        for name, (until, _) in list(self.stopped.items()):
+            if time.monotonic() >= until:
+                self._resume(name)
+        if self.redis_down is not None and time.monotonic() >= self.redis_down[0]:
+            self._redis_back()
+        if self._all_reached():
+            return  # nothing new once every worker is there: only the recoveries are awaited
+        while self.pending and self.pending[0].at_s <= now_s:
+            self._inject(self.pending.pop(0))
+
+    def _inject(self, fault: Fault) -> None:
+        record = {**fault.to_json(), "wall": time.time()}
+        if fault.kind == "redis_restart":
+            if self.redis_down is not None:
+                self._skip(record, "Redis already down")
+                return
+            self.redis.stop()
+            self.redis_down = (time.monotonic() + fault.hold_s, record)
+            self.injected.append(record)
+            self.log.info("chaos_fault", **record)
+            return
+        statuses = {s.name: s for s in self.supervisor.statuses()}
+        status = statuses[fault.target]
+        # The schedule assumed recovery within --recover; re-check what is true now.
+        if status.state != "running" or status.pid is None or (fault.target, status.incarnation) not in self.online:
+            self._skip(record, f"target {status.state}, not yet online" if status.state == "running"
+                       else f"target {status.state}", fault)
+            return
+        if fault.target in self.stopped or fault.target in self.awaiting_respawn:
+            self._skip(record, "target already faulted", fault)
+            return
+        stage = self.names[fault.target]
+        healthy = [s for n, s in statuses.items() if self.names[n] == stage and n != fault.target
+                   and s.state == "running" and (n, s.incarnation) in self.online and n not in self.stopped]
+        if not healthy:
+            self._skip(record, f"no other live worker in stage {stage}", fault)
+            return
+        record["incarnation"] = status.incarnation
+        record["pid"] = status.pid
+        if fault.kind == "sigkill":
+            self.caused.add((fault.target, status.incarnation))
+            os.kill(status.pid, signal.SIGKILL)
+        elif fault.kind == "sigterm":
+            self.caused.add((fault.target, status.incarnation))
+            self.awaiting_respawn.add(fault.target)
+            os.kill(status.pid, signal.SIGTERM)
+        else:
+            os.kill(status.pid, signal.SIGSTOP)
+            self.stopped[fault.target] = (time.monotonic() + fault.hold_s, record)
+        self.injected.append(record)
+        self.log.info("chaos_fault", **record)
+
+    def _skip(self, record: dict[str, Any], reason: str, fault: Fault | None = None) -> None:
+        if fault is not None and self.train_started is not None and \
+                not any(f["kind"] == fault.kind for f in self.injected):
+            # A kind not seen yet is tried again shortly, so that a short run still sees every kind.
+            retry_at = time.monotonic() - self.train_started + RETRY_SKIPPED_S
+            self.pending.append(dataclasses.replace(fault, at_s=round(retry_at, 3)))
+            self.pending.sort(key=lambda f: f.at_s)
+        record["skipped"] = reason
+        self.skipped.append(record)
+        self.log.info("chaos_fault_skipped", **record)
+
+    def _resume(self, name: str) -> None:
+        _, record = self.stopped.pop(name)
+        try:
+            os.kill(record["pid"], signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        record["resumed_wall"] = time.time()
+
+    def _redis_back(self) -> None:
+        assert self.redis_down is not None
+        _, record = self.redis_down
+        self.redis.start()
+        record["resumed_wall"] = time.time()
+        self.redis_down = None
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def check_checkpoints(self) -> None:
+        """Load every checkpoint on disk: none may ever be unreadable (writes are atomic)."""
+        for path in sorted(self.checkpoint_dir.glob("*.pt")):
+            stage = self.names.get(path.stem)
+            if stage is None:
+                continue
+            try:
+                load_checkpoint(path, run_id=self.cfg.run.run_id, stage=stage)
+            except FileNotFoundError:
+                continue  # replaced between glob and open: the rename is atomic, the next check sees it
+            except CheckpointError as exc:
+                self.checkpoint_failures.append(str(exc))
+            self.checkpoint_loads += 1
+
+    def summary(self) -> dict[str, Any]:
+        logs = read_logs(self.out / "logs")
+        accounting = microbatch_accounting(logs, [n for n, s in self.names.items() if s == 0])
+        return {"injected": self.injected, "skipped": self.skipped, "exits": self.exits,
+                "observed": observed_counts(self.injected, logs, self.exits),
+                "largest_progress_gap_s": round(largest_progress_gap_s(logs), 2),
+                "unexpected_exits": unexpected_exits(self.exits, self.caused),
+                "not_rejoined": not_rejoined(logs),
+                "accounting": dataclasses.asdict(accounting),
+                "checkpoint_loads": self.checkpoint_loads, "checkpoint_failures": self.checkpoint_failures,
+                "timed_out": self.timed_out, "reached": self.reached,
+                "network_faults": injected_network_faults(logs)}

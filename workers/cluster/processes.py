@@ -1,0 +1,47 @@
+"""The processes of a one-machine cluster (`noloco-rt up`, `noloco-rt chaos`): names,
+command lines and environments of the supervised `noloco-rt` children."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from noloco_rt.config import Config
+from workers.supervise.launch import STOP_MARGIN_S
+from workers.supervise.supervisor import ProcessSpec
+
+
+def names_by_stage(cfg: Config) -> dict[str, int]:
+    """Worker name -> stage: s<k>-r<j> for S stages × R replicas."""
+    return {f"s{k}-r{j}": k for k in range(cfg.pipeline.stages) for j in range(cfg.pipeline.replicas)}
+
+
+def supervisor_grace_s(cfg: Config) -> float:
+    """How long the supervisor waits for a child told to leave before it kills it."""
+    return cfg.worker.leave_grace_s + STOP_MARGIN_S
+
+
+def run_command(config_file: Path, *args: str) -> tuple[str, ...]:
+    """`noloco-rt ARGS` reading the run's config.toml, logging JSON lines (what the logs hold)."""
+    return (sys.executable, "-m", "noloco_rt.cli", *args, "--config", str(config_file),
+            "--set", "run.log_format=json")
+
+
+def child_env(cfg: Config, redis_url: str) -> dict[str, str]:
+    # One thread per worker: S × R processes share this machine's cores.
+    # The Redis URL goes through the environment, like `launch` does: a password in it
+    # never shows in `ps`.
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
+    if cfg.network.curve_secret_key:  # kept out of config.toml and the command line
+        env["NOLOCO_NETWORK_CURVE_SECRET_KEY"] = cfg.network.curve_secret_key
+    return env
+
+
+def worker_process_specs(cfg: Config, config_file: Path, names: dict[str, int], redis_url: str,
+                         extra_env: dict[str, str] | None = None) -> list[ProcessSpec]:
+    """One supervised `noloco-rt worker` per name (name -> stage)."""
+    env = {**child_env(cfg, redis_url), **(extra_env or {})}
+    return [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % cfg.pipeline.replicas)},
+                        args=run_command(config_file, "worker", "--stage", str(stage), "--name", name,
+                                         "--metrics-port", "0"))
+            for index, (name, stage) in enumerate(names.items())]
