@@ -84,7 +84,7 @@ class Downstream:
         ctx = self.ctx
         while entry.attempt < ctx.cfg.worker.max_retries:
             ctx.peers.returned_from(entry.peer)
-            peer = self.choose(exclude={entry.peer}) or self.choose()
+            peer = self.choose(exclude=set(entry.tried))
             if peer is None:
                 break
             self.inflight.retry(mb_id, peer=peer.worker_id, now=self.clock(), deadline_s=self.latency.deadline_s())
