@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import zmq
@@ -20,7 +21,8 @@ import zmq
 from noloco_rt.config import Config
 from noloco_rt.export import stage_parameter_shapes
 from noloco_rt.membership.table import MemberRecord
-from workers.exchange import SnapshotService, bootstrap_from_peer
+from noloco_rt.net.snapshot import SnapshotReader
+from noloco_rt.net.snapshot_client import pull_bootstrap
 
 
 class RateLimiter:
@@ -63,27 +65,28 @@ class PulledReplica:
 class SnapshotPuller:
     """Pulls a stage's slow weights from one worker; validates them like a joiner does."""
 
-    def __init__(self, cfg: Config, ctx: zmq.Context, *, metrics: object, log: object,
+    def __init__(self, cfg: Config, ctx: zmq.Context, *, metrics: Any, log: Any,
                  limiter: RateLimiter) -> None:
         self.cfg = cfg
         self.ctx = ctx
+        self.metrics = metrics
+        self.log = log
         self.limiter = limiter
         self.sender = f"coordinator-{uuid.uuid4().hex[:12]}"
-        self.services = [self._service(stage, metrics, log) for stage in range(cfg.pipeline.stages)]
+        self.readers = [SnapshotReader(cfg.run.run_id, [tuple(shape) for _, shape in stage_parameter_shapes(cfg, stage)])
+                        for stage in range(cfg.pipeline.stages)]
 
-    def _service(self, stage: int, metrics: object, log: object) -> SnapshotService:
-        shapes = [tuple(shape) for _, shape in stage_parameter_shapes(self.cfg, stage)]
-        return SnapshotService(self.cfg, stage, self.sender, metrics=metrics, log=log, expected_shapes=shapes)
+    def _count_reject(self, reason: str) -> None:
+        self.metrics.rejected.labels(reason=reason).inc()
 
     def pull(self, member: MemberRecord, stop: threading.Event) -> PulledReplica | None:
         """The member's latest slow weights, or None (stopped, timed out or rejected)."""
-        if not 0 <= member.stage < len(self.services) or not self.limiter.acquire(stop):
+        if not 0 <= member.stage < len(self.readers) or not self.limiter.acquire(stop):
             return None
-        result = bootstrap_from_peer(self.ctx, member, self.services[member.stage],
-                                     timeout_s=self.cfg.coordinator.pull_timeout_s, observer=True)
-        if result is None:
+        state = pull_bootstrap(self.ctx, member.worker_id, member.exchange_addr, self.readers[member.stage],
+                               stage=member.stage, sender=self.sender, timeout_s=self.cfg.coordinator.pull_timeout_s,
+                               on_reject=self._count_reject, log=self.log, observer=True)
+        if state is None:
             return None
-        slow, _momentum, counters, digest = result
-        return PulledReplica(worker_id=member.worker_id, name=member.name, stage=member.stage, slow=slow,
-                             inner_steps=counters["inner_steps"], outer_steps=counters["outer_steps"],
-                             checksum=digest)
+        return PulledReplica(worker_id=member.worker_id, name=member.name, stage=member.stage, slow=state.slow,
+                             inner_steps=state.inner_steps, outer_steps=state.outer_steps, checksum=state.checksum)

@@ -35,8 +35,8 @@ from noloco_rt.net import messages
 from noloco_rt.net.codec import checksum, encode_tensors
 from noloco_rt.net.wire import PROTOCOL_VERSION, MessageKind, WireReject
 from tests.cluster import LocalCluster, WorkerProcess
-from workers.exchange import SnapshotService
 from workers.metrics import WorkerMetrics
+from workers.outer.service import SnapshotService
 
 RUN_ID = "default"
 TARGET_STAGE = 1
@@ -247,7 +247,7 @@ class ExchangePredictor:
         self.service.handle([zmq.Frame(f) for f in frames])
         after = self.service.rejects
         changed = [k for k in after if after[k] != before.get(k, 0)]
-        self.service._inbox.clear()  # a predicted-valid one would sit there
+        self.service.inbox.clear()  # a predicted-valid one would sit there
         return changed[0] if changed else None
 
 

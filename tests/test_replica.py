@@ -29,7 +29,7 @@ def test_identical_replicas_with_identical_data_stay_bit_identical():
             hidden = tokens[:, :-1]
             for replica in pipeline:
                 hidden = replica.module(hidden)
-                replica.pending_microbatches += 1
+                replica.record_microbatch()
             lm_loss(hidden, tokens[:, 1:]).backward()
             for replica in pipeline:
                 replica.finish_inner_step()

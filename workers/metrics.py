@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
@@ -32,3 +35,32 @@ class WorkerMetrics:
         """Start the HTTP endpoint; returns the port (a free one when port is 0)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_address[1])
+
+
+class RejectCounter:
+    """Messages refused by validation, by reason: a tally for the summary line (thread-safe:
+    the exchange server counts on its own thread) and the labelled Prometheus counter."""
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def count(self, reason: Any) -> None:
+        key = getattr(reason, "value", str(reason))
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+        self._metric.labels(reason=key).inc()
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+def merged_counts(*counters: RejectCounter) -> dict[str, int]:
+    """Rejects of several counters together, reason by reason."""
+    total: dict[str, int] = {}
+    for counter in counters:
+        for reason, count in counter.counts().items():
+            total[reason] = total.get(reason, 0) + count
+    return total

@@ -31,7 +31,8 @@ from noloco_rt.membership.peers import Blacklist
 from noloco_rt.membership.table import MemberRecord, WorkerState
 from noloco_rt.model import build_model
 from noloco_rt.net.transport import ExchangeServer
-from workers.exchange import SnapshotService, exchange_with_peer
+from workers.outer.exchange import exchange_with_peer
+from workers.outer.service import SnapshotService
 
 EXCHANGE_PORT = 6100  # + rank, so the loopback fallback needs no namespaces
 SYNTHETIC_TENSOR_NUMEL = 1 << 22  # 16 MiB float32 pieces, about the size of a large layer

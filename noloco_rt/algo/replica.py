@@ -37,6 +37,18 @@ class StageReplica:
     def parameters(self) -> list[torch.nn.Parameter]:
         return self.inner.params
 
+    def record_microbatch(self) -> None:
+        """One more microbatch's gradients have been accumulated for the next inner step."""
+        self.pending_microbatches += 1
+
+    @torch.no_grad()
+    def load_weights(self, *, slow: Sequence[torch.Tensor], fast: Sequence[torch.Tensor],
+                     momentum: Sequence[torch.Tensor]) -> None:
+        """Copy φ, θ and δ in place (from a checkpoint or a donor), onto this replica's device."""
+        for targets, sources in ((self.slow, slow), (self.fast, fast), (self.momentum, momentum)):
+            for target, source in zip(targets, sources, strict=True):
+                target.copy_(source.to(target.device))
+
     def has_gradients(self) -> bool:
         return self.pending_microbatches > 0
 

@@ -87,7 +87,7 @@ class Simulation:
         loss = lm_loss(hidden, targets)
         loss.backward()  # retraces the forward route through exactly these replicas
         for stage, index in enumerate(path):
-            self.replicas[stage][index].pending_microbatches += 1
+            self.replicas[stage][index].record_microbatch()
             self.route_stats.received[stage][index] += 1
         return float(loss.detach())
 

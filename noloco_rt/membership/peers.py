@@ -55,7 +55,7 @@ class PeerView:
         self.rng = rng or random.Random()
         self.blacklist = Blacklist()
         self._cache: dict[int, tuple[float, list[MemberRecord]]] = {}
-        self.local_load: dict[str, int] = {}
+        self._local_load: dict[str, int] = {}
         """Microbatches this worker has in flight at each peer (added to advertised depth)."""
 
     def members(self, stage: int) -> list[MemberRecord]:
@@ -67,6 +67,17 @@ class PeerView:
             self._cache[stage] = cached
         return [r for r in cached[1] if r.worker_id != self.own_id and not self.blacklist.blocked(r.worker_id)]
 
+    def sent_to(self, worker_id: str) -> None:
+        """A microbatch went to this peer: it counts toward the peer's load until it returns."""
+        self._local_load[worker_id] = self._local_load.get(worker_id, 0) + 1
+
+    def returned_from(self, worker_id: str) -> None:
+        """A microbatch sent to this peer came back, or was given up on."""
+        self._local_load[worker_id] = max(0, self._local_load.get(worker_id, 0) - 1)
+
+    def local_load(self, worker_id: str) -> int:
+        return self._local_load.get(worker_id, 0)
+
     def invalidate(self, stage: int) -> None:
         self._cache.pop(stage, None)
 
@@ -75,7 +86,7 @@ class PeerView:
         if not candidates:
             return None
         by_id = {r.worker_id: r for r in candidates}
-        loads = [(r.worker_id, r.queue_depth + self.local_load.get(r.worker_id, 0)) for r in candidates]
+        loads = [(r.worker_id, r.queue_depth + self.local_load(r.worker_id)) for r in candidates]
         return by_id[route_next_hop(loads, self.rng, policy)]
 
     def random_peers(self, stage: int) -> list[MemberRecord]:

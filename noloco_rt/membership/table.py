@@ -19,6 +19,7 @@ import redis
 
 from noloco_rt.config import ConfigError
 from noloco_rt.logs import get_logger
+from noloco_rt.membership.progress import WorkerProgress, progress_from_text, progress_to_text
 
 # An AuthenticationError is a ConnectionError and NOPERM (an ACL change) a ResponseError: during a
 # run both are handled like an outage (cached view, retries) but logged as access errors.
@@ -39,37 +40,26 @@ class WorkerState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class MemberRecord:
+class MemberRecord(WorkerProgress):
+    """One worker incarnation in the table: where to reach it, its state, and its progress
+    (the WorkerProgress fields, keyword-only, after these)."""
+
     worker_id: str
     run_id: str
     stage: int
     data_addr: str
     exchange_addr: str
     state: WorkerState
-    outer_step: int = 0
-    queue_depth: int = 0
     public_key: str = ""
     heartbeat_time: float = 0.0
-    # Progress, for people watching (`up`, `status`); peers never route on these.
     name: str = ""
-    inner_step: int = 0
-    loss: float | None = None
-    tokens_per_s: float = 0.0
-    peer_exchanges: int = 0
-    local_outer_steps: int = 0
-    retried: int = 0
-    dropped: int = 0
     metrics_addr: str = ""
 
     def to_fields(self) -> dict[str, str]:
         return {"worker_id": self.worker_id, "run_id": self.run_id, "stage": str(self.stage),
                 "data_addr": self.data_addr, "exchange_addr": self.exchange_addr, "state": self.state.value,
-                "outer_step": str(self.outer_step), "queue_depth": str(self.queue_depth),
                 "public_key": self.public_key, "heartbeat_time": repr(self.heartbeat_time),
-                "name": self.name, "inner_step": str(self.inner_step),
-                "loss": "" if self.loss is None else repr(self.loss), "tokens_per_s": repr(self.tokens_per_s),
-                "peer_exchanges": str(self.peer_exchanges), "local_outer_steps": str(self.local_outer_steps),
-                "retried": str(self.retried), "dropped": str(self.dropped), "metrics_addr": self.metrics_addr}
+                "name": self.name, "metrics_addr": self.metrics_addr, **progress_to_text(self)}
 
     @classmethod
     def from_fields(cls, fields: dict[Any, Any]) -> MemberRecord:
@@ -79,17 +69,10 @@ class MemberRecord:
         try:
             return cls(worker_id=text["worker_id"], run_id=text["run_id"], stage=int(text["stage"]),
                        data_addr=text["data_addr"], exchange_addr=text["exchange_addr"],
-                       state=WorkerState(text["state"]), outer_step=int(text["outer_step"]),
-                       queue_depth=int(text["queue_depth"]), public_key=text.get("public_key", ""),
+                       state=WorkerState(text["state"]), public_key=text.get("public_key", ""),
                        heartbeat_time=float(text["heartbeat_time"]),
-                       # Progress fields are optional: a record without them is still a member.
-                       name=text.get("name", ""), inner_step=int(text.get("inner_step") or 0),
-                       loss=float(text["loss"]) if text.get("loss") else None,
-                       tokens_per_s=float(text.get("tokens_per_s") or 0.0),
-                       peer_exchanges=int(text.get("peer_exchanges") or 0),
-                       local_outer_steps=int(text.get("local_outer_steps") or 0),
-                       retried=int(text.get("retried") or 0), dropped=int(text.get("dropped") or 0),
-                       metrics_addr=text.get("metrics_addr", ""))
+                       name=text.get("name", ""), metrics_addr=text.get("metrics_addr", ""),
+                       **progress_from_text(text))
         except KeyError as exc:
             raise ValueError(f"missing field {exc}") from None
 

@@ -13,24 +13,20 @@ from typing import Any
 
 from rich.table import Table
 
+from noloco_rt.membership.progress import WorkerProgress, progress_of
 from noloco_rt.membership.table import MemberRecord
 
 
-@dataclass
-class WorkerRow:
+@dataclass(frozen=True)
+class WorkerRow(WorkerProgress):
+    """One worker name: its progress fields (the newest membership record's) plus what the
+    supervisor knows."""
+
     name: str
     stage: int
     state: str
     """Membership state while running (JOINING, ONLINE), else the supervisor's (finished, backoff...)."""
     restarts: int = 0
-    inner_step: int = 0
-    outer_step: int = 0
-    loss: float | None = None
-    tokens_per_s: float = 0.0
-    peer_exchanges: int = 0
-    local_outer_steps: int = 0
-    retried: int = 0
-    dropped: int = 0
 
 
 @dataclass
@@ -84,22 +80,13 @@ def build_sample(*, now: float, started: float, steps: int, names_by_stage: Mapp
         process_state = getattr(process, "state", "unknown")
         restarts = int(getattr(process, "restarts", 0))
         record = by_name.get(name)
+        previous = last_seen.get(name)
         if record is not None:
-            row = WorkerRow(name=name, stage=stage, state=record.state.value, restarts=restarts,
-                            inner_step=record.inner_step, outer_step=record.outer_step, loss=record.loss,
-                            tokens_per_s=record.tokens_per_s, peer_exchanges=record.peer_exchanges,
-                            local_outer_steps=record.local_outer_steps, retried=record.retried,
-                            dropped=record.dropped)
-        else:
-            previous = last_seen.get(name)
-            row = WorkerRow(**{**asdict(previous or WorkerRow(name=name, stage=stage, state="")),
-                               "restarts": restarts, "tokens_per_s": 0.0})
-            # Running but not in the table: not registered yet, or already gone from it.
-            row.state = process_state if process_state != "running" else (
-                "leaving" if previous is not None and previous.restarts == restarts
-                and previous.state in ("ONLINE", "LEAVING", "leaving") else "starting")
-        if process_state in ("finished", "failed", "backoff", "stopped"):
-            row.state = process_state
+            progress = progress_of(record)
+        else:  # a worker that left the table keeps its last figures, but no longer a rate
+            progress = {**(progress_of(previous) if previous else {}), "tokens_per_s": 0.0}
+        row = WorkerRow(name=name, stage=stage, restarts=restarts,
+                        state=_row_state(process_state, record, previous, restarts), **progress)
         last_seen[name] = row
         rows.append(row)
     sample = RunSample(time=now, elapsed_s=now - started, steps=steps, workers=rows,
@@ -111,6 +98,19 @@ def build_sample(*, now: float, started: float, steps: int, names_by_stage: Mapp
         sample.eval_step = last_eval.get("step")
         sample.spread = last_spread.get("spread")
     return sample
+
+
+def _row_state(process_state: str, record: MemberRecord | None, previous: WorkerRow | None, restarts: int) -> str:
+    """The supervisor's state once the process stopped; else the membership state."""
+    if process_state in ("finished", "failed", "backoff", "stopped"):
+        return process_state
+    if record is not None:
+        return record.state.value
+    if process_state != "running":
+        return process_state
+    # Running but not in the table: not registered yet, or already gone from it.
+    return ("leaving" if previous is not None and previous.restarts == restarts
+            and previous.state in ("ONLINE", "LEAVING", "leaving") else "starting")
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -1,1 +1,1 @@
-"""The worker's data path: microbatches in flight, deadlines."""
+"""The worker's data path (DESIGN §3): its role, messages in and out, microbatches in flight, deadlines."""

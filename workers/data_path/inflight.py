@@ -16,7 +16,7 @@ class InflightEntry:
     microbatch_id: int
     attempt: int
     peer: str
-    """Address the current attempt was sent to."""
+    """Worker id of the peer the current attempt was sent to ("" if none was live)."""
     sent_at: float
     deadline_at: float
     payload: Any = None
@@ -24,7 +24,7 @@ class InflightEntry:
     context: Any = None
     """What the gradient is applied to (the local output with its graph)."""
     tried: list[str] = field(default_factory=list)
-    """Peers tried so far, oldest first."""
+    """Worker ids tried so far, oldest first: a retry never goes back to one of them."""
 
 
 class InflightTable:

@@ -1,0 +1,195 @@
+"""The snapshot format of the outer exchange and the joiner's bootstrap (DESIGN §4), pure.
+
+A snapshot is one compressed payload of tensors plus a small header: run, stage, outer
+step, codec, tensor specs, what the parts are, a checksum and (for bootstraps) counters.
+This module encodes snapshots into wire frames and validates received ones in full:
+wire limits, message kind, checksum, specs, shapes, parts kind, payload size, bounded
+decompression and finite values. Every refusal raises SnapshotRejected with a reason
+that callers count. No sockets, no threads: the server and the clients live elsewhere.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.net.codec import (
+    CodecError,
+    EncodedTensors,
+    TensorSpec,
+    checksum,
+    decode_tensors,
+    encode_tensors,
+)
+from noloco_rt.net.wire import (
+    PROTOCOL_VERSION,
+    DecodedMessage,
+    Header,
+    MessageKind,
+    WireLimits,
+    WireReject,
+    decode_message,
+    encode_message,
+)
+
+SNAPSHOT_LIMITS = WireLimits(max_frame_bytes=64 << 30, max_message_bytes=(64 << 30) + (1 << 20))
+# zstd's worst case grows incompressible input by well under 1 %; anything larger than
+# the raw size plus this slack is not an honest snapshot.
+PAYLOAD_SLACK_BYTES = 1 << 16
+# Room for codec framing on top of two float32 copies of the stage's weights.
+DECOMPRESSED_SLACK_BYTES = 1 << 20
+
+
+class PartsKind(enum.StrEnum):
+    """What a snapshot's tensors are, in order."""
+
+    FAST = "fast"
+    """θ alone (the γ = β shortcut): one copy of the stage's parameters."""
+    SLOW_GRAD = "slow+grad"
+    """φ then Δ: two copies."""
+    SLOW_MOMENTUM = "slow+momentum"
+    """φ then δ, for joiners (lossless): two copies."""
+
+    @property
+    def copies(self) -> int:
+        return 1 if self is PartsKind.FAST else 2
+
+
+class SnapshotRejected(ValueError):
+    """A received snapshot is refused; `reason` is the counted label."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Immutable once published: the header fields and the compressed payload."""
+
+    outer_step: int
+    parts_kind: str
+    """A PartsKind value."""
+    encoded: EncodedTensors
+    digest: str
+    counters: dict[str, int]
+
+
+def encode_snapshot(tensors: Sequence[torch.Tensor], codec: str, outer_step: int, parts_kind: PartsKind,
+                    counters: dict[str, int] | None = None) -> Snapshot:
+    """Compress detached float32 CPU copies of `tensors` once, with their checksum."""
+    encoded = encode_tensors([t.detach().float().cpu() for t in tensors], codec)
+    return Snapshot(outer_step, parts_kind.value, encoded, checksum(encoded.payload), counters or {})
+
+
+def contribution_parts(state: PeerOuterState) -> tuple[list[torch.Tensor], PartsKind]:
+    """The tensors a group member sends for its outer step, and what they are."""
+    if state.fast is not None:
+        return list(state.fast), PartsKind.FAST
+    if state.slow is None or state.outer_grad is None:
+        raise ValueError("a contribution needs fast weights, or slow weights and outer gradient")
+    return list(state.slow) + list(state.outer_grad), PartsKind.SLOW_GRAD
+
+
+def snapshot_message(kind: MessageKind, *, run_id: str, stage: int, sender: str, snapshot: Snapshot | None = None,
+                     outer_step: int = -1, extra: dict[str, Any] | None = None) -> list[Any]:
+    """Wire frames of a snapshot message. Without a snapshot (a request for one, or an
+    answer that has none) the header carries `outer_step` and `extra` and no payload."""
+    if snapshot is None:
+        header = Header(version=PROTOCOL_VERSION, run_id=run_id, kind=kind, sender=sender, microbatch_id=0,
+                        attempt=0, outer_step=outer_step, stage=stage, codec="raw", tensors=[], extra=extra or {})
+        return encode_message(header, [])
+    payload = snapshot.encoded.payload
+    header = Header(version=PROTOCOL_VERSION, run_id=run_id, kind=kind, sender=sender, microbatch_id=0,
+                    attempt=0, outer_step=snapshot.outer_step, stage=stage, codec="raw",
+                    tensors=[{"shape": [len(payload)], "dtype": "uint8", "nbytes": len(payload)}],
+                    extra={"codec": snapshot.encoded.codec, "parts": snapshot.parts_kind,
+                           "specs": [[list(s.shape), s.dtype] for s in snapshot.encoded.specs],
+                           "checksum": snapshot.digest, "counters": snapshot.counters})
+    return encode_message(header, [payload])
+
+
+def max_decompressed_bytes(shapes: Sequence[Sequence[int]]) -> int:
+    """The most a snapshot of a stage with these parameter shapes may decompress to."""
+    return 2 * 4 * sum(math.prod(int(d) for d in s) for s in shapes) + DECOMPRESSED_SLACK_BYTES
+
+
+def require_kind(decoded: DecodedMessage, kind: MessageKind) -> None:
+    """A reply of another kind (an ERROR, say) holds no snapshot."""
+    if MessageKind(decoded.header.kind) != kind:
+        raise SnapshotRejected("no_snapshot")
+
+
+class SnapshotReader:
+    """Validates received snapshots of one stage of one run (the stage's parameter shapes)."""
+
+    def __init__(self, run_id: str, expected_shapes: Sequence[tuple[int, ...]]) -> None:
+        self.run_id = run_id
+        self.expected_shapes = [tuple(s) for s in expected_shapes]
+        self.max_decompressed_bytes = max_decompressed_bytes(self.expected_shapes)
+
+    def message(self, frames: Sequence[Any]) -> DecodedMessage:
+        """The decoded wire message; wire rejects become SnapshotRejected with the same reason."""
+        try:
+            return decode_message(frames, expected_run_id=self.run_id, limits=SNAPSHOT_LIMITS)
+        except WireReject as reject:
+            raise SnapshotRejected(reject.reason.value) from None
+
+    def snapshot(self, decoded: DecodedMessage) -> Snapshot:
+        """Rebuild a Snapshot from a decoded message, verifying size, checksum, specs and shapes."""
+        header = decoded.header
+        extra = header.extra
+        if not decoded.tensors or "specs" not in extra:
+            raise SnapshotRejected("empty_snapshot")
+        if decoded.tensors[0].numel() > self.max_decompressed_bytes + PAYLOAD_SLACK_BYTES:
+            raise SnapshotRejected("payload_too_large")
+        payload = decoded.tensors[0].numpy().tobytes()
+        if checksum(payload) != extra.get("checksum"):
+            raise SnapshotRejected("checksum")
+        try:
+            specs = [TensorSpec(shape=tuple(int(d) for d in shape), dtype=str(dtype)) for shape, dtype in extra["specs"]]
+        except (TypeError, ValueError):
+            raise SnapshotRejected("malformed_specs") from None
+        parts_kind = str(extra.get("parts", ""))
+        if parts_kind not in tuple(PartsKind) or \
+                [s.shape for s in specs] != self.expected_shapes * PartsKind(parts_kind).copies:
+            raise SnapshotRejected("shape_mismatch")
+        encoded = EncodedTensors(codec=str(extra.get("codec")), specs=specs, payload=payload,
+                                 raw_bytes=sum(4 * s.numel for s in specs), wire_bytes=len(payload))
+        counters = extra.get("counters") or {}
+        return Snapshot(header.outer_step, parts_kind, encoded, str(extra["checksum"]),
+                        {str(k): int(v) for k, v in counters.items()})
+
+    def tensors(self, snapshot: Snapshot) -> list[torch.Tensor]:
+        """The snapshot's tensors, decompressed within the bound and all finite."""
+        try:
+            tensors = decode_tensors(snapshot.encoded, max_decompressed_bytes=self.max_decompressed_bytes)
+        except CodecError as exc:
+            raise SnapshotRejected("codec") from exc
+        if not all(bool(torch.isfinite(t).all()) for t in tensors):
+            raise SnapshotRejected("non_finite")
+        return tensors
+
+    def contribution(self, decoded: DecodedMessage) -> tuple[Snapshot, PeerOuterState]:
+        """A peer's outer-step contribution (θ, or φ and Δ), validated in full."""
+        snapshot = self.snapshot(decoded)
+        if snapshot.parts_kind == PartsKind.SLOW_MOMENTUM:
+            raise SnapshotRejected("wrong_parts")
+        tensors = self.tensors(snapshot)
+        if snapshot.parts_kind == PartsKind.FAST:
+            return snapshot, PeerOuterState(fast=tensors)
+        half = len(tensors) // 2
+        return snapshot, PeerOuterState(slow=tensors[:half], outer_grad=tensors[half:])
+
+    def bootstrap(self, decoded: DecodedMessage) -> tuple[Snapshot, list[torch.Tensor]]:
+        """A donor's slow weights then momentum, validated in full."""
+        snapshot = self.snapshot(decoded)
+        if snapshot.parts_kind != PartsKind.SLOW_MOMENTUM:
+            raise SnapshotRejected("wrong_parts")
+        return snapshot, self.tensors(snapshot)

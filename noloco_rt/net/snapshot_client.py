@@ -1,0 +1,53 @@
+"""Downloading a peer's bootstrap snapshot over its exchange socket.
+
+A joiner downloads slow weights, momentum and counters from a live peer of its stage;
+the coordinator pulls the same snapshot read-only (`observer=True`, which the donor does
+not log). Both validate it in full (noloco_rt.net.snapshot) before using it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import zmq
+
+from noloco_rt.net.snapshot import SnapshotReader, SnapshotRejected, require_kind, snapshot_message
+from noloco_rt.net.transport import request
+from noloco_rt.net.wire import MessageKind
+
+
+@dataclass(frozen=True)
+class BootstrapState:
+    """What a donor served: φ and δ of its stage, its counters, and the payload checksum."""
+
+    slow: list[torch.Tensor]
+    momentum: list[torch.Tensor]
+    inner_steps: int
+    outer_steps: int
+    checksum: str
+
+
+def pull_bootstrap(ctx: zmq.Context, donor_id: str, address: str, reader: SnapshotReader, *, stage: int,
+                   sender: str, timeout_s: float, on_reject: Callable[[str], None], log: Any,
+                   observer: bool = False) -> BootstrapState | None:
+    """The donor's bootstrap state, or None: a timeout is logged, a refusal passed to on_reject."""
+    frames = snapshot_message(MessageKind.BOOTSTRAP_REQUEST, run_id=reader.run_id, stage=stage, sender=sender,
+                              outer_step=0, extra={"observer": True} if observer else {})
+    reply = request(ctx, address, frames, timeout_s=timeout_s)
+    if reply is None:
+        log.warning("bootstrap_timeout", donor=donor_id[:8], timeout_s=timeout_s)
+        return None
+    try:
+        decoded = reader.message(reply)
+        require_kind(decoded, MessageKind.BOOTSTRAP_REPLY)
+        snapshot, tensors = reader.bootstrap(decoded)
+    except SnapshotRejected as rejected:
+        on_reject(rejected.reason)
+        return None
+    half = len(tensors) // 2
+    return BootstrapState(slow=tensors[:half], momentum=tensors[half:],
+                          inner_steps=snapshot.counters.get("inner_steps", 0),
+                          outer_steps=snapshot.counters.get("outer_steps", 0), checksum=snapshot.digest)

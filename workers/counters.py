@@ -1,0 +1,61 @@
+"""A worker's running counts: what its summary line reports and its heartbeat publishes."""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from noloco_rt.membership.progress import WorkerProgress
+
+TOKEN_WINDOW = 64
+"""Recent token counts the throughput is measured over."""
+
+
+@dataclass
+class Counters:
+    inner_steps: int = 0
+    outer_steps: int = 0
+    peer_exchanges: int = 0
+    local_outer_steps: int = 0
+    microbatches: int = 0
+    """Microbatches whose backward this worker completed."""
+    sent: int = 0
+    """Microbatches this worker originated (first attempts only; retries are counted in `retried`)."""
+    retried: int = 0
+    dropped: int = 0
+    routed_to: collections.Counter = field(default_factory=collections.Counter)
+    """Successful sends by peer (short id)."""
+
+    def summary(self) -> dict[str, Any]:
+        """Every count by name, for the worker_summary log line."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["routed_to"] = dict(self.routed_to)
+        return values
+
+    def progress(self, *, queue_depth: int, loss: float | None, tokens_per_s: float) -> WorkerProgress:
+        """What the heartbeat publishes, from these counts and the live figures given."""
+        return WorkerProgress(outer_step=self.outer_steps, queue_depth=queue_depth, inner_step=self.inner_steps,
+                              loss=loss, tokens_per_s=round(tokens_per_s, 1), peer_exchanges=self.peer_exchanges,
+                              local_outer_steps=self.local_outer_steps, retried=self.retried, dropped=self.dropped)
+
+
+class TokenRate:
+    """Tokens processed: the Prometheus counter, and a rate over the last TOKEN_WINDOW additions."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=TOKEN_WINDOW)
+
+    def add(self, count: int) -> None:
+        self.metrics.tokens.inc(count)
+        self._window.append((time.monotonic(), count))
+        self.metrics.tokens_per_s.set(self.per_s())
+
+    def per_s(self) -> float:
+        if len(self._window) < 2:
+            return 0.0
+        span = self._window[-1][0] - self._window[0][0]
+        total = sum(count for _, count in list(self._window)[1:])
+        return total / span if span > 0 else 0.0

@@ -1,0 +1,121 @@
+"""Sending forwards to the next stage, and getting every one back or accounted for (DESIGN §3).
+
+Each forward goes to a live next-stage worker (the routing policy decides which) and stays
+in flight until its gradient returns. A forward whose send fails or whose deadline passes
+is re-sent with a new attempt id to a worker that has not failed it yet; once
+worker.max_retries attempts have failed, or every live worker has failed it, it is
+dropped and counted. Deadlines derive from observed round trips.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from noloco_rt.membership.table import MemberRecord
+from noloco_rt.net import messages
+from workers.data_path.context import DataContext
+from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
+from workers.data_path.inflight import InflightEntry, InflightTable
+
+SEND_TIMEOUT_S = 1.0
+
+
+def deadline_policy(floor_s: float, ceiling_s: float) -> DeadlinePolicy:
+    """The configured bounds; before any round trip is seen, 10 s within them (start-up includes warm-up)."""
+    return DeadlinePolicy(floor_s=floor_s, ceiling_s=ceiling_s, initial_s=min(max(10.0, floor_s), ceiling_s))
+
+
+class Downstream:
+    """The microbatches this worker has in flight at the next stage."""
+
+    def __init__(self, ctx: DataContext, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.next_stage = ctx.stage + 1
+        self.clock = clock
+        self.inflight = InflightTable()
+        self.latency = LatencyTracker(deadline_policy(ctx.cfg.worker.deadline_floor_s,
+                                                      ctx.cfg.worker.deadline_ceiling_s))
+        self._microbatch_ids = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self.inflight)
+
+    def choose(self, exclude: set[str] | None = None) -> MemberRecord | None:
+        """A live next-stage worker by the routing policy, or None if there is none."""
+        return self.ctx.peers.choose_next_hop(self.next_stage, self.ctx.cfg.routing.policy, exclude=exclude)
+
+    def forward(self, output: torch.Tensor, targets: torch.Tensor, context: Any, peer: MemberRecord | None) -> None:
+        """Send `output` (B, T, C) and `targets` (B, T) to `peer` (or, failing that, to another
+        worker) and keep `context` until the gradient comes back."""
+        ctx = self.ctx
+        mb_id = next(self._microbatch_ids)
+        frames = messages.forward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, mb_id, ctx.data.address,
+                                  ctx.staging.to_host(output), targets)
+        self.inflight.add(mb_id, peer=peer.worker_id if peer else "", now=self.clock(),
+                          deadline_s=self.latency.deadline_s(), payload=frames, context=context)
+        ctx.counters.sent += 1
+        ctx.tokens.add(targets.numel())
+        if peer is None or not self._send(peer, frames, mb_id):
+            self.resend(mb_id)
+
+    def _send(self, peer: MemberRecord, message: messages.Outgoing, mb_id: int) -> bool:
+        ctx = self.ctx
+        if ctx.data.send(peer.data_addr, message.parts(), timeout_s=SEND_TIMEOUT_S):
+            ctx.counters.routed_to[peer.worker_id[:8]] += 1
+            ctx.peers.sent_to(peer.worker_id)
+            ctx.metrics.forwarded.inc()
+            return True
+        ctx.log.warning("send_failed", peer=peer.worker_id[:8], microbatch=mb_id)
+        ctx.peers.blacklist.fail(peer.worker_id)
+        ctx.data.forget(peer.data_addr)
+        return False
+
+    def resend(self, mb_id: int) -> None:
+        """Re-send microbatch mb_id (new attempt id) to a live worker that has not failed it
+        yet; drop it once max_retries attempts have failed or no such worker is left."""
+        entry = self.inflight.get(mb_id)
+        if entry is None:
+            return
+        ctx = self.ctx
+        while entry.attempt < ctx.cfg.worker.max_retries:
+            ctx.peers.returned_from(entry.peer)
+            peer = self.choose(exclude=set(entry.tried))
+            if peer is None:
+                break
+            self.inflight.retry(mb_id, peer=peer.worker_id, now=self.clock(), deadline_s=self.latency.deadline_s())
+            entry.payload = messages.with_attempt(entry.payload, entry.attempt)
+            ctx.counters.retried += 1
+            ctx.metrics.retried.inc()
+            ctx.log.info("microbatch_retried", microbatch=mb_id, attempt=entry.attempt, peer=peer.worker_id[:8])
+            if self._send(peer, entry.payload, mb_id):
+                return
+        self.inflight.abandon(mb_id)
+        ctx.drop(mb_id, "retries_exhausted")
+
+    def resolve(self, microbatch_id: int, attempt: int) -> InflightEntry | None:
+        """The entry a gradient answers (its peer credited), or None for a late or duplicate reply."""
+        entry = self.inflight.resolve(microbatch_id, attempt)
+        if entry is None:
+            return None
+        self.latency.observe(self.clock() - entry.sent_at)
+        self.ctx.peers.blacklist.succeed(entry.peer)
+        self.ctx.peers.returned_from(entry.peer)
+        return entry
+
+    def retry_expired(self) -> None:
+        """Microbatches past their deadline: their peer is blacklisted, they go elsewhere."""
+        for entry in self.inflight.expired(self.clock()):
+            self.ctx.peers.blacklist.fail(entry.peer)
+            self.resend(entry.microbatch_id)
+
+    def drop_expired(self, reason: str, *, now: float | None = None) -> None:
+        """Microbatches past their deadline (at `now`; default: the clock) are given up."""
+        for entry in self.inflight.expired(self.clock() if now is None else now):
+            self.ctx.peers.blacklist.fail(entry.peer)
+            self.inflight.abandon(entry.microbatch_id)
+            self.ctx.drop(entry.microbatch_id, reason)

@@ -1,0 +1,99 @@
+"""Taking messages off the data socket: decoded, deduplicated, then handed on by kind.
+
+Everything received is untrusted: a message that fails wire validation, a forward of
+the wrong stage or shape, or a kind this worker does not take is rejected and counted.
+A (sender, microbatch, attempt) seen before is a duplicate and ignored.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from noloco_rt.net import messages
+from noloco_rt.net.wire import MessageKind, WireReject
+from workers.data_path.context import DataContext
+
+RECEIVE_POLL_S = 0.05
+SEEN_MEMORY = 4096
+"""Message keys remembered for deduplication."""
+
+
+class ForwardIntake:
+    """Forwards from the previous stage, checked, queued until the step budget takes them."""
+
+    def __init__(self, ctx: DataContext) -> None:
+        self.ctx = ctx
+        self.pending: collections.deque[messages.DataMessage] = collections.deque()
+        self.upstream_seen = False
+        """Whether a forward from the previous stage ever arrived (the finishing rule asks)."""
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def offer(self, message: messages.DataMessage, *, accepting: bool) -> None:
+        if not accepting or self.ctx.leave_requested.is_set():
+            return  # leaving: the sender's deadline re-routes it
+        if message.stage != self.ctx.stage - 1 or not self._well_formed(message):
+            self.ctx.rejected.count("wrong_stage_or_shape")
+            return
+        self.upstream_seen = True
+        self.pending.append(message)
+
+    def _well_formed(self, message: messages.DataMessage) -> bool:
+        """Activations (B, T, C) and targets (B, T) of the run's shapes, targets inside the vocabulary."""
+        cfg = self.ctx.cfg
+        batch, seq = cfg.data.batch_size, cfg.model.seq_len
+        activations, targets = message.tensors
+        if tuple(activations.shape) != (batch, seq, self.ctx.replica.module.shape.dim) or \
+                tuple(targets.shape) != (batch, seq):
+            return False
+        return bool(targets.numel() == 0 or (int(targets.min()) >= 0 and int(targets.max()) < cfg.model.vocab_size))
+
+    def take(self) -> messages.DataMessage:
+        """The oldest queued forward."""
+        return self.pending.popleft()
+
+    def clear(self) -> None:
+        self.pending.clear()
+
+
+class Receiver:
+    """One message at a time: gradients to `on_gradient`, forwards to `intake` (None: this
+    stage takes no forwards, the first one)."""
+
+    def __init__(self, ctx: DataContext, *, on_gradient: Callable[[messages.DataMessage], None],
+                 intake: ForwardIntake | None) -> None:
+        self.ctx = ctx
+        self.on_gradient = on_gradient
+        self.intake = intake
+        self._seen: collections.OrderedDict[tuple[str, int, int], None] = collections.OrderedDict()
+
+    def poll(self, *, accept_forwards: bool) -> None:
+        """Handle at most one message, waiting up to RECEIVE_POLL_S for it."""
+        frames = self.ctx.data.receive(RECEIVE_POLL_S)
+        if frames is None:
+            return
+        try:
+            message = messages.decode(frames, run_id=self.ctx.cfg.run.run_id)
+        except WireReject as reject:
+            self.ctx.rejected.count(reject.reason)
+            return
+        if self._duplicate(message):
+            self.ctx.discard("duplicate")
+            return
+        if message.kind == MessageKind.BACKWARD:
+            self.on_gradient(message)
+        elif message.kind == MessageKind.FORWARD and self.intake is not None:
+            self.intake.offer(message, accepting=accept_forwards)
+        else:
+            self.ctx.rejected.count("unexpected_kind")
+
+    def _duplicate(self, message: messages.DataMessage) -> bool:
+        key = (message.sender, message.microbatch_id, message.attempt)
+        if key in self._seen:
+            return True
+        self._seen[key] = None
+        if len(self._seen) > SEEN_MEMORY:
+            self._seen.popitem(last=False)
+        return False

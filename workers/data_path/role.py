@@ -1,0 +1,152 @@
+"""What every data-path role shares: the step budget, the loss, gradients sent back upstream.
+
+A worker's role (alone, first, middle or last stage) is decided once, when its data path
+is built (workers/data_path/roles.py); each role is a class whose `tick` reads top to
+bottom. The parts here are what several roles share, written once.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+from noloco_rt.data import DataCursor, ShardedBatches, load_corpus
+from noloco_rt.membership.table import Membership
+from noloco_rt.model import lm_loss
+from noloco_rt.net import messages
+from workers.data_path.context import DataContext
+from workers.data_path.downstream import SEND_TIMEOUT_S
+from workers.data_path.receiver import ForwardIntake, Receiver
+from workers.finish import FinishRule, StepLimit, UpstreamFinished
+
+
+class Role:
+    """The base: counts forwards accepted this step; trains on a loss; replies upstream."""
+
+    intake: ForwardIntake | None = None
+    """Where forwards from the previous stage queue (stages that take them)."""
+
+    def __init__(self, ctx: DataContext) -> None:
+        self.ctx = ctx
+        self.accepted_this_step = 0
+        self._losses: list[float] = []
+        self.receiver = Receiver(ctx, on_gradient=self._on_gradient, intake=self.intake)
+
+    def tick(self) -> None:
+        """One turn of the training loop's data path."""
+        raise NotImplementedError
+
+    def ready_to_step(self) -> bool:
+        """The step's budget of forwards is done and every gradient is back or dropped."""
+        return self.accepted_this_step >= self.ctx.budget and self.in_flight() == 0
+
+    def end_step(self) -> None:
+        self.accepted_this_step = 0
+
+    def in_flight(self) -> int:
+        return 0
+
+    def queued(self) -> int:
+        return len(self.intake) if self.intake is not None else 0
+
+    def queue_depth(self) -> int:
+        """Forwards waiting or in flight at this worker (the routing hint it advertises)."""
+        return self.in_flight() + self.queued()
+
+    def idle(self) -> bool:
+        return self.queue_depth() == 0
+
+    def take_losses(self) -> list[float]:
+        """Training losses since the last call (stages that compute the loss)."""
+        losses, self._losses = self._losses, []
+        return losses
+
+    def finish_rule(self, membership: Membership, max_steps: int) -> FinishRule:
+        return UpstreamFinished(membership, self.ctx.stage, idle=self.idle,
+                                received_from_upstream=lambda: self.intake is not None and self.intake.upstream_seen)
+
+    def open_data(self, name: str, cursor: DataCursor | None) -> None:
+        """Stages that read the corpus open their shard here; others have none."""
+
+    def cursor_state(self) -> dict[str, Any] | None:
+        return None
+
+    def wind_down(self, deadline: float) -> None:
+        """Leaving: queued forwards are never taken (their senders re-route them)."""
+        if self.intake is not None:
+            self.intake.clear()
+
+    def _on_gradient(self, message: messages.DataMessage) -> None:
+        self.ctx.discard("late_or_duplicate")  # nothing of ours is in flight downstream
+
+    def _train_on(self, output: torch.Tensor, targets: torch.Tensor) -> None:
+        """Loss of `output` (B, T, vocab) against `targets` (B, T), backward at once."""
+        ctx = self.ctx
+        loss = lm_loss(output, targets.to(ctx.staging.device))
+        loss.backward()
+        ctx.replica.record_microbatch()
+        self._losses.append(loss.item())
+        ctx.metrics.loss.set(self._losses[-1])
+        ctx.tokens.add(targets.numel())
+
+    def _reply_gradient(self, upstream: messages.DataMessage, grad: torch.Tensor) -> None:
+        """Send the input gradient back to the exact worker that sent the forward."""
+        ctx = self.ctx
+        reply = messages.backward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, upstream.microbatch_id,
+                                  upstream.attempt, ctx.staging.to_host(grad))
+        if not ctx.data.send(upstream.reply_to, reply.parts(), timeout_s=SEND_TIMEOUT_S):
+            # The origin died or is unreachable: its microbatch is lost with it.
+            ctx.data.forget(upstream.reply_to)
+            ctx.drop(upstream.microbatch_id, "origin_unreachable")
+
+
+class ReadsData(Role):
+    """The first stage: reads its own shard of the corpus; done after max_steps inner steps."""
+
+    batches: ShardedBatches | None = None
+
+    def open_data(self, name: str, cursor: DataCursor | None) -> None:
+        cfg = self.ctx.cfg
+        corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
+        # Each first-stage worker reads its own permutation of the corpus, fixed by its name,
+        # so a restarted worker resumes the same stream from its checkpointed cursor.
+        seed = (cfg.run.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**32
+        self.batches = ShardedBatches(corpus.train, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size,
+                                      shard=0, num_shards=1, seed=seed, cursor=cursor)
+
+    def cursor_state(self) -> dict[str, Any] | None:
+        return self.batches.cursor.state_dict() if self.batches else None
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.batches is None:
+            raise RuntimeError("open_data() must be called before training")
+        return self.batches.next_batch()
+
+    def finish_rule(self, membership: Membership, max_steps: int) -> FinishRule:
+        return StepLimit(self.ctx.counters, max_steps)
+
+
+class TakesForwards(Role):
+    """A later stage: takes forwards from the previous stage, up to the step budget."""
+
+    def __init__(self, ctx: DataContext) -> None:
+        self.intake = ForwardIntake(ctx)
+        super().__init__(ctx)
+
+    def tick(self) -> None:
+        self.take_forwards()
+
+    def take_forwards(self) -> None:
+        """Receive one message; compute on queued forwards while the step's budget allows."""
+        assert self.intake is not None
+        self.receiver.poll(accept_forwards=True)
+        while len(self.intake) and self.accepted_this_step < self.ctx.budget:
+            message = self.intake.take()
+            self.accepted_this_step += 1
+            self.on_forward(message, self.ctx.staging.to_device(message.tensors[0]).requires_grad_(True))
+
+    def on_forward(self, message: messages.DataMessage, hidden_in: torch.Tensor) -> None:
+        """Compute on one accepted forward; `hidden_in` (B, T, C) requires grad."""
+        raise NotImplementedError

@@ -1,0 +1,57 @@
+"""The inner step (DESIGN §3): once the step's forwards are all back, step the optimizer,
+and every H inner steps the outer step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from noloco_rt.algo.replica import StageReplica
+from workers.counters import Counters, TokenRate
+from workers.data_path.role import Role
+from workers.metrics import WorkerMetrics
+from workers.outer.step import OuterStep
+
+PROGRESS_LOG_EVERY = 10
+
+
+class InnerStep:
+    def __init__(self, *, data_path: Role, replica: StageReplica, outer: OuterStep, counters: Counters,
+                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, after_outer_step: Callable[[], None]) -> None:
+        self.data_path = data_path
+        self.replica = replica
+        self.outer = outer
+        self.counters = counters
+        self.tokens = tokens
+        self.metrics = metrics
+        self.log = log
+        self.after_outer_step = after_outer_step
+        self.last_loss: float | None = None
+        """Mean training loss of the last inner step (stages that compute the loss)."""
+
+    def maybe_step(self) -> None:
+        """Step if the data path is ready: no optimizer step touches weights an in-flight
+        microbatch still needs."""
+        if not self.data_path.ready_to_step():
+            return
+        if self.replica.has_gradients():
+            self._step()
+        else:
+            self.replica.inner.optimizer.zero_grad(set_to_none=True)
+        self.data_path.end_step()
+        self.metrics.queue_depth.set(self.data_path.queue_depth())
+
+    def _step(self) -> None:
+        self.replica.finish_inner_step()
+        self.counters.inner_steps += 1
+        self.metrics.inner_steps.inc()
+        step = self.counters.inner_steps
+        losses = self.data_path.take_losses()
+        if losses:
+            self.last_loss = sum(losses) / len(losses)
+        if step % PROGRESS_LOG_EVERY == 0 or step == 1:
+            fields = {"loss": round(self.last_loss, 4)} if losses and self.last_loss is not None else {}
+            self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1), **fields)
+        if self.outer.due(step):
+            self.outer.take()
+            self.after_outer_step()

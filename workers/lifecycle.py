@@ -1,0 +1,57 @@
+"""A worker's state across incarnations: checkpoints written and resumed, or a peer's state
+downloaded (DESIGN §5: resume our own checkpoint, else bootstrap from a peer, else start
+from the run seed as the first of the stage)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from noloco_rt.algo.replica import StageReplica
+from noloco_rt.checkpoint import load_checkpoint, save_checkpoint
+from noloco_rt.data import DataCursor
+from workers.counters import Counters
+
+
+class WorkerCheckpoint:
+    """This worker's checkpoint file: replica, inner optimizer, counters and data cursor."""
+
+    def __init__(self, path: Path, *, run_id: str, stage: int, name: str, replica: StageReplica,
+                 counters: Counters, cursor_state: Callable[[], dict[str, Any] | None], log: Any) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.stage = stage
+        self.name = name
+        self.replica = replica
+        self.counters = counters
+        self.cursor_state = cursor_state
+        self.log = log
+
+    def state_dict(self) -> dict[str, Any]:
+        replica = self.replica
+        return {
+            "run_id": self.run_id, "stage": self.stage, "name": self.name,
+            "slow": [t.cpu() for t in replica.slow], "fast": [t.cpu() for t in replica.fast],
+            "momentum": [t.cpu() for t in replica.momentum],
+            "inner_optimizer": replica.inner.state_dict(),
+            "counters": {"inner_steps": self.counters.inner_steps, "outer_steps": self.counters.outer_steps},
+            "cursor": self.cursor_state(),
+        }
+
+    def save(self, reason: str) -> None:
+        save_checkpoint(self.path, self.state_dict())
+        self.log.info("checkpoint_written", reason=reason, path=str(self.path), inner_step=self.counters.inner_steps)
+
+    def resume(self) -> tuple[bool, DataCursor | None]:
+        """(whether a checkpoint of this run and stage was loaded, its data cursor)."""
+        state = load_checkpoint(self.path, run_id=self.run_id, stage=self.stage)
+        if state is None:
+            return False, None
+        self.replica.load_weights(slow=state["slow"], fast=state["fast"], momentum=state["momentum"])
+        self.replica.inner.load_state_dict(state["inner_optimizer"])
+        self.counters.inner_steps = int(state["counters"]["inner_steps"])
+        self.counters.outer_steps = int(state["counters"]["outer_steps"])
+        self.log.info("resumed_checkpoint", path=str(self.path), inner_step=self.counters.inner_steps,
+                      outer_step=self.counters.outer_steps)
+        return True, DataCursor.from_state_dict(state["cursor"]) if state.get("cursor") else None

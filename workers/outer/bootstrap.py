@@ -1,0 +1,42 @@
+"""A joiner's download of its stage's state from a live peer (DESIGN §5), before it turns ONLINE.
+
+A joiner's bootstrap gets the structural checks only (noloco_rt.net.snapshot): it has no
+weights of its own yet to compare a donor's with.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import zmq
+
+from noloco_rt.membership.peers import PeerView
+from noloco_rt.net.snapshot_client import BootstrapState, pull_bootstrap
+from workers.outer.service import SnapshotService
+
+RETRY_PAUSE_S = 0.2
+
+
+def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotService, *, timeout_s: float,
+                         leave_requested: threading.Event) -> tuple[str, BootstrapState] | None:
+    """(donor id, its state) from the first live peer of our stage that serves a valid one;
+    None if the stage has no other member (we are its first). Raises RuntimeError when no
+    donor served one within `timeout_s` (or a leave was asked meanwhile)."""
+    cfg = service.cfg
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not leave_requested.is_set():
+        donors = peers.random_peers(service.stage)
+        if not donors:
+            service.log.info("first_of_stage", note="initialised from the run seed")
+            return None
+        for donor in donors:
+            state = pull_bootstrap(ctx, donor.worker_id, donor.exchange_addr, service.reader, stage=service.stage,
+                                   sender=service.worker_id, timeout_s=cfg.worker.exchange_timeout_s,
+                                   on_reject=service.count_reject, log=service.log)
+            if state is not None:
+                return donor.worker_id, state
+            peers.blacklist.fail(donor.worker_id)
+        peers.invalidate(service.stage)
+        time.sleep(RETRY_PAUSE_S)
+    raise RuntimeError(f"no peer of stage {service.stage} served a bootstrap within {timeout_s} s")
