@@ -140,6 +140,9 @@ def test_redis_outage_training_goes_on_and_workers_reregister(cluster):
 def test_killed_downstream_worker_microbatches_are_resent(cluster):
     workers = _start_two_by_two(cluster)
     victim = workers[3]
+    # Killed in steady state, when stage 0 keeps forwards in flight there: killed right after its
+    # first step (just joined, nothing routed to it yet) it may leave nothing to re-send.
+    cluster.wait_event(victim, "train_progress", timeout_s=60, where=lambda e: e["inner_step"] >= 10)
     cluster.stop(victim, signal.SIGKILL)
     retried = cluster.wait_for(lambda: [e for w in workers[:2] for e in w.events("microbatch_retried")],
                                timeout_s=60, what="a re-sent microbatch")
