@@ -43,6 +43,8 @@ def test_environment_types_and_lists():
     ({"NOLOCO_NETWORK_REDIS_URL": "http://x"}, "network.redis_url", "'http://x'", "redis://"),
     ({"NOLOCO_DATA_SOURCE": "files"}, "data.paths", "[]", "needs at least one"),
     ({"NOLOCO_OUTER_NOPE": "1"}, "outer.nope", "'1'", "unknown field"),
+    ({"NOLOCO_ROUTING_SIMULATION": "round-robin"}, "routing.simulation", "'round-robin'",
+     "balanced, balanced-sequence, p2c, random"),
     ({"NOLOCO_BOGUS_X": "1"}, "NOLOCO_BOGUS_X", "'1'", "unknown NOLOCO_ variable"),
 ])
 def test_bad_values_name_field_value_and_allowed(environ, field, shown, fragment):
@@ -81,3 +83,10 @@ def test_toml_round_trip(tmp_path):
     path = tmp_path / "back.toml"
     path.write_text(text)
     assert load_config(path, environ={}) == cfg
+
+
+def test_routing_defaults():
+    cfg = load_config(environ={})
+    assert cfg.routing.simulation == "balanced"  # the simulator: every replica its share
+    assert cfg.routing.policy == "p2c"  # workers: unchanged
+

@@ -9,6 +9,7 @@ from noloco_rt.config.errors import require, require_choice
 
 METHODS = ("noloco", "diloco", "local", "ddp")
 ROUTING_POLICIES = ("p2c", "random")
+SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 LOG_FORMATS = ("auto", "json", "console")
@@ -182,7 +183,14 @@ class PipelineConfig:
 @dataclass(kw_only=True)
 class RoutingConfig:
     policy: str = "p2c"
-    """p2c: two random live candidates, the shorter queue wins; random: uniform."""
+    """Workers: p2c: two random live candidates, the shorter queue wins; random: uniform."""
+    simulation: str = "balanced"
+    """The simulator's routing. balanced: a step-seeded permutation per stage sends every
+    replica exactly data.microbatches microbatches per step; balanced-sequence: the same per
+    sequence (the authors' granularity), every replica gets exactly batch_size · microbatches
+    sequences; p2c / random: each microbatch hops as workers route it, so a replica that
+    receives nothing skips its inner step (kept for comparison)."""
 
     def __post_init__(self) -> None:
         require_choice("routing", "policy", self.policy, ROUTING_POLICIES)
+        require_choice("routing", "simulation", self.simulation, SIMULATION_ROUTINGS)
