@@ -35,7 +35,7 @@ def _config(method: str, **run):
     }])
 
 
-@pytest.mark.parametrize("method", ["noloco", "diloco", "local", "ddp"])
+@pytest.mark.parametrize("method", ["noloco", "diloco", "local", "ddp", "adam"])
 def test_every_method_learns(method, corpus, tmp_path):
     records = run_simulation(_config(method), tmp_path, corpus=corpus)
     assert records[0].step == 0 and records[-1].step == 150
@@ -44,8 +44,8 @@ def test_every_method_learns(method, corpus, tmp_path):
     assert math.isclose(records[-1].val_ppl, math.exp(records[-1].val_loss))
     if method == "ddp":
         assert all(r.spread == 0.0 for r in records)  # averaged gradients keep replicas identical
-    assert records[-1].outer_steps == (0 if method == "ddp" else 150 // 20)
-    if method == "local":
+    assert records[-1].outer_steps == (0 if method in ("ddp", "adam") else 150 // 20)
+    if method in ("local", "adam"):
         assert records[-1].spread > 0.0  # nobody synchronises
 
 

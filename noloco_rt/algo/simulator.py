@@ -6,7 +6,7 @@ by routing.simulation, and backward retraces that exact route (autograd through 
 chained modules). Balanced routing gives every replica the same share every step, so
 every replica takes every inner step. Every H inner steps each stage takes the outer
 step with groups drawn within the stage (ddp instead averages gradients over the stage
-every step). Evaluation routes r → r.
+every step; adam takes no outer step). Evaluation routes r → r.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
 from noloco_rt.model import lm_loss
 
-# Methods whose replicas never take an outer step: ddp averages gradients every step instead.
-NO_OUTER_STEP = ("ddp",)
+# Methods whose replicas never take an outer step: ddp averages gradients every step
+# instead; adam is plain Adam per replica (the authors' "local" baseline).
+NO_OUTER_STEP = ("ddp", "adam")
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from noloco_rt.config.errors import require, require_choice
 
-METHODS = ("noloco", "diloco", "local", "ddp")
+METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 ROUTING_POLICIES = ("p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
@@ -108,11 +108,13 @@ class OptimConfig:
 
 # Paper defaults per method (DESIGN §1); None in OuterConfig means "use these".
 # local reuses noloco's coefficients so that it differs from noloco only by its group.
+# ddp and adam take no outer step; their entries only fill ResolvedOuter.
 OUTER_DEFAULTS: dict[str, dict[str, float | int]] = {
     "noloco": {"alpha": 0.5, "beta": 0.7, "h": 50},
     "diloco": {"alpha": 0.3, "beta": 0.7, "h": 100, "gamma": 0.0},
     "local": {"alpha": 0.5, "beta": 0.7, "h": 50},
     "ddp": {"alpha": 0.0, "beta": 0.0, "h": 1, "gamma": 0.0},
+    "adam": {"alpha": 0.0, "beta": 0.0, "h": 1, "gamma": 0.0},
 }
 
 
@@ -121,6 +123,8 @@ class OuterConfig:
     """The outer step: δ ← α·δ + β·mean Δ + γ·(mean φ − φ_i) every h inner steps."""
 
     method: str = "noloco"
+    """noloco, diloco, local (an outer step with a group of one), ddp (gradients averaged
+    every step) or adam (plain Adam per replica, no outer step: the authors' "local")."""
     alpha: float | None = None
     """Outer momentum; None: the method's paper default."""
     beta: float | None = None
