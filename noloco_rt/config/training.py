@@ -89,6 +89,9 @@ class OptimConfig:
     lr: float = 3e-3
     lr_min: float = 3e-4
     warmup_steps: int = 50
+    warmup_fraction: float | None = None
+    """Warmup as a share of run.steps; when set it replaces warmup_steps, so a recipe keeps
+    its warmup share at any run length (the paper: 1,000 of 25,000 steps = 0.04)."""
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -99,11 +102,20 @@ class OptimConfig:
         require(self.lr > 0, "optim", "lr", self.lr, "must be > 0")
         require(0 <= self.lr_min <= self.lr, "optim", "lr_min", self.lr_min, "must be in [0, optim.lr]")
         require(self.warmup_steps >= 0, "optim", "warmup_steps", self.warmup_steps, "must be >= 0")
+        require(self.warmup_fraction is None or 0 <= self.warmup_fraction < 1, "optim", "warmup_fraction",
+                self.warmup_fraction, "must be in [0, 1), or unset to use warmup_steps")
         require(self.weight_decay >= 0, "optim", "weight_decay", self.weight_decay, "must be >= 0")
         for name in ("adam_beta1", "adam_beta2"):
             value = getattr(self, name)
             require(0 <= value < 1, "optim", name, value, "must be in [0, 1)")
         require(self.grad_clip >= 0, "optim", "grad_clip", self.grad_clip, "must be >= 0")
+
+    def warmup_steps_for(self, total_steps: int) -> int:
+        """Warmup steps of a run of total_steps: round(warmup_fraction · total_steps) when
+        warmup_fraction is set, else warmup_steps."""
+        if self.warmup_fraction is None:
+            return self.warmup_steps
+        return round(self.warmup_fraction * total_steps)
 
 
 # Paper defaults per method (DESIGN §1); None in OuterConfig means "use these".
