@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from noloco_rt.config import ConfigError, config_to_toml, load_config, parse_assignment
@@ -43,6 +45,9 @@ def test_environment_types_and_lists():
     ({"NOLOCO_NETWORK_REDIS_URL": "http://x"}, "network.redis_url", "'http://x'", "redis://"),
     ({"NOLOCO_DATA_SOURCE": "files"}, "data.paths", "[]", "needs at least one"),
     ({"NOLOCO_OUTER_NOPE": "1"}, "outer.nope", "'1'", "unknown field"),
+    ({"NOLOCO_ROUTING_SIMULATION": "round-robin"}, "routing.simulation", "'round-robin'",
+     "balanced, balanced-sequence, p2c, random"),
+    ({"NOLOCO_OPTIM_WARMUP_FRACTION": "1.5"}, "optim.warmup_fraction", "1.5", "[0, 1)"),
     ({"NOLOCO_BOGUS_X": "1"}, "NOLOCO_BOGUS_X", "'1'", "unknown NOLOCO_ variable"),
 ])
 def test_bad_values_name_field_value_and_allowed(environ, field, shown, fragment):
@@ -81,3 +86,38 @@ def test_toml_round_trip(tmp_path):
     path = tmp_path / "back.toml"
     path.write_text(text)
     assert load_config(path, environ={}) == cfg
+
+
+def test_toml_round_trip_with_unset_and_set_optional_fields(tmp_path):
+    for environ in ({}, {"NOLOCO_OPTIM_WARMUP_FRACTION": "0.04"}):
+        cfg = load_config(environ=environ)
+        text = config_to_toml(cfg)
+        assert ("# warmup_fraction unset" in text) == (cfg.optim.warmup_fraction is None)
+        path = tmp_path / "back.toml"
+        path.write_text(text)
+        assert load_config(path, environ={}) == cfg
+
+
+def test_routing_defaults():
+    cfg = load_config(environ={})
+    assert cfg.routing.simulation == "balanced"  # the simulator: every replica its share
+    assert cfg.routing.policy == "p2c"  # workers: unchanged
+
+
+PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper.toml"
+
+
+def test_paper_recipe():
+    cfg = load_config(PAPER, environ={})
+    optim = cfg.optim
+    assert (optim.lr, optim.lr_min, optim.weight_decay) == (6e-4, 6e-5, 0.0)
+    assert (optim.adam_beta1, optim.adam_beta2, optim.grad_clip) == (0.9, 0.999, 1.0)
+    assert optim.warmup_fraction == 0.04  # 1,000 of 25,000 steps
+    assert [optim.warmup_steps_for(n) for n in (1000, 2000, 25000)] == [40, 80, 1000]
+    assert cfg.routing.simulation == "balanced-sequence"
+    # outer coefficients are left to each method's paper default
+    assert (cfg.outer.alpha, cfg.outer.beta, cfg.outer.gamma, cfg.outer.h) == (None, None, None, None)
+    noloco = load_config(PAPER, environ={"NOLOCO_OUTER_METHOD": "noloco"}).outer.resolved()
+    assert (noloco.h, noloco.alpha, noloco.beta, noloco.gamma) == (50, 0.5, 0.7, 0.7)
+    diloco = load_config(PAPER, environ={"NOLOCO_OUTER_METHOD": "diloco"}).outer.resolved()
+    assert (diloco.h, diloco.alpha, diloco.beta, diloco.gamma) == (100, 0.3, 0.7, 0.0)

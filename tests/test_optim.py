@@ -203,3 +203,12 @@ def test_inner_optimizer_refuses_non_finite_gradients():
     assert torch.equal(param.detach(), torch.ones(3))
     assert inner.skipped_nonfinite == 1 and inner.steps_taken == 0 and param.grad is None
     assert not inner.optimizer.state  # Adam's moments untouched
+
+
+def test_warmup_fraction_replaces_warmup_steps():
+    param = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimConfig(lr=0.1, lr_min=0.01, warmup_steps=50, warmup_fraction=0.04)
+    inner = InnerOptimizer([param], cfg, total_steps=200)  # 4% of 200: 8 warmup steps
+    assert inner.warmup_steps == 8
+    assert inner.current_lr() == pytest.approx(0.1 / 8)
+    assert InnerOptimizer([param], OptimConfig(warmup_steps=50), total_steps=200).warmup_steps == 50

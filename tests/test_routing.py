@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noloco_rt.algo.routing import draw_groups, route_next_hop
+from noloco_rt.algo.routing import (
+    balanced_routes,
+    draw_groups,
+    load_aware_routes,
+    route_next_hop,
+    step_rng,
+)
 
 
 def test_p2c_prefers_the_shorter_queue():
@@ -67,3 +73,38 @@ def test_diloco_and_local_groups():
     assert draw_groups(3, "local", 2, random.Random(0)) == [[0], [1], [2]]
     with pytest.raises(ValueError):
         draw_groups(3, "ddp", 2, random.Random(0))
+
+
+@given(replicas=st.integers(1, 9), stages=st.integers(1, 5), per_replica=st.integers(1, 6), seed=st.integers(0, 10**6))
+def test_balanced_routes_give_every_replica_exactly_its_share(replicas, stages, per_replica, seed):
+    paths = balanced_routes(replicas, stages, per_replica, random.Random(seed))
+    assert len(paths) == replicas * per_replica
+    for k, path in enumerate(paths):
+        assert len(path) == stages
+        assert path[0] == k // per_replica  # every path starts at its origin, origins in order
+        assert all(0 <= index < replicas for index in path)
+    for stage in range(stages):
+        assert Counter(path[stage] for path in paths) == {r: per_replica for r in range(replicas)}
+
+
+def test_balanced_routes_are_seeded_permutations():
+    def draw(seed: int, step: int) -> list[list[int]]:
+        return balanced_routes(4, 3, 2, step_rng(seed, step, "route"))
+
+    assert draw(0, 5) == draw(0, 5)  # a function of (seed, step)
+    assert len({str(draw(0, step)) for step in range(20)}) > 15  # redrawn every step
+    assert draw(0, 5) != draw(1, 5)
+    with pytest.raises(ValueError, match="per_replica"):
+        balanced_routes(2, 2, 0, random.Random(0))
+
+
+@pytest.mark.parametrize("policy", ["p2c", "random"])
+def test_load_aware_routes_can_leave_a_replica_without_work(policy):
+    """The old routing: hop by hop, so some replica-steps receive nothing (why the
+    simulator balances by default)."""
+    starved = 0
+    for step in range(50):
+        paths = load_aware_routes(8, 2, 1, step_rng(0, step, "route"), policy)
+        assert [path[0] for path in paths] == list(range(8))
+        starved += 8 - len({path[1] for path in paths})
+    assert starved > 0

@@ -12,6 +12,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from noloco_rt.algo.simulator import Simulation, run_simulation
 from noloco_rt.config import load_config
@@ -34,7 +35,7 @@ def _config(method: str, **run):
     }])
 
 
-@pytest.mark.parametrize("method", ["noloco", "diloco", "local", "ddp"])
+@pytest.mark.parametrize("method", ["noloco", "diloco", "local", "ddp", "adam"])
 def test_every_method_learns(method, corpus, tmp_path):
     records = run_simulation(_config(method), tmp_path, corpus=corpus)
     assert records[0].step == 0 and records[-1].step == 150
@@ -43,10 +44,8 @@ def test_every_method_learns(method, corpus, tmp_path):
     assert math.isclose(records[-1].val_ppl, math.exp(records[-1].val_loss))
     if method == "ddp":
         assert all(r.spread == 0.0 for r in records)  # averaged gradients keep replicas identical
-        assert records[-1].outer_steps == 0
-    else:
-        assert records[-1].outer_steps == 150 // 20
-    if method == "local":
+    assert records[-1].outer_steps == (0 if method in ("ddp", "adam") else 150 // 20)
+    if method in ("local", "adam"):
         assert records[-1].spread > 0.0  # nobody synchronises
 
 
@@ -61,13 +60,65 @@ def test_noloco_keeps_replicas_closer_than_local(corpus, tmp_path):
     assert spread_before_outer("noloco") < spread_before_outer("local")
 
 
-def test_random_routing_reaches_every_next_stage_replica(corpus):
+def test_balanced_routing_gives_every_next_stage_replica_its_share(corpus):
     sim = Simulation(_config("noloco", steps=30), corpus=corpus)
     for _ in range(30):
         sim.train_step()
-    received = sim.route_stats.received
-    assert received[0] == [30, 30, 30]  # stage 0 replicas own their data
-    assert all(count > 0 for count in received[1]) and sum(received[1]) == 90
+    assert sim.route_stats.received == [[30, 30, 30], [30, 30, 30]]  # stage 0 replicas own their data
+    assert sim.route_stats.sequences == [[240, 240, 240], [240, 240, 240]]  # batch_size 8
+
+
+def _tiny(replicas: int, routing: str, steps: int, method: str = "noloco", **data):
+    return load_config(environ={}, overrides=[{
+        "outer": {"method": method, "h": 2},
+        "pipeline": {"stages": 2, "replicas": replicas},
+        "run": {"steps": steps, "eval_batches": 1},
+        "model": {"seq_len": 16},
+        "data": {"batch_size": 4, "microbatches": 1, **data},
+        "routing": {"simulation": routing},
+    }])
+
+
+def _inner_steps_after(cfg, corpus) -> list[list[int]]:
+    sim = Simulation(cfg, corpus=corpus)
+    for _ in range(cfg.run.steps):
+        sim.train_step()
+    return sim.inner_steps()
+
+
+@pytest.mark.parametrize("routing", ["balanced", "balanced-sequence"])
+@pytest.mark.parametrize("replicas", [2, 3, 4, 8])
+def test_no_replica_skips_an_inner_step(replicas, routing, corpus):
+    steps = 6
+    assert _inner_steps_after(_tiny(replicas, routing, steps), corpus) == [[steps] * replicas] * 2
+
+
+@pytest.mark.parametrize(("replicas", "routing"), [(4, "p2c"), (8, "p2c"), (4, "random")])
+def test_hop_by_hop_routing_skips_steps(replicas, routing, corpus):
+    """Why balanced routing is the default: with p2c or uniform hops some next-stage
+    replica receives nothing in some step and skips it."""
+    stage0, stage1 = _inner_steps_after(_tiny(replicas, routing, 6), corpus)
+    assert stage0 == [6] * replicas  # stage 0 replicas feed their own data
+    assert min(stage1) < 6
+
+
+@pytest.mark.parametrize("method", ["noloco", "ddp"])
+def test_per_sequence_routing_gives_each_stage_the_same_mean_gradient(method, corpus):
+    """Replicas start identical, so the mean over a stage's replicas of their gradients is
+    the gradient of the mean loss over all sequences, however sequences were routed."""
+    def stage_mean_gradients(routing: str) -> list[list[torch.Tensor]]:
+        sim = Simulation(_tiny(4, routing, 1, method, microbatches=2), corpus=corpus)
+        plan = sim.step_plan()
+        sim.accumulate(plan)
+        if routing == "balanced-sequence":
+            assert len(plan.hops) > 8  # microbatches were split across next-stage replicas
+        return [[torch.stack([r.parameters[i].grad for r in stage]).mean(0) for i in range(len(stage[0].parameters))]
+                for stage in sim.replicas]
+
+    for by_batch, by_sequence in zip(stage_mean_gradients("balanced"), stage_mean_gradients("balanced-sequence"),
+                                     strict=True):
+        for a, b in zip(by_batch, by_sequence, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_outputs(tmp_path, corpus):
@@ -77,5 +128,7 @@ def test_outputs(tmp_path, corpus):
     assert [r["step"] for r in lines] == [0, 20, 40]
     for record in lines:
         assert {"step", "val_loss", "val_ppl", "spread", "lr"} <= record.keys()
+        assert record["routing"] == "balanced"
+        assert record["inner_steps"] == [[record["step"]] * 3] * 2  # per stage, per replica
     assert load_config(tmp_path / "config.toml", environ={}) == cfg
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

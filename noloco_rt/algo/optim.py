@@ -152,6 +152,7 @@ class InnerOptimizer:
         self.params = [p for p in params if p.requires_grad]
         self.cfg = cfg
         self.total_steps = total_steps
+        self.warmup_steps = cfg.warmup_steps_for(total_steps)
         self.steps_taken = 0
         self.skipped_nonfinite = 0
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -159,7 +160,7 @@ class InnerOptimizer:
 
     def current_lr(self) -> float:
         return lr_at(self.steps_taken, lr=self.cfg.lr, lr_min=self.cfg.lr_min,
-                     warmup_steps=self.cfg.warmup_steps, total_steps=self.total_steps)
+                     warmup_steps=self.warmup_steps, total_steps=self.total_steps)
 
     def step(self) -> float:
         """Clip, step and clear gradients; returns the grad norm before clipping.

@@ -1,4 +1,5 @@
-"""Pure choices of who talks to whom: next-hop routing and outer-step groups."""
+"""Pure choices of who talks to whom: next-hop routing, the simulator's routes of one
+inner step, and outer-step groups."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 PeerId = TypeVar("PeerId")
+Path = list[int]
+"""A route through the pipeline: the replica index at every stage, path[0] the stage-0 origin."""
+
+
+def step_rng(seed: int, step: int, purpose: str) -> random.Random:
+    """A generator that depends only on (purpose, run seed, step), as the authors seed their
+    routing permutation by the step: draws for one step never shift those of another."""
+    return random.Random(f"{purpose}:{seed}:{step}")
 
 
 def route_next_hop(candidates: Sequence[tuple[PeerId, int]], rng: random.Random, policy: str = "p2c") -> PeerId:
@@ -25,12 +34,52 @@ def route_next_hop(candidates: Sequence[tuple[PeerId, int]], rng: random.Random,
     return candidates[second][0] if candidates[second][1] < candidates[first][1] else candidates[first][0]
 
 
+def balanced_routes(replicas: int, stages: int, per_replica: int, rng: random.Random) -> list[Path]:
+    """Paths of one inner step in which every replica of every stage receives exactly
+    per_replica units (microbatches, or sequences when routing per sequence).
+
+    Unit k starts at stage-0 replica k // per_replica (so paths[origin·per_replica + j] is
+    the j-th unit of `origin`); at every later stage one permutation π of the R·per_replica
+    units, drawn from rng, sends unit k to replica π[k] // per_replica.
+    """
+    if replicas < 1 or stages < 1 or per_replica < 1:
+        raise ValueError(f"need replicas, stages, per_replica >= 1, got {replicas}, {stages}, {per_replica}")
+    units = replicas * per_replica
+    paths = [[k // per_replica] for k in range(units)]
+    for _ in range(1, stages):
+        slots = list(range(units))
+        rng.shuffle(slots)
+        for path, slot in zip(paths, slots, strict=True):
+            path.append(slot // per_replica)
+    return paths
+
+
+def load_aware_routes(replicas: int, stages: int, per_replica: int, rng: random.Random,
+                      policy: str) -> list[Path]:
+    """Paths of one inner step routed hop by hop as workers do (route_next_hop on the
+    microbatches each replica has received so far this step), in the order of
+    balanced_routes. Shares are unequal: a replica may receive nothing."""
+    load = [[0] * replicas for _ in range(stages)]
+    paths = []
+    for origin in range(replicas):
+        for _ in range(per_replica):
+            path = [origin]
+            for stage in range(1, stages):
+                path.append(route_next_hop([(j, load[stage][j]) for j in range(replicas)], rng, policy))
+            for stage, index in enumerate(path):
+                load[stage][index] += 1
+            paths.append(path)
+    return paths
+
+
 def draw_groups(num_replicas: int, method: str, group_size: int, rng: random.Random) -> list[list[int]]:
     """The outer-step group of every replica, members[i] starting with i itself.
 
     noloco: a random partition into groups of group_size, redrawn every call; a
     remainder smaller than group_size joins the last group, so everyone synchronises.
     diloco: everyone. local: {i}. Groups are drawn within one stage.
+    An odd count therefore forms one group of three where the authors' code refuses odd
+    R: an elastic runtime sees odd counts, and everyone should still synchronise.
     """
     if method == "local" or num_replicas == 1:
         return [[i] for i in range(num_replicas)]

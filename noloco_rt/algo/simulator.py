@@ -1,10 +1,12 @@
 """In-process simulation of R replicas × S stages with random pipeline routing.
 
-Every inner step, each stage-0 replica feeds its own data shard; each microbatch
-hops to a replica of the next stage chosen by the routing policy, and backward
-retraces that exact route (autograd through the chained modules). Every H inner
-steps each stage takes the outer step with groups drawn within the stage (ddp
-instead averages gradients over the stage every step). Evaluation routes r → r.
+Every inner step, each stage-0 replica feeds its own data shard; each microbatch (or,
+with balanced-sequence routing, each sequence) takes a path through the stages drawn
+by routing.simulation, and backward retraces that exact route (autograd through the
+chained modules). Balanced routing gives every replica the same share every step, so
+every replica takes every inner step. Every H inner steps each stage takes the outer
+step with groups drawn within the stage (ddp instead averages gradients over the stage
+every step; adam takes no outer step). Evaluation routes r → r.
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ import torch
 from noloco_rt.algo.diagnostics import perplexity, replica_spread
 from noloco_rt.algo.optim import OuterCoefficients, average_gradients
 from noloco_rt.algo.replica import StageReplica
-from noloco_rt.algo.routing import draw_groups, route_next_hop
+from noloco_rt.algo.routing import draw_groups, step_rng
+from noloco_rt.algo.step_routes import Hop, StepPlan, plan_step
 from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
 from noloco_rt.model import lm_loss
+
+# Methods whose replicas never take an outer step: ddp averages gradients every step
+# instead; adam is plain Adam per replica (the authors' "local" baseline).
+NO_OUTER_STEP = ("ddp", "adam")
 
 
 @dataclass
@@ -40,6 +47,11 @@ class EvalRecord:
     outer_steps: int
     tokens: int
     elapsed_s: float
+    routing: str
+    """The simulator's routing (routing.simulation)."""
+    inner_steps: list[list[int]]
+    """Inner steps each replica has taken, per stage, per replica: all equal to `step`
+    unless a replica skipped steps (p2c / random routing, or a non-finite gradient)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -47,9 +59,11 @@ class EvalRecord:
 
 @dataclass
 class RouteStats:
-    """Microbatches each replica of each stage received (routing sanity)."""
+    """Per stage, per replica: forward passes run (microbatches, or per-sequence sub-batches)
+    and sequences processed, over the whole run (routing sanity)."""
 
     received: list[list[int]] = field(default_factory=list)
+    sequences: list[list[int]] = field(default_factory=list)
 
 
 class Simulation:
@@ -64,66 +78,77 @@ class Simulation:
         self.val_batches = validation_batches(self.corpus.val, seq_len=cfg.model.seq_len,
                                               batch_size=cfg.data.batch_size, count=cfg.run.eval_batches)
         self.replicas = [[StageReplica.create(cfg, s) for _ in range(replicas)] for s in range(stages)]
-        self.rng = random.Random(cfg.run.seed)
-        self.route_stats = RouteStats(received=[[0] * replicas for _ in range(stages)])
+        self.group_rng = random.Random(cfg.run.seed)  # outer-step groups; routing is seeded per step
+        self.route_stats = RouteStats(received=[[0] * replicas for _ in range(stages)],
+                                      sequences=[[0] * replicas for _ in range(stages)])
         self.outer_steps = 0
         self.tokens = 0
         self.step = 0
 
     # -- training -----------------------------------------------------------------------
 
-    def _route(self, origin: int, load: list[list[int]]) -> list[int]:
-        """Replica index at every stage for one microbatch that starts at stage-0 replica `origin`."""
-        path = [origin]
-        for stage in range(1, self.cfg.pipeline.stages):
-            candidates = [(j, load[stage][j]) for j in range(self.cfg.pipeline.replicas)]
-            path.append(route_next_hop(candidates, self.rng, self.cfg.routing.policy))
-        return path
-
-    def _forward_backward(self, path: list[int], inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def _forward_backward(self, hop: Hop, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         hidden = inputs
-        for stage, index in enumerate(path):
+        for stage, index in enumerate(hop.path):
             hidden = self.replicas[stage][index].module(hidden)
         loss = lm_loss(hidden, targets)
-        loss.backward()  # retraces the forward route through exactly these replicas
-        for stage, index in enumerate(path):
+        (loss * hop.loss_weight).backward()  # retraces the forward route through exactly these replicas
+        for stage, index in enumerate(hop.path):
             self.replicas[stage][index].record_microbatch()
             self.route_stats.received[stage][index] += 1
+            self.route_stats.sequences[stage][index] += len(hop.rows)
         return float(loss.detach())
 
+    def step_plan(self) -> StepPlan:
+        """The routes of the coming inner step: a function of (run seed, step) alone."""
+        cfg = self.cfg
+        return plan_step(cfg.routing.simulation, replicas=cfg.pipeline.replicas, stages=cfg.pipeline.stages,
+                         microbatches=cfg.data.microbatches, batch_size=cfg.data.batch_size,
+                         rng=step_rng(cfg.run.seed, self.step, "route"))
+
+    def accumulate(self, plan: StepPlan) -> float:
+        """Every pass of `plan`, gradients summed into the replicas it crossed; returns the
+        mean training loss over sequences."""
+        batches = [[shard.next_batch() for _ in range(self.cfg.data.microbatches)] for shard in self.shards]
+        loss_sum, rows_seen = 0.0, 0
+        for hop in plan.hops:
+            inputs, targets = batches[hop.origin][hop.microbatch]
+            if len(hop.rows) < inputs.shape[0]:  # per-sequence routing: this path's sub-batch
+                rows = torch.tensor(hop.rows)
+                inputs, targets = inputs[rows], targets[rows]
+            loss_sum += self._forward_backward(hop, inputs, targets) * len(hop.rows)
+            rows_seen += len(hop.rows)
+            self.tokens += inputs.numel()
+        return loss_sum / rows_seen
+
     def train_step(self) -> float:
-        """One inner step for every replica; returns the mean training loss."""
-        stages, replicas = self.cfg.pipeline.stages, self.cfg.pipeline.replicas
-        load = [[0] * replicas for _ in range(stages)]
-        losses = []
-        for origin in range(replicas):
-            for _ in range(self.cfg.data.microbatches):
-                inputs, targets = self.shards[origin].next_batch()
-                path = self._route(origin, load)
-                for stage, index in enumerate(path):
-                    load[stage][index] += 1
-                losses.append(self._forward_backward(path, inputs, targets))
-                self.tokens += inputs.numel()
-        if self.outer.method == "ddp":
-            total = replicas * self.cfg.data.microbatches
+        """One inner step for every replica; returns the mean training loss over sequences."""
+        plan = self.step_plan()
+        loss = self.accumulate(plan)
+        self._inner_steps(plan.grads_are_means)
+        self.step += 1
+        if self.outer.method not in NO_OUTER_STEP and self.step % self.outer.h == 0:
+            self.outer_step()
+        return loss
+
+    def _inner_steps(self, grads_are_means: bool) -> None:
+        if self.outer.method == "ddp":  # all-reduce: every replica steps on the stage's mean gradient
+            replicas = self.cfg.pipeline.replicas
+            weight = 1.0 / (replicas if grads_are_means else replicas * self.cfg.data.microbatches)
             for stage_replicas in self.replicas:
-                average_gradients([r.parameters for r in stage_replicas], [1.0 / total] * replicas)
+                average_gradients([r.parameters for r in stage_replicas], [weight] * replicas)
                 for replica in stage_replicas:
                     replica.finish_inner_step(grads_are_means=True)
-        else:
-            for stage_replicas in self.replicas:
-                for replica in stage_replicas:
-                    if replica.has_gradients():  # a replica no microbatch reached does not step
-                        replica.finish_inner_step()
-        self.step += 1
-        if self.outer.method != "ddp" and self.step % self.outer.h == 0:
-            self.outer_step()
-        return sum(losses) / len(losses)
+            return
+        for stage_replicas in self.replicas:
+            for replica in stage_replicas:
+                if replica.has_gradients():  # p2c / random: a replica no microbatch reached does not step
+                    replica.finish_inner_step(grads_are_means=grads_are_means)
 
     def outer_step(self) -> None:
         theta_only = self.coeffs.theta_shortcut
         for stage_replicas in self.replicas:
-            groups = draw_groups(len(stage_replicas), self.outer.method, self.outer.group_size, self.rng)
+            groups = draw_groups(len(stage_replicas), self.outer.method, self.outer.group_size, self.group_rng)
             # Every member contributes its state from before this round: snapshot first, then update.
             states = [r.outer_state(theta_only=theta_only) for r in stage_replicas]
             for replica, members in zip(stage_replicas, groups, strict=True):
@@ -158,7 +183,11 @@ class Simulation:
         return EvalRecord(step=self.step, val_loss=val_loss, val_ppl=perplexity(val_loss), spread=pooled,
                           spread_by_stage=by_stage, lr=self.replicas[0][0].inner.current_lr(),
                           train_loss=train_loss, outer_steps=self.outer_steps, tokens=self.tokens,
-                          elapsed_s=time.monotonic() - started)
+                          elapsed_s=time.monotonic() - started, routing=self.cfg.routing.simulation,
+                          inner_steps=self.inner_steps())
+
+    def inner_steps(self) -> list[list[int]]:
+        return [[r.inner.steps_taken for r in stage_replicas] for stage_replicas in self.replicas]
 
 
 def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, EvalRecord | None], None] | None = None,

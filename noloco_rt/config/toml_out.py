@@ -23,16 +23,17 @@ def _toml_value(value: Any) -> str:
 def config_to_toml(config: Config) -> str:
     """The effective config as TOML that load_config reads back to an equal Config.
 
-    Fields left to their method default (None) are written as comments with the value in force.
+    Unset fields (None) are written as comments: outer ones with the method default in force.
     """
     lines: list[str] = []
     resolved = config.outer.resolved()
     for section, values in config.to_dict().items():
         lines.append(f"[{section}]")
         for name, value in values.items():
-            if value is None:
-                in_force = getattr(resolved, name, None)
-                lines.append(f"# {name} = {_toml_value(in_force)}  (method default)")
+            if value is None and section == "outer":
+                lines.append(f"# {name} = {_toml_value(getattr(resolved, name))}  (method default)")
+            elif value is None:
+                lines.append(f"# {name} unset")
             else:
                 lines.append(f"{name} = {_toml_value(value)}")
         lines.append("")

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from noloco_rt.config.errors import require, require_choice
 
-METHODS = ("noloco", "diloco", "local", "ddp")
+METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 ROUTING_POLICIES = ("p2c", "random")
+SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 LOG_FORMATS = ("auto", "json", "console")
@@ -88,6 +89,9 @@ class OptimConfig:
     lr: float = 3e-3
     lr_min: float = 3e-4
     warmup_steps: int = 50
+    warmup_fraction: float | None = None
+    """Warmup as a share of run.steps; when set it replaces warmup_steps, so a recipe keeps
+    its warmup share at any run length (the paper: 1,000 of 25,000 steps = 0.04)."""
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -98,20 +102,31 @@ class OptimConfig:
         require(self.lr > 0, "optim", "lr", self.lr, "must be > 0")
         require(0 <= self.lr_min <= self.lr, "optim", "lr_min", self.lr_min, "must be in [0, optim.lr]")
         require(self.warmup_steps >= 0, "optim", "warmup_steps", self.warmup_steps, "must be >= 0")
+        require(self.warmup_fraction is None or 0 <= self.warmup_fraction < 1, "optim", "warmup_fraction",
+                self.warmup_fraction, "must be in [0, 1), or unset to use warmup_steps")
         require(self.weight_decay >= 0, "optim", "weight_decay", self.weight_decay, "must be >= 0")
         for name in ("adam_beta1", "adam_beta2"):
             value = getattr(self, name)
             require(0 <= value < 1, "optim", name, value, "must be in [0, 1)")
         require(self.grad_clip >= 0, "optim", "grad_clip", self.grad_clip, "must be >= 0")
 
+    def warmup_steps_for(self, total_steps: int) -> int:
+        """Warmup steps of a run of total_steps: round(warmup_fraction · total_steps) when
+        warmup_fraction is set, else warmup_steps."""
+        if self.warmup_fraction is None:
+            return self.warmup_steps
+        return round(self.warmup_fraction * total_steps)
+
 
 # Paper defaults per method (DESIGN §1); None in OuterConfig means "use these".
 # local reuses noloco's coefficients so that it differs from noloco only by its group.
+# ddp and adam take no outer step; their entries only fill ResolvedOuter.
 OUTER_DEFAULTS: dict[str, dict[str, float | int]] = {
     "noloco": {"alpha": 0.5, "beta": 0.7, "h": 50},
     "diloco": {"alpha": 0.3, "beta": 0.7, "h": 100, "gamma": 0.0},
     "local": {"alpha": 0.5, "beta": 0.7, "h": 50},
     "ddp": {"alpha": 0.0, "beta": 0.0, "h": 1, "gamma": 0.0},
+    "adam": {"alpha": 0.0, "beta": 0.0, "h": 1, "gamma": 0.0},
 }
 
 
@@ -120,6 +135,8 @@ class OuterConfig:
     """The outer step: δ ← α·δ + β·mean Δ + γ·(mean φ − φ_i) every h inner steps."""
 
     method: str = "noloco"
+    """noloco, diloco, local (an outer step with a group of one), ddp (gradients averaged
+    every step) or adam (plain Adam per replica, no outer step: the authors' "local")."""
     alpha: float | None = None
     """Outer momentum; None: the method's paper default."""
     beta: float | None = None
@@ -182,7 +199,14 @@ class PipelineConfig:
 @dataclass(kw_only=True)
 class RoutingConfig:
     policy: str = "p2c"
-    """p2c: two random live candidates, the shorter queue wins; random: uniform."""
+    """Workers: p2c: two random live candidates, the shorter queue wins; random: uniform."""
+    simulation: str = "balanced"
+    """The simulator's routing. balanced: a step-seeded permutation per stage sends every
+    replica exactly data.microbatches microbatches per step; balanced-sequence: the same per
+    sequence (the authors' granularity), every replica gets exactly batch_size · microbatches
+    sequences; p2c / random: each microbatch hops as workers route it, so a replica that
+    receives nothing skips its inner step (kept for comparison)."""
 
     def __post_init__(self) -> None:
         require_choice("routing", "policy", self.policy, ROUTING_POLICIES)
+        require_choice("routing", "simulation", self.simulation, SIMULATION_ROUTINGS)

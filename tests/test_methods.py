@@ -1,0 +1,26 @@
+"""Workers refuse the methods only the simulator runs, and say why."""
+
+from __future__ import annotations
+
+import pytest
+
+from noloco_rt.config import METHODS
+from workers.methods import WORKER_METHODS, worker_method_error
+
+
+@pytest.mark.parametrize("method", WORKER_METHODS)
+def test_workers_run_noloco_and_local(method):
+    assert worker_method_error(method) is None
+
+
+@pytest.mark.parametrize(("method", "why"), [("diloco", "needs a global collective"),
+                                             ("ddp", "needs a global collective"),
+                                             ("adam", "simulator baseline")])
+def test_workers_refuse_simulator_methods(method, why):
+    message = worker_method_error(method)
+    assert message is not None and why in message and repr(method) in message
+
+
+def test_every_method_is_run_or_refused():
+    assert set(WORKER_METHODS) < set(METHODS)
+    assert all((worker_method_error(m) is None) == (m in WORKER_METHODS) for m in METHODS)

@@ -1,0 +1,62 @@
+"""The simulator's routing of one inner step (pure)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from noloco_rt.algo.step_routes import group_by_path, plan_step
+
+
+def test_group_by_path_keeps_first_appearance_order():
+    assert group_by_path([[0, 1], [0, 2], [0, 1], [0, 0]]) == [((0, 1), (0, 2)), ((0, 2), (1,)), ((0, 0), (3,))]
+
+
+def _sequences_per_replica(plan, stages: int) -> list[Counter]:
+    counts = [Counter() for _ in range(stages)]
+    for hop in plan.hops:
+        for stage, index in enumerate(hop.path):
+            counts[stage][index] += len(hop.rows)
+    return counts
+
+
+@given(routing=st.sampled_from(["balanced", "balanced-sequence"]), replicas=st.integers(1, 6),
+       stages=st.integers(1, 4), microbatches=st.integers(1, 3), batch_size=st.integers(1, 5),
+       seed=st.integers(0, 10**6))
+def test_balanced_plans_give_every_replica_batch_size_times_microbatches_sequences(
+        routing, replicas, stages, microbatches, batch_size, seed):
+    plan = plan_step(routing, replicas=replicas, stages=stages, microbatches=microbatches,
+                     batch_size=batch_size, rng=random.Random(seed))
+    share = microbatches * batch_size
+    for counts in _sequences_per_replica(plan, stages):
+        assert counts == {r: share for r in range(replicas)}
+    assert plan.grads_are_means
+    # every row of every microbatch is routed exactly once, from its own origin
+    rows = Counter((hop.origin, hop.microbatch, row) for hop in plan.hops for row in hop.rows)
+    assert rows == {(o, m, b): 1 for o in range(replicas) for m in range(microbatches) for b in range(batch_size)}
+    assert all(hop.path[0] == hop.origin for hop in plan.hops)
+    # a pass's mean loss times its weight gives each of its sequences the coefficient
+    # 1/share, so a replica's summed gradient is the mean over the share it processed
+    assert all(hop.loss_weight / len(hop.rows) == pytest.approx(1 / share) for hop in plan.hops)
+
+
+def test_per_sequence_plans_split_microbatches():
+    plan = plan_step("balanced-sequence", replicas=4, stages=2, microbatches=1, batch_size=8, rng=random.Random(0))
+    assert len(plan.hops) > 4  # some microbatch went to more than one next-stage replica
+    assert sum(len(hop.rows) for hop in plan.hops) == 32
+
+
+def test_p2c_plans_are_whole_microbatches_divided_by_what_arrived():
+    plan = plan_step("p2c", replicas=3, stages=2, microbatches=2, batch_size=4, rng=random.Random(0))
+    assert not plan.grads_are_means
+    assert [(hop.origin, hop.microbatch) for hop in plan.hops] == [(o, m) for o in range(3) for m in range(2)]
+    assert all(hop.rows == (0, 1, 2, 3) and hop.loss_weight == 1.0 for hop in plan.hops)
+
+
+def test_unknown_routing():
+    with pytest.raises(ValueError, match="unknown simulator routing 'round-robin'"):
+        plan_step("round-robin", replicas=2, stages=2, microbatches=1, batch_size=1, rng=random.Random(0))
