@@ -21,14 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.seeded_bench import (
-    add_run_flags,
-    check_jobs_or_exit,
-    run_and_report,
-    run_flag_assignments,
-    run_shape,
-    threads_per_job,
-)
+from benchmarks import seeded_bench as bench
 from benchmarks.sim_runs import SimJob
 from noloco_rt.config import ConfigError, parse_assignment
 
@@ -72,8 +65,8 @@ def parse_variant(text: str) -> Variant:
 
 def ablation_jobs(args: argparse.Namespace) -> list[SimJob]:
     """Variant-major, then seed: the order of rows and plot lines."""
-    shape = run_flag_assignments(args)
-    threads = threads_per_job(args.jobs)
+    shape = bench.run_flag_assignments(args)
+    threads = bench.threads_per_job(args.jobs)
     return [SimJob(group=args.group, label=variant.name, seed=seed, config_path=args.config,
                    assignments=(*shape, *variant.assignments), threads=threads)
             for variant in args.variants for seed in args.seeds]
@@ -81,7 +74,7 @@ def ablation_jobs(args: argparse.Namespace) -> list[SimJob]:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_flags(parser, default_out=Path("benchmarks/results/ablation"))
+    bench.add_run_flags(parser, default_out=Path("benchmarks/results/ablation"))
     parser.add_argument("--config", default=None, help="base config file (default: built-in defaults)")
     parser.add_argument("--variant", dest="variants", type=parse_variant, action="append", required=True,
                         metavar="NAME:[--set ]A=B,...", help="repeatable; the first is the baseline")
@@ -94,9 +87,9 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(f"--config {args.config!r} does not exist")
     args.group = args.group or (Path(args.config).stem if args.config else "defaults")
     jobs = ablation_jobs(args)
-    check_jobs_or_exit(parser, jobs)
-    return run_and_report(jobs, out=args.out, stem="ablation", label_header="variant", baselines=[names[0]],
-                          title=f"Ablation, {run_shape(args)}", parallel=args.jobs)
+    bench.check_jobs_or_exit(parser, jobs)
+    return bench.run_and_report(jobs, out=args.out, stem="ablation", label_header="variant", baselines=[names[0]],
+                                title=f"Ablation, {bench.run_shape(args)}", parallel=args.jobs)
 
 
 if __name__ == "__main__":

@@ -24,14 +24,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.seeded_bench import (
-    add_run_flags,
-    check_jobs_or_exit,
-    run_and_report,
-    run_flag_assignments,
-    run_shape,
-    threads_per_job,
-)
+from benchmarks import seeded_bench as bench
 from benchmarks.sim_runs import SimJob
 
 
@@ -55,8 +48,8 @@ def parse_methods(text: str) -> list[str]:
 
 def convergence_jobs(args: argparse.Namespace) -> list[SimJob]:
     """Recipe-major, then method, then seed: the order of tables, rows and the plot."""
-    shape = run_flag_assignments(args)
-    threads = threads_per_job(args.jobs)
+    shape = bench.run_flag_assignments(args)
+    threads = bench.threads_per_job(args.jobs)
     return [SimJob(group=recipe, label=method, seed=seed, config_path=path,
                    assignments=(*shape, f"outer.method={method}"), threads=threads)
             for recipe, path in args.recipes for method in args.methods for seed in args.seeds]
@@ -64,7 +57,7 @@ def convergence_jobs(args: argparse.Namespace) -> list[SimJob]:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_flags(parser, default_out=Path("benchmarks/results"))
+    bench.add_run_flags(parser, default_out=Path("benchmarks/results"))
     parser.add_argument("--methods", type=parse_methods, default=["ddp", "diloco", "noloco", "local"])
     parser.add_argument("--recipe", dest="recipes", type=parse_recipe, action="append", default=None,
                         metavar="NAME=CONFIG_FILE", help="repeatable; default: defaults= (built-in config)")
@@ -75,9 +68,10 @@ def main(argv: list[str] | None = None) -> str:
     if len({name for name, _ in args.recipes}) != len(args.recipes):
         parser.error("recipe names must be distinct")
     jobs = convergence_jobs(args)
-    check_jobs_or_exit(parser, jobs)
-    return run_and_report(jobs, out=args.out, stem="convergence", label_header="method",
-                          baselines=args.baselines, title=f"Convergence, {run_shape(args)}", parallel=args.jobs)
+    bench.check_jobs_or_exit(parser, jobs)
+    return bench.run_and_report(jobs, out=args.out, stem="convergence", label_header="method",
+                                baselines=args.baselines, title=f"Convergence, {bench.run_shape(args)}",
+                                parallel=args.jobs)
 
 
 if __name__ == "__main__":
