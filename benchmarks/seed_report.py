@@ -1,0 +1,82 @@
+"""Rendering of seeded benchmark results: a markdown table per group, JSON of rows and
+records, and a perplexity-against-tokens plot (one panel per group, a min–max band over
+seeds and a mean line per label)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.seed_stats import Row, RunsBySeed, SeedRange
+from benchmarks.table import markdown_table
+
+
+def fmt_range(value: SeedRange | None, digits: int, *, empty: str = "n/a") -> str:
+    """'4.268 [4.201–4.330]'; a single seed shows no range; NaN (e.g. zero spread) shows `empty`."""
+    if value is None or value.count == 0:
+        return empty
+    mean = f"{value.mean:.{digits}f}"
+    if value.count == 1:
+        return mean
+    return f"{mean} [{value.lo:.{digits}f}–{value.hi:.{digits}f}]"
+
+
+def rows_table(title: str, label_header: str, rows: Sequence[Row], baselines: Sequence[str]) -> str:
+    header = [label_header, "H", "seeds", "final val ppl", *[f"ppl / {b}" for b in baselines],
+              "final spread (mean)", "Pearson(spread, lr)", "wall s (mean)"]
+    body = [[row.label, "-" if row.h is None else row.h, len(row.seeds), fmt_range(row.ppl, 3),
+             *[fmt_range(row.ratios.get(b), 4) for b in baselines],
+             f"{row.final_spread_mean:.3e}", fmt_range(row.pearson, 3, empty="n/a (spread constant)"),
+             f"{row.wall_s_mean:.0f}"] for row in rows]
+    return markdown_table(title, header, body)
+
+
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no NaN: write null (e.g. Pearson of ddp, whose spread is always 0)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def report_json(sections: Mapping[str, tuple[Sequence[Row], Mapping[str, RunsBySeed]]]) -> str:
+    """{group: {"rows": [...], "runs": {label: {seed: run}}}} with NaN written as null."""
+    data = {group: {"rows": [dataclasses.asdict(row) for row in rows], "runs": runs}
+            for group, (rows, runs) in sections.items()}
+    return json.dumps(_finite_or_none(data), indent=1)
+
+
+def ppl_band(runs: RunsBySeed) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(tokens, mean ppl, min ppl, max ppl) per evaluation, over the seeds' common evaluations."""
+    series = [run["records"] for run in runs.values()]
+    length = min(len(records) for records in series)
+    tokens = [float(series[0][i]["tokens"]) for i in range(length)]
+    columns = [[records[i]["val_ppl"] for records in series] for i in range(length)]
+    return tokens, [sum(c) / len(c) for c in columns], [min(c) for c in columns], [max(c) for c in columns]
+
+
+def plot_ppl_bands(groups: Mapping[str, Mapping[str, RunsBySeed]], path: Path, *, title: str = "") -> None:
+    """One panel per group; per label a min–max band over seeds and the mean line."""
+    import matplotlib.pyplot as plt
+
+    from noloco_rt.plots import _save  # title, layout, folder, close: one place for every PNG
+
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, (group, labels) in zip(axes[0], groups.items(), strict=True):
+        for label, runs in labels.items():
+            tokens, mean, lo, hi = ppl_band(runs)
+            line = ax.plot(tokens, mean, label=f"{label} ({len(runs)} seeds)")[0]
+            ax.fill_between(tokens, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_yscale("log")
+        ax.set_title(group)
+        ax.set_xlabel("tokens trained (all replicas)")
+        ax.set_ylabel("validation perplexity")
+        ax.legend(fontsize="small")
+    _save(fig, path, title)

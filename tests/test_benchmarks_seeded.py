@@ -1,0 +1,159 @@
+"""Seeded simulator benchmarks (benchmarks.convergence, benchmarks.ablation): the statistics
+with exact values, the variant and recipe parsers, and one short end-to-end run of each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from benchmarks import ablation, convergence
+from benchmarks.seed_report import fmt_range, ppl_band
+from benchmarks.seed_stats import (
+    SeedRange,
+    pearson,
+    ratios_per_seed,
+    seed_range,
+    spread_lr_pearson,
+    summarise,
+)
+from benchmarks.seeded_bench import parse_seeds
+
+
+def _run(ppls: list[float], spreads: list[float], lrs: list[float], wall_s: float = 10.0) -> dict:
+    records = [{"step": 10 * i, "val_ppl": p, "spread": s, "lr": lr, "tokens": 100 * i}
+               for i, (p, s, lr) in enumerate(zip(ppls, spreads, lrs, strict=True))]
+    return {"records": records, "wall_s": wall_s, "outer": {"h": 5}}
+
+
+def test_seed_range_mean_min_max_skips_nan():
+    assert seed_range([1.0, 2.0, 6.0]) == SeedRange(3.0, 1.0, 6.0, 3)
+    assert seed_range([float("nan"), 4.0]) == SeedRange(4.0, 4.0, 4.0, 1)
+    empty = seed_range([float("nan")])
+    assert empty.count == 0 and math.isnan(empty.mean)
+
+
+def test_ratios_are_taken_seed_by_seed_on_shared_seeds():
+    assert ratios_per_seed({0: 2.0, 1: 3.0, 2: 4.0}, {0: 1.0, 1: 2.0, 3: 5.0}) == {0: 2.0, 1: 1.5}
+
+
+def test_pearson_known_values():
+    assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert pearson([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert math.isnan(pearson([1, 2, 3], [5, 5, 5]))
+    assert math.isnan(pearson([1], [2]))
+
+
+def test_spread_lr_pearson_skips_step_zero():
+    # step 0 (spread 0, lr 0.9) would make this anti-correlated if it were counted
+    run = _run([9.0, 5.0, 4.0, 3.0], [0.0, 3.0, 2.0, 1.0], [0.9, 0.3, 0.2, 0.1])
+    assert spread_lr_pearson(run) == pytest.approx(1.0)
+
+
+def test_summarise_rows_with_per_seed_ratios():
+    runs = {
+        "ddp": {0: _run([9, 2.0], [0, 0], [1, 1], 10.0), 1: _run([9, 4.0], [0, 0], [1, 1], 20.0)},
+        "noloco": {0: _run([9, 3.0, 2.2], [0, 1, 2], [1, 2, 3]), 1: _run([9, 3.0, 4.8], [0, 2, 4], [1, 2, 3])},
+    }
+    ddp, noloco = summarise(runs, ["ddp", "diloco"])
+    assert ddp.ratios["ddp"] == SeedRange(1.0, 1.0, 1.0, 2)
+    assert ddp.ratios["diloco"] is None  # diloco did not run
+    assert ddp.pearson.count == 0  # constant spread: no correlation
+    assert ddp.wall_s_mean == 15.0
+    assert noloco.seeds == (0, 1) and noloco.h == 5
+    assert noloco.ppl == SeedRange(3.5, 2.2, 4.8, 2)
+    ratio = noloco.ratios["ddp"]
+    assert ratio is not None and (ratio.lo, ratio.hi) == pytest.approx((1.1, 1.2))
+    assert ratio.mean == pytest.approx(1.15)
+    assert noloco.final_spread_mean == 3.0
+    assert noloco.pearson == SeedRange(1.0, 1.0, 1.0, 2)
+
+
+def test_ppl_band_and_range_format():
+    runs = {0: _run([8.0, 4.0, 2.0], [0, 0, 0], [1, 1, 1]), 1: _run([8.0, 6.0], [0, 0], [1, 1])}
+    assert ppl_band(runs) == ([0.0, 100.0], [8.0, 5.0], [8.0, 4.0], [8.0, 6.0])
+    assert fmt_range(SeedRange(5.0, 4.0, 6.0, 2), 2) == "5.00 [4.00–6.00]"
+    assert fmt_range(SeedRange(5.0, 5.0, 5.0, 1), 1) == "5.0"
+    assert fmt_range(None, 2) == "n/a"
+
+
+@pytest.mark.parametrize(("text", "name", "assignments"), [
+    ("base:", "base", ()),
+    ("h25:--set=outer.h=25", "h25", ("outer.h=25",)),
+    ("h25:--set outer.h=25", "h25", ("outer.h=25",)),
+    ("bf16:--set worker.snapshot_codec=bf16-shuffle-zstd,outer.h=25", "bf16",
+     ("worker.snapshot_codec=bf16-shuffle-zstd", "outer.h=25")),
+    ("lr: optim.lr=1e-3 , optim.lr_min=1e-4", "lr", ("optim.lr=1e-3", "optim.lr_min=1e-4")),
+])
+def test_parse_variant_good(text, name, assignments):
+    assert ablation.parse_variant(text) == ablation.Variant(name, assignments)
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("no-colon", "'no-colon'"),
+    (":outer.h=25", "':outer.h=25'"),
+    ("bad name:outer.h=5", "'bad name:outer.h=5'"),
+    ("h:outer.h=25,", "'h'"),
+    ("h:outerh=25", "'h'"),
+    ("h:--set outer.h=25 --set outer.alpha=0.1", "'h'"),
+])
+def test_parse_variant_bad_names_the_variant(text, names):
+    with pytest.raises(argparse.ArgumentTypeError, match=names):
+        ablation.parse_variant(text)
+
+
+def test_parse_seeds_and_recipe():
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    for bad in ("0,0", "a", "", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_seeds(bad)
+    assert convergence.parse_recipe("defaults=") == ("defaults", None)
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        convergence.parse_recipe("paper=no/such/file.toml")
+
+
+def test_ablation_rejects_a_variant_whose_config_does_not_validate(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ablation.main(["--out", str(tmp_path), "--variant", "base:", "--variant", "broken:outer.h=zero"])
+    assert "broken" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+# small enough for two busy cores: short sequences, small batches, few evaluations
+TINY = ["--steps", "8", "--eval-every", "4", "--eval-batches", "2", "--replicas", "2", "--warmup-steps", "2",
+        "--seeds", "0,1", "--jobs", "2", "--set", "data.batch_size=2", "--set", "model.seq_len=16"]
+
+
+def _assert_report(out, stem: str, labels: list[str], first: str) -> dict:
+    assert (out / f"{stem}.png").stat().st_size > 0
+    table = (out / f"{stem}.md").read_text()
+    assert all(f"| {label} |" in table for label in labels)
+    (group,) = json.loads((out / f"{stem}.json").read_text()).values()
+    rows = {row["label"]: row for row in group["rows"]}
+    assert list(rows) == labels
+    for row in rows.values():
+        assert row["seeds"] == [0, 1]
+        assert all(math.isfinite(row["ppl"][k]) for k in ("mean", "lo", "hi"))
+        assert row["ppl"]["lo"] <= row["ppl"]["mean"] <= row["ppl"]["hi"]
+    assert rows[first]["ratios"][first]["mean"] == 1.0
+    return rows
+
+
+def test_ablation_end_to_end(tmp_path, capsys):
+    ablation.main([*TINY, "--out", str(tmp_path), "--variant", "base:", "--variant", "h4:--set outer.h=4"])
+    rows = _assert_report(tmp_path, "ablation", ["base", "h4"], "base")
+    assert rows["h4"]["h"] == 4
+    assert math.isfinite(rows["h4"]["ratios"]["base"]["mean"])
+    assert capsys.readouterr().out.count("seed") >= 4  # one progress line per finished run
+    assert (tmp_path / "ablation_runs" / "defaults" / "h4" / "seed1" / "metrics.jsonl").is_file()
+
+
+def test_convergence_end_to_end(tmp_path):
+    convergence.main([*TINY, "--out", str(tmp_path), "--methods", "ddp,noloco", "--recipe", "defaults=",
+                      "--set", "outer.h=4"])
+    rows = _assert_report(tmp_path, "convergence", ["ddp", "noloco"], "ddp")
+    assert rows["noloco"]["ratios"]["diloco"] is None  # no diloco in this run
+    assert rows["ddp"]["final_spread_mean"] == 0.0
