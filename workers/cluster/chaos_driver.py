@@ -105,11 +105,16 @@ class ChaosDriver:
     # -- progress -------------------------------------------------------------------------
 
     def _done(self) -> bool:
-        """Every worker logged target_steps, no fault is still in effect, and every running
-        incarnation has come online (so a last restart is seen to rejoin)."""
+        """Every worker logged target_steps, no fault is still in effect, every worker we
+        killed or preempted has come back online, and every running incarnation has come
+        online (so a last restart is seen to rejoin)."""
         if not self._all_reached():
             return False
         if self.stopped or self.redis_down is not None or self.awaiting_respawn:
+            return False
+        # The supervisor notices a SIGKILL only at its next poll: until then the killed
+        # incarnation still looks running and online, and the run would end unrecovered.
+        if any((name, incarnation + 1) not in self.online for name, incarnation in self.caused):
             return False
         return all((s.name, s.incarnation) in self.online for s in self.supervisor.statuses()
                    if s.state == "running")
