@@ -48,7 +48,7 @@ def test_config_show_reflects_file_environment_and_flags(tmp_path):
     (["simulate", "--set", "outer.alpha=fast"], {}, "invalid outer.alpha = 'fast': must be a number"),
     (["simulate", "--set", "alpha"], {}, "SECTION.FIELD=VALUE"),
     (["simulate", "--config", "/nonexistent/x.toml"], {}, "file does not exist"),
-    (["config", "show"], {"NOLOCO_OUTER_METHOD": "adam"}, "invalid outer.method = 'adam'"),
+    (["config", "show"], {"NOLOCO_OUTER_METHOD": "sgd"}, "invalid outer.method = 'sgd'"),
     (["simulate", "--set", "data.source=files", "--set", "data.paths=/nonexistent/*.txt"], {}, "matches no file"),
     (["frobnicate"], {}, "No such command"),
 ])
