@@ -66,7 +66,7 @@ def plot_ppl_bands(groups: Mapping[str, Mapping[str, RunsBySeed]], path: Path, *
     """One panel per group; per label a min–max band over seeds and the mean line."""
     import matplotlib.pyplot as plt
 
-    from noloco_rt.plots import _save  # title, layout, folder, close: one place for every PNG
+    from noloco_rt.plots import save_figure  # title, layout, folder, close: one place for every PNG
 
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, (group, labels) in zip(axes[0], groups.items(), strict=True):
@@ -79,4 +79,4 @@ def plot_ppl_bands(groups: Mapping[str, Mapping[str, RunsBySeed]], path: Path, *
         ax.set_xlabel("tokens trained (all replicas)")
         ax.set_ylabel("validation perplexity")
         ax.legend(fontsize="small")
-    _save(fig, path, title)
+    save_figure(fig, path, title)

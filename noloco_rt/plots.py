@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _save(fig: Any, path: Path, title: str) -> None:
+def save_figure(fig: Any, path: Path, title: str) -> None:
     """Title, layout, write the PNG (creating its folder) and free the figure."""
     if title:
         fig.suptitle(title)
@@ -41,7 +41,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: Path, *, title: str 
     lr_ax.set_ylabel("learning rate")
     spread_ax.legend(loc="upper left")
     lr_ax.legend(loc="upper right")
-    _save(fig, path, title)
+    save_figure(fig, path, title)
 
 
 def plot_methods(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, *, title: str = "") -> None:
@@ -57,7 +57,7 @@ def plot_methods(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, *,
     spread_ax.set_xlabel("inner step")
     spread_ax.set_ylabel("replica spread")
     spread_ax.legend()
-    _save(fig, path, title)
+    save_figure(fig, path, title)
 
 
 def plot_distributed_run(records: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> None:
@@ -84,4 +84,4 @@ def plot_distributed_run(records: Sequence[Mapping[str, Any]], path: Path, *, ti
     spread_ax.plot([r["step"] for r in spreads], [r["spread"] for r in spreads], "o-", color="tab:red")
     spread_ax.set_xlabel("inner step")
     spread_ax.set_ylabel("replica spread (slow weights)")
-    _save(fig, path, title)
+    save_figure(fig, path, title)
