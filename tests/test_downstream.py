@@ -26,11 +26,14 @@ class Clock:
 
 
 class StageOne:
-    """The membership table, reduced to two live next-stage workers."""
+    """The member views, reduced to two live next-stage workers."""
 
-    def live_members(self, stage=None, states=None):
+    def view(self, stage):
         return [MemberRecord(worker_id=w, run_id="r", stage=1, data_addr=f"tcp://{w}:1", exchange_addr="",
                              state=WorkerState.ONLINE) for w in ("a", "b")]
+
+    def request(self):
+        pass
 
 
 class SilentSocket:
@@ -57,7 +60,7 @@ class QuietLog:
 
 def _downstream(clock: Clock) -> tuple[Downstream, SilentSocket, Counters]:
     cfg = load_config(environ={}, overrides=[{"pipeline": {"stages": 2}, "worker": {"max_retries": 5}}])
-    peers = PeerView(StageOne(), own_id="me", refresh_s=0.0)
+    peers = PeerView(StageOne(), own_id="me")
     peers.blacklist = Blacklist(base_s=1.0, clock=clock)
     data, counters = SilentSocket(), Counters()
     ctx = DataContext(cfg=cfg, stage=0, worker_id="me", replica=StageReplica.create(cfg, 0),

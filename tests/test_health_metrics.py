@@ -26,6 +26,16 @@ def failing_handler(frames):
     raise RuntimeError("handler bug")
 
 
+class ViewsAged:
+    """A member-view refresher whose views are this old."""
+
+    def __init__(self, age_s: float) -> None:
+        self.age_s = age_s
+
+    def staleness_s(self) -> float:
+        return self.age_s
+
+
 def test_health_counters_are_read_at_scrape_time():
     ctx = zmq.Context()
     server = ExchangeServer(ctx, bind_host="127.0.0.1", port=0, advertise_host="", handler=failing_handler)
@@ -37,12 +47,15 @@ def test_health_counters_are_read_at_scrape_time():
         with EmbeddedRedis() as redis_server:
             client = connect(redis_server.url)
             membership = Membership(client, run_id="r")
-            register_health_collector(registry, membership, inner, server)
+            register_health_collector(registry, membership, inner, server, views=ViewsAged(2.5))
             assert scrape(registry) == {"noloco_redis_outages_total": 0.0,
                                         "noloco_membership_malformed_records_total": 0.0,
                                         "noloco_inner_steps_skipped_nonfinite_total": 0.0,
-                                        "noloco_exchange_handler_errors_total": 0.0}
+                                        "noloco_exchange_handler_errors_total": 0.0,
+                                        "noloco_member_view_staleness_seconds": 2.5}
 
+            client.sadd("noloco:r:stages", 0)  # listed in stage 0's index, but not a record
+            client.zadd("noloco:r:stage:0:beats", {"bad": 1.0})
             client.hset("noloco:r:worker:bad", mapping={"stage": "zero", "worker_id": "bad"})
             assert membership.live_members(stage=None) == []  # skipped, counted
             param.grad = torch.tensor([1.0, float("nan"), 0.0])
@@ -55,4 +68,5 @@ def test_health_counters_are_read_at_scrape_time():
         server.stop()
         ctx.term()
     assert after == {"noloco_redis_outages_total": 1.0, "noloco_membership_malformed_records_total": 1.0,
-                     "noloco_inner_steps_skipped_nonfinite_total": 1.0, "noloco_exchange_handler_errors_total": 1.0}
+                     "noloco_inner_steps_skipped_nonfinite_total": 1.0, "noloco_exchange_handler_errors_total": 1.0,
+                     "noloco_member_view_staleness_seconds": 2.5}

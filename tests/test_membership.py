@@ -108,12 +108,17 @@ def test_outage_uses_cached_view_and_reregisters(server):
 
 def test_malformed_records_are_skipped_and_counted(server):
     client = connect(server.url)
-    client.hset("noloco:r:worker:bad", mapping={"stage": "zero", "worker_id": "bad"})
     m = Membership(client, run_id="r")
     m.register(record("a", state=WorkerState.ONLINE))
+    keys = m.keys
+    client.zadd(keys.beats(0), {"bad": time.time()})  # listed, but its hash is not a record
+    client.hset(m.key("bad"), mapping={"stage": "zero", "worker_id": "bad"})
     assert [r.worker_id for r in m.live_members(stage=0)] == ["a"]
     assert m.malformed_records == 1
-
+    client.hset(keys.members(0), "junk", "{not json")  # and a row of the stage view that is not one
+    client.xadd(keys.log(0), {"id": "junk"})
+    assert [r.worker_id for r in m.stage_view(0)] == ["a"]
+    assert m.malformed_records == 2
 
 
 def test_password_is_required_when_configured():
@@ -202,9 +207,10 @@ def test_heartbeat_thread_survives_redis_rejecting_writes(server):
 
 def test_non_hash_key_in_the_table_is_skipped(server):
     client = connect(server.url)
-    client.set("noloco:r:worker:str", "not a hash")
     m = Membership(client, run_id="r")
     m.register(record("a", state=WorkerState.ONLINE))
+    client.zadd(m.keys.beats(0), {"str": time.time()})
+    client.set(m.key("str"), "not a hash")  # WRONGTYPE for HGETALL
     assert [r.worker_id for r in m.live_members(stage=0)] == ["a"]
     assert m.malformed_records == 1
 

@@ -79,7 +79,7 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
                                checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics,
                                data_faults=data_faults_from_env(os.environ, name=name))
     register_health_collector(metrics.registry, membership, stage_worker.replica.inner,
-                              stage_worker.exchange_server)
+                              stage_worker.exchange_server, stage_worker.views)
     stage_worker.metrics_addr = f"{cfg.network.advertise_host or cfg.network.bind_host}:{metrics_port_bound}"
     install_signal_handlers(stage_worker)
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)

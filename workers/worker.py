@@ -29,6 +29,7 @@ from noloco_rt.config import Config
 from noloco_rt.data import DataCursor
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.peers import PeerView
+from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.progress import WorkerProgress
 from noloco_rt.membership.table import HeartbeatThread, MemberRecord, Membership, WorkerState
 from noloco_rt.net.transport import DataSocket, ExchangeServer
@@ -67,7 +68,9 @@ class StageWorker:
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
         self.replica = StageReplica.create(cfg, stage, device=device)
-        self.peers = PeerView(membership, own_id=self.worker_id)
+        self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
+                                   interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
+        self.peers = PeerView(self.views, own_id=self.worker_id)
         self.data = DataSocket(ctx, bind_host=cfg.network.bind_host, port=cfg.network.data_port,
                                advertise_host=cfg.network.advertise_host,
                                faults=data_faults)
@@ -128,6 +131,7 @@ class StageWorker:
         self.heartbeat = HeartbeatThread(self.membership, lambda: asdict(self.progress()),
                                          leave_event=self.leave_requested)
         self.heartbeat.start()
+        self.views.start()
         if self.data_faults is not None:
             self.log.warning("data_faults_injected", loss=self.data_faults.loss, delay_s=self.data_faults.delay_s,
                              note="chaos testing: outgoing data messages are dropped or delayed on purpose")
@@ -185,6 +189,7 @@ class StageWorker:
         self.checkpoint.save("leave")
 
     def close(self) -> None:
+        self.views.stop()
         if self.heartbeat is not None:
             self.heartbeat.stop()
         self.exchange_server.stop()

@@ -1,4 +1,4 @@
-"""The worker's view of its peers: live members from Redis (cached), minus a local blacklist.
+"""The worker's view of its peers: the refresher's last view of a stage, minus a local blacklist.
 
 A peer that fails (send refused, deadline missed, bad reply) is blacklisted locally
 with exponential backoff, even while Redis still lists it.
@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from noloco_rt.algo.routing import route_next_hop
-from noloco_rt.membership.table import MemberRecord, Membership, WorkerState
+from noloco_rt.membership.records import MemberRecord
+from noloco_rt.membership.refresher import ViewRefresher
 
 
 @dataclass
@@ -45,27 +46,21 @@ class Blacklist:
 
 
 class PeerView:
-    """Live ONLINE members per stage, refreshed from Redis at most every refresh_s."""
+    """ONLINE members per stage as the background refresher last read them: no I/O here, so
+    the data path and the exchange may call it at every decision."""
 
-    def __init__(self, membership: Membership, *, own_id: str, refresh_s: float = 0.5,
-                 rng: random.Random | None = None) -> None:
-        self.membership = membership
+    def __init__(self, views: ViewRefresher, *, own_id: str, rng: random.Random | None = None) -> None:
+        self.views = views
         self.own_id = own_id
-        self.refresh_s = refresh_s
         self.rng = rng or random.Random()
         self.blacklist = Blacklist()
-        self._cache: dict[int, tuple[float, list[MemberRecord]]] = {}
         self._local_load: dict[str, int] = {}
         """Microbatches this worker has in flight at each peer (added to advertised depth)."""
 
     def members(self, stage: int) -> list[MemberRecord]:
-        now = time.monotonic()
-        cached = self._cache.get(stage)
-        if cached is None or now - cached[0] >= self.refresh_s:
-            records = self.membership.live_members(stage=stage, states={WorkerState.ONLINE})
-            cached = (now, records)
-            self._cache[stage] = cached
-        return [r for r in cached[1] if r.worker_id != self.own_id and not self.blacklist.blocked(r.worker_id)]
+        """ONLINE members of `stage` sorted by id, without us and without blacklisted peers."""
+        return [r for r in self.views.view(stage)
+                if r.worker_id != self.own_id and not self.blacklist.blocked(r.worker_id)]
 
     def sent_to(self, worker_id: str) -> None:
         """A microbatch went to this peer: it counts toward the peer's load until it returns."""
@@ -78,8 +73,13 @@ class PeerView:
     def local_load(self, worker_id: str) -> int:
         return self._local_load.get(worker_id, 0)
 
-    def invalidate(self, stage: int) -> None:
-        self._cache.pop(stage, None)
+    def refresh_soon(self) -> None:
+        """Someone we counted on is gone: ask the refresher for a new view (non-blocking)."""
+        self.views.request()
+
+    def refresh_now(self, stage: int) -> None:
+        """Read `stage` again in this thread (start-up only: never the data path)."""
+        self.views.refresh([stage])
 
     def choose_next_hop(self, stage: int, policy: str, exclude: set[str] | None = None) -> MemberRecord | None:
         candidates = [r for r in self.members(stage) if not exclude or r.worker_id not in exclude]

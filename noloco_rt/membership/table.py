@@ -1,157 +1,92 @@
 """The Redis membership table (DESIGN §5): discovery only, never collectives.
 
-One hash per worker incarnation at `<prefix>:<run>:worker:<uuid>` with a TTL of a few
-heartbeats. Readers cache the last view and keep using it while Redis is unreachable;
-a heartbeat that finds its key gone (Redis restarted, TTL lapsed) registers again.
+Every worker incarnation has a hash with a TTL of a few heartbeats, and sits in its stage's
+index (noloco_rt.membership.layout), so that reading one stage costs what that stage holds,
+never a scan of the run. Two reads:
+
+- `stage_view(k)`: the members of stage k as last published (addresses, state, key, a
+  queue-depth hint), kept up to date from the stage's change log: what workers route and
+  exchange on, read by a background refresher (noloco_rt.membership.refresher).
+- `live_members(...)`: every field, fresh from each member's hash, for status and tools.
+
+Readers keep their last view and use it while Redis is unreachable; a heartbeat that finds
+its record gone (Redis restarted, TTL lapsed and pruned) registers again. A member whose
+hash expired is pruned from its stage's index by the first reader that notices.
 """
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
 import redis
 
-from noloco_rt.config import ConfigError
 from noloco_rt.logs import get_logger
-from noloco_rt.membership.progress import WorkerProgress, progress_from_text, progress_to_text
+from noloco_rt.membership.heartbeat import HeartbeatThread
+from noloco_rt.membership.layout import LOG_MAX_ENTRIES, TableKeys
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.redis_access import (
+    ACCESS_ERRORS,
+    REDIS_ERRORS,
+    RedisAccessError,
+    check_access,
+    connect,
+    redact_url,
+)
+from noloco_rt.membership.stage_view import StageView
 
-# An AuthenticationError is a ConnectionError and NOPERM (an ACL change) a ResponseError: during a
-# run both are handled like an outage (cached view, retries) but logged as access errors.
-ACCESS_ERRORS = (redis.AuthenticationError, redis.exceptions.NoPermissionError)
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoPermissionError)
+__all__ = ["HeartbeatThread", "MemberRecord", "Membership", "RedisAccessError", "WorkerState", "check_access",
+           "connect", "redact_url", "REDIS_ERRORS"]
+
 # A run's "stage finished" marks outlive any run of a day; after that Redis forgets them.
 FINISHED_MARK_TTL_S = 24 * 3600
-
-
-class RedisAccessError(ConfigError):
-    """Redis refused our credentials or permissions: a configuration mistake, reported at startup."""
-
-
-class WorkerState(enum.StrEnum):
-    JOINING = "JOINING"
-    ONLINE = "ONLINE"
-    LEAVING = "LEAVING"
-
-
-@dataclass(frozen=True)
-class MemberRecord(WorkerProgress):
-    """One worker incarnation in the table: where to reach it, its state, and its progress
-    (the WorkerProgress fields, keyword-only, after these)."""
-
-    worker_id: str
-    run_id: str
-    stage: int
-    data_addr: str
-    exchange_addr: str
-    state: WorkerState
-    public_key: str = ""
-    heartbeat_time: float = 0.0
-    name: str = ""
-    metrics_addr: str = ""
-
-    def to_fields(self) -> dict[str, str]:
-        return {"worker_id": self.worker_id, "run_id": self.run_id, "stage": str(self.stage),
-                "data_addr": self.data_addr, "exchange_addr": self.exchange_addr, "state": self.state.value,
-                "public_key": self.public_key, "heartbeat_time": repr(self.heartbeat_time),
-                "name": self.name, "metrics_addr": self.metrics_addr, **progress_to_text(self)}
-
-    @classmethod
-    def from_fields(cls, fields: dict[Any, Any]) -> MemberRecord:
-        """Strict parse; raises ValueError on anything malformed."""
-        text = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
-                for k, v in fields.items()}
-        try:
-            return cls(worker_id=text["worker_id"], run_id=text["run_id"], stage=int(text["stage"]),
-                       data_addr=text["data_addr"], exchange_addr=text["exchange_addr"],
-                       state=WorkerState(text["state"]), public_key=text.get("public_key", ""),
-                       heartbeat_time=float(text["heartbeat_time"]),
-                       name=text.get("name", ""), metrics_addr=text.get("metrics_addr", ""),
-                       **progress_from_text(text))
-        except KeyError as exc:
-            raise ValueError(f"missing field {exc}") from None
-
-
-def connect(url: str, *, socket_timeout_s: float = 1.0) -> redis.Redis:
-    """A client for redis://, rediss:// (TLS) or unix:// URLs, passwords included, with short timeouts
-    so a dead Redis never stalls training for long."""
-    scheme = urlparse(url).scheme
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"redis URL must start with redis://, rediss:// or unix://, got {url!r}")
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
-                                health_check_interval=0)
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    user = parsed.username or ""
-    host = parsed.hostname or ""
-    port = f":{parsed.port}" if parsed.port else ""
-    return urlunparse(parsed._replace(netloc=f"{user}:***@{host}{port}"))
-
-
-def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -> bool:
-    """At startup: raise RedisAccessError (one clear line, exit 2 from the CLI) when Redis refuses
-    our password, user or key permissions; True if reachable, False if merely unreachable (the
-    caller decides whether to wait for it, as workers do)."""
-    try:
-        client.ping()
-        # ACL users may be limited to some keys (~noloco:*): probe the commands the table uses.
-        probe = f"{key_prefix}:access-check"
-        client.exists(probe)
-        client.scan(match=f"{key_prefix}:*", count=1)
-    except ACCESS_ERRORS as exc:
-        raise RedisAccessError("network.redis_url", redact_url(url),
-                               f"Redis refused access ({exc}); check the user and password in the URL "
-                               f"and the user's ACL (it needs ~{key_prefix}:*)") from None
-    except redis.ResponseError as exc:
-        if "AUTH" in str(exc).upper():  # e.g. a password sent to a server that has none
-            raise RedisAccessError("network.redis_url", redact_url(url), f"Redis refused AUTH ({exc})") from None
-        raise
-    except (redis.ConnectionError, redis.TimeoutError):
-        return False
-    return True
+ONLINE_ONLY = frozenset({WorkerState.ONLINE})
+VIEW_FIELDS = ("state", "data_addr", "exchange_addr", "public_key", "name", "metrics_addr", "stage")
+"""Fields whose change is published to the stage's view at once (the rest: at most every hint_interval_s)."""
 
 
 class Membership:
     def __init__(self, client: redis.Redis, *, run_id: str, prefix: str = "noloco", heartbeat_interval_s: float = 1.0,
-                 ttl_s: float | None = None, clock: Callable[[], float] = time.time) -> None:
+                 ttl_s: float | None = None, hint_interval_s: float | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.run_id = run_id
         self.prefix = prefix
+        self.keys = TableKeys(prefix, run_id)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.ttl_s = ttl_s if ttl_s is not None else 3 * heartbeat_interval_s
+        self.hint_interval_s = hint_interval_s if hint_interval_s is not None else max(5.0, 5 * heartbeat_interval_s)
+        """How often a changed queue depth is republished to the stage view: a slow routing hint."""
         self.clock = clock
         self.record: MemberRecord | None = None
+        self._published: tuple[MemberRecord, float] | None = None
         self.redis_available = True
         self.outages = 0
-        self.malformed_records = 0
-        self._cache: list[MemberRecord] = []
+        self._malformed_rows = 0
+        self._views: dict[int, StageView] = {}
+        self._cache: dict[int, list[MemberRecord]] = {}
         self._lock = threading.Lock()
+        self._views_lock = threading.Lock()
         self.log = get_logger(run=run_id)
 
     def key(self, worker_id: str) -> str:
-        return f"{self.prefix}:{self.run_id}:worker:{worker_id}"
+        return self.keys.worker(worker_id)
 
-    def _pattern(self) -> str:
-        return f"{self.prefix}:{self.run_id}:worker:*"
+    @property
+    def malformed_records(self) -> int:
+        """Rows of the table that were not a well-formed member record (skipped, never raised)."""
+        return self._malformed_rows + sum(view.malformed for view in list(self._views.values()))
 
-    def _finished_key(self, stage: int) -> str:
-        return f"{self.prefix}:{self.run_id}:finished:{stage}"
+    # -- "stage finished" marks (workers/finish.py) ---------------------------------------------
 
     def mark_stage_finished(self, stage: int) -> bool:
         """Say that a worker of `stage` finished its work, so the next stage knows that an
         upstream it never saw live (it restarted after they left) is done, not late."""
         try:
-            self.client.set(self._finished_key(stage), "1", ex=FINISHED_MARK_TTL_S)
+            self.client.set(self.keys.finished(stage), "1", ex=FINISHED_MARK_TTL_S)
         except REDIS_ERRORS as exc:
             self._mark(False, exc)
             return False
@@ -160,7 +95,7 @@ class Membership:
     def stage_finished(self, stage: int) -> bool:
         """Whether a worker of `stage` finished since the stage last had a worker join."""
         try:
-            return bool(self.client.exists(self._finished_key(stage)))
+            return bool(self.client.exists(self.keys.finished(stage)))
         except REDIS_ERRORS as exc:
             self._mark(False, exc)
             return False
@@ -177,48 +112,75 @@ class Membership:
                 self.log.warning("redis_unreachable", note="using the cached member view")
         self.redis_available = available
 
-    def _write(self, record: MemberRecord) -> None:
+    # -- writing our own record -------------------------------------------------------------
+
+    def _queue_publish(self, pipe: Any, record: MemberRecord) -> None:
+        """Put `record` in its stage's view and log the change (no execute)."""
+        pipe.hset(self.keys.members(record.stage), record.worker_id, record.to_json())
+        pipe.xadd(self.keys.log(record.stage), {"id": record.worker_id}, maxlen=LOG_MAX_ENTRIES, approximate=True)
+        pipe.sadd(self.keys.stages(), record.stage)
+
+    def _queue_beat(self, pipe: Any, record: MemberRecord) -> None:
         key = self.key(record.worker_id)
-        pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=record.to_fields())
         pipe.pexpire(key, int(self.ttl_s * 1000))
-        pipe.execute()
+        pipe.zadd(self.keys.beats(record.stage), {record.worker_id: record.heartbeat_time})
 
     def register(self, record: MemberRecord) -> bool:
         """Publish our record; False if Redis is unreachable (the heartbeat retries)."""
         with self._lock:
             self.record = replace(record, heartbeat_time=self.clock())
             try:
-                self._write(self.record)
+                pipe = self.client.pipeline(transaction=True)
+                self._queue_beat(pipe, self.record)
+                self._queue_publish(pipe, self.record)
                 # A stage with a new worker is training again: its old "finished" mark is stale.
-                self.client.delete(self._finished_key(record.stage))
+                pipe.delete(self.keys.finished(record.stage))
+                pipe.execute()
             except REDIS_ERRORS as exc:
                 self._mark(False, exc)
                 return False
+            self._published = (self.record, self.record.heartbeat_time)
             self._mark(True)
             return True
 
+    def _view_is_stale(self, record: MemberRecord) -> bool:
+        if self._published is None:
+            return True
+        published, at = self._published
+        if any(getattr(published, name) != getattr(record, name) for name in VIEW_FIELDS):
+            return True
+        return published.queue_depth != record.queue_depth and record.heartbeat_time - at >= self.hint_interval_s
+
     def heartbeat(self, **updates: Any) -> bool:
-        """Refresh the TTL with the given field updates; re-register if our key vanished.
+        """Refresh the TTL with the given field updates; re-register if our record vanished.
+        O(1) Redis work; the stage view is rewritten only when what it shows changed.
         Never raises for Redis errors; returns whether Redis took it."""
         with self._lock:
             if self.record is None:
                 return False
             self.record = replace(self.record, heartbeat_time=self.clock(), **updates)
             record = self.record
+            publish = self._view_is_stale(record)
             try:
-                key = self.key(record.worker_id)
                 pipe = self.client.pipeline(transaction=True)
-                pipe.exists(key)
-                pipe.hset(key, mapping=record.to_fields())
-                pipe.pexpire(key, int(self.ttl_s * 1000))
-                existed, _, _ = pipe.execute()
+                pipe.exists(self.key(record.worker_id))
+                pipe.hexists(self.keys.members(record.stage), record.worker_id)
+                self._queue_beat(pipe, record)
+                if publish:
+                    self._queue_publish(pipe, record)
+                existed, listed = pipe.execute()[:2]
+                if not listed and not publish:  # pruned while we were away: be seen again
+                    pipe = self.client.pipeline(transaction=True)
+                    self._queue_publish(pipe, record)
+                    pipe.execute()
             except REDIS_ERRORS as exc:
                 self._mark(False, exc)
                 return False
+            self._published = (record, record.heartbeat_time) if publish or not listed else self._published
             was_down = not self.redis_available
             self._mark(True)
-            if not existed:
+            if not existed or not listed:
                 self.log.info("member_reregistered", after_outage=was_down)
             return True
 
@@ -229,94 +191,109 @@ class Membership:
         """Remove our record at once (no waiting for the TTL)."""
         with self._lock:
             record, self.record = self.record, None
+            self._published = None
             if record is None:
                 return True
             try:
-                self.client.delete(self.key(record.worker_id))
+                self._remove(record.stage, [record.worker_id])
             except REDIS_ERRORS as exc:
                 self._mark(False, exc)
                 return False
             return True
 
+    def _remove(self, stage: int, worker_ids: list[str]) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(*(self.key(w) for w in worker_ids))
+        pipe.zrem(self.keys.beats(stage), *worker_ids)
+        pipe.hdel(self.keys.members(stage), *worker_ids)
+        for worker_id in worker_ids:
+            pipe.xadd(self.keys.log(stage), {"id": worker_id}, maxlen=LOG_MAX_ENTRIES, approximate=True)
+        pipe.execute()
+
+    def _prune(self, stage: int, candidates: Iterable[str]) -> int:
+        """Drop from the stage's index the candidates whose hash Redis expired (dead workers).
+        The hash's TTL runs on Redis' clock, so a skewed worker clock never prunes the living."""
+        candidates = list(candidates)
+        if not candidates:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id in candidates:
+            pipe.exists(self.key(worker_id))
+        dead = [w for w, alive in zip(candidates, pipe.execute(), strict=True) if not alive]
+        if dead:
+            self._remove(stage, dead)
+        return len(dead)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def stage_view(self, stage: int, states: frozenset[WorkerState] | set[WorkerState] | None = ONLINE_ONLY
+                   ) -> list[MemberRecord]:
+        """Members of `stage` as published (sorted by id; some states, or all with None),
+        read from the stage's change log: cheap enough to call every second at 10,000 workers.
+        While Redis is unreachable, the last view read."""
+        with self._views_lock:
+            view = self._views.setdefault(stage, StageView(self.keys, stage))
+            try:
+                stale = view.refresh(self.client, prune_before=self.clock() - self.ttl_s)
+                if self._prune(stage, stale):
+                    view.refresh(self.client, prune_before=float("-inf"))
+            except REDIS_ERRORS as exc:
+                self._mark(False, exc)
+            else:
+                self._mark(True)
+            members = view.members()
+        return [r for r in members if states is None or r.state in states]
+
     def live_members(self, stage: int | None = None,
-                     states: set[WorkerState] | None = frozenset({WorkerState.ONLINE}), *,
+                     states: frozenset[WorkerState] | set[WorkerState] | None = ONLINE_ONLY, *,
                      exclude_id: str | None = None) -> list[MemberRecord]:
-        """Members of this run (optionally one stage, some states, all but `exclude_id`). While
-        Redis is unreachable, the last view read successfully. Keys that are not a well-formed
-        member hash are skipped and counted in `malformed_records`, never raised."""
+        """Members of this run (optionally one stage, some states, all but `exclude_id`) with
+        every field fresh from their hashes, sorted by (stage, id). Costs the stages read, not
+        the run. While Redis is unreachable, the last view read. Malformed rows are skipped
+        and counted in `malformed_records`, never raised."""
         try:
-            keys = list(self.client.scan_iter(match=self._pattern(), count=500))
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.hgetall(key)
-            # raise_on_error=False: a foreign non-hash key under our pattern (WRONGTYPE)
-            # is one malformed row, not a failed read of the whole table.
-            rows = pipe.execute(raise_on_error=False)
+            stages = [stage] if stage is not None else self._stages()
+            by_stage = {k: self._read_stage(k) for k in stages}
         except REDIS_ERRORS as exc:
             self._mark(False, exc)
-            records = self._cache
+            by_stage = {k: v for k, v in self._cache.items() if stage is None or k == stage}
         else:
             self._mark(True)
-            records = []
-            for row in rows:
+            self._cache.update(by_stage)
+        records = [r for k in sorted(by_stage) for r in by_stage[k]]
+        return [r for r in records if (states is None or r.state in states) and r.worker_id != exclude_id]
+
+    def _stages(self) -> list[int]:
+        stages = []
+        for raw in self.client.smembers(self.keys.stages()):
+            try:
+                stages.append(int(raw))
+            except ValueError:
+                self._malformed_rows += 1
+        return sorted(stages)
+
+    def _read_stage(self, stage: int) -> list[MemberRecord]:
+        ids = sorted(w.decode() if isinstance(w, bytes) else w for w in self.client.zrange(self.keys.beats(stage), 0, -1))
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id in ids:
+            pipe.hgetall(self.key(worker_id))
+        # raise_on_error=False: a foreign non-hash key at a member's place is one malformed row.
+        rows = pipe.execute(raise_on_error=False)
+        records, expired = [], []
+        for worker_id, row in zip(ids, rows, strict=True):
+            if not row:
+                expired.append(worker_id)
+                continue
+            try:
                 if isinstance(row, redis.ResponseError):
-                    self.malformed_records += 1
-                    continue
-                if not row:
-                    continue  # expired between SCAN and HGETALL
-                try:
-                    records.append(MemberRecord.from_fields(row))
-                except ValueError:
-                    self.malformed_records += 1
-            self._cache = records
-        return [r for r in records if (stage is None or r.stage == stage)
-                and (states is None or r.state in states) and r.worker_id != exclude_id]
-
-
-class HeartbeatThread:
-    """Heartbeats from a daemon thread; Redis errors are absorbed so training never stops for them.
-
-    When `leave_event` is set (a SIGTERM handler sets it) the thread deletes the record at
-    once, whatever the training thread is busy with, and stops heartbeating.
-    """
-
-    TICK_S = 0.02
-
-    def __init__(self, membership: Membership, updates: Callable[[], dict[str, Any]] | None = None, *,
-                 leave_event: threading.Event | None = None) -> None:
-        self.membership = membership
-        self.updates = updates or dict
-        self.leave_event = leave_event or threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self.beats = 0
-        self.failures = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        next_beat = time.monotonic() + self.membership.heartbeat_interval_s
-        while not self._stop.is_set():
-            if self.leave_event.is_set():
-                self.membership.leave()
-                return
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.membership.heartbeat_interval_s
-                try:
-                    ok = self.membership.heartbeat(**self.updates())
-                except Exception:  # noqa: BLE001 - the thread's last line of defence
-                    # e.g. OOM or READONLY from Redis: a dead heartbeat thread would let the
-                    # record expire while this worker keeps training, so log and beat again.
-                    self.membership.log.exception("heartbeat_failed")
-                    ok = False
-                if ok:
-                    self.beats += 1
-                else:
-                    self.failures += 1
-            self._stop.wait(self.TICK_S)
-
-    def stop(self, timeout_s: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+                    raise ValueError(str(row))
+                record = MemberRecord.from_fields(row)
+            except ValueError:
+                self._malformed_rows += 1
+                continue
+            if record.worker_id == worker_id and record.stage == stage:
+                records.append(record)
+            else:
+                self._malformed_rows += 1
+        self._prune(stage, expired)
+        return records

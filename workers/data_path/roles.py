@@ -94,7 +94,7 @@ class First(ReadsData, SendsDownstream):
         peer = self.downstream.choose()
         if peer is None:
             self.receiver.poll(accept_forwards=False)  # nobody downstream yet: keep serving gradients
-            self.ctx.peers.invalidate(self.downstream.next_stage)
+            self.ctx.peers.refresh_soon()
             return
         inputs, targets = self.next_batch()
         output = self.ctx.replica.module(inputs.to(self.ctx.staging.device))  # (B, T, C) with its graph

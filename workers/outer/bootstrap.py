@@ -26,6 +26,7 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
     cfg = service.cfg
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not leave_requested.is_set():
+        peers.refresh_now(service.stage)  # start-up: a fresh view, read in this thread
         donors = peers.random_peers(service.stage)
         if not donors:
             service.log.info("first_of_stage", note="initialised from the run seed")
@@ -37,6 +38,5 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
             if state is not None:
                 return donor.worker_id, state
             peers.blacklist.fail(donor.worker_id)
-        peers.invalidate(service.stage)
         time.sleep(RETRY_PAUSE_S)
     raise RuntimeError(f"no peer of stage {service.stage} served a bootstrap within {timeout_s} s")
