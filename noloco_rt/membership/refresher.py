@@ -96,9 +96,12 @@ class ViewRefresher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+            # At least MIN_GAP_S between refreshes, at most interval_s: a request ends the wait.
             if self._stop.wait(MIN_GAP_S):
+                return
+            self._wake.wait(max(0.0, self.interval_s - MIN_GAP_S))
+            self._wake.clear()
+            if self._stop.is_set():
                 return
             try:
                 self.refresh()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -46,6 +47,11 @@ EMPTY_CURSOR = "0-0"
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def changed_ids(changes: list) -> list[str]:
+    """The member ids named by change-log entries (each once, sorted)."""
+    return sorted({_text(fields.get(b"id", fields.get("id", b""))) for _, fields in changes} - {""})
 
 
 @dataclass
@@ -98,30 +104,46 @@ class StageView:
         Redis errors propagate (the caller keeps the last view)."""
         for _ in range(MAX_LOG_PAGES):
             pipe = client.pipeline(transaction=False)
-            pipe.xrange(self.keys.log(self.stage), min=f"({self.cursor}" if self.cursor else "-", count=LOG_PAGE)
-            pipe.xrange(self.keys.log(self.stage), count=1)
-            pipe.zrangebyscore(self.keys.beats(self.stage), "-inf", prune_before, start=0, num=32)
-            changes, first, stale = pipe.execute()
-            first_entry = _text(first[0][0]) if first else None
-            if needs_full_read(self.cursor, first_entry):
-                self._read_whole(client)
-                return [_text(s) for s in stale]
-            if changes:
-                self._apply_changes(client, changes)
-            if len(changes) < LOG_PAGE:
-                return [_text(s) for s in stale]
+            self.queue_check(pipe, prune_before=prune_before)
+            stale, more = self.take_check(client, pipe.execute())
+            if not more:
+                return stale
         self._read_whole(client)  # too far behind: cheaper to start over
         return []
 
+    def queue_check(self, pipe: Any, *, prune_before: float) -> None:
+        """The three commands of one check (no execute): the log past our cursor, the log's
+        first entry, the oldest heartbeats. Batched by benchmarks/membership.py."""
+        pipe.xrange(self.keys.log(self.stage), min=f"({self.cursor}" if self.cursor else "-", count=LOG_PAGE)
+        pipe.xrange(self.keys.log(self.stage), count=1)
+        pipe.zrangebyscore(self.keys.beats(self.stage), "-inf", prune_before, start=0, num=32)
+
+    def take_check(self, client: redis.Redis, replies: list) -> tuple[list[str], bool]:
+        """Apply the replies of queue_check (reading changed rows, or everything, as needed):
+        (prune candidates, whether more of the log is waiting)."""
+        changes, first, stale = replies
+        candidates = [_text(s) for s in stale]
+        first_entry = _text(first[0][0]) if first else None
+        if needs_full_read(self.cursor, first_entry):
+            self._read_whole(client)
+            return candidates, False
+        if changes:
+            self._apply_changes(client, changes)
+        return candidates, len(changes) >= LOG_PAGE
+
     def _apply_changes(self, client: redis.Redis, changes: list) -> None:
-        changed = sorted({_text(fields.get(b"id", fields.get("id", b""))) for _, fields in changes} - {""})
+        changed = changed_ids(changes)
         values = client.hmget(self.keys.members(self.stage), changed) if changed else []
+        self.apply_changed(changed, values, last_entry=_text(changes[-1][0]))
+
+    def apply_changed(self, changed: list[str], values: list, *, last_entry: str) -> None:
+        """Take the rows (HMGET of `changed`) and move the cursor to `last_entry`."""
         parsed = parse_rows(zip(changed, values, strict=True), self.stage)
         for worker_id in parsed.removed:
             self.records.pop(worker_id, None)
         self.records.update(parsed.records)
         self.malformed += parsed.malformed
-        self.cursor = _text(changes[-1][0])
+        self.cursor = last_entry
         self.change_reads += 1
 
     def _read_whole(self, client: redis.Redis) -> None:

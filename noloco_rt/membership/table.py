@@ -126,6 +126,15 @@ class Membership:
         pipe.pexpire(key, int(self.ttl_s * 1000))
         pipe.zadd(self.keys.beats(record.stage), {record.worker_id: record.heartbeat_time})
 
+    def queue_heartbeat(self, pipe: Any, record: MemberRecord, *, publish: bool) -> None:
+        """One heartbeat's commands (no execute); the first two replies say whether our hash
+        and our row of the stage view still exist. Batched by benchmarks/membership.py."""
+        pipe.exists(self.key(record.worker_id))
+        pipe.hexists(self.keys.members(record.stage), record.worker_id)
+        self._queue_beat(pipe, record)
+        if publish:
+            self._queue_publish(pipe, record)
+
     def register(self, record: MemberRecord) -> bool:
         """Publish our record; False if Redis is unreachable (the heartbeat retries)."""
         with self._lock:
@@ -164,11 +173,7 @@ class Membership:
             publish = self._view_is_stale(record)
             try:
                 pipe = self.client.pipeline(transaction=True)
-                pipe.exists(self.key(record.worker_id))
-                pipe.hexists(self.keys.members(record.stage), record.worker_id)
-                self._queue_beat(pipe, record)
-                if publish:
-                    self._queue_publish(pipe, record)
+                self.queue_heartbeat(pipe, record, publish=publish)
                 existed, listed = pipe.execute()[:2]
                 if not listed and not publish:  # pruned while we were away: be seen again
                     pipe = self.client.pipeline(transaction=True)

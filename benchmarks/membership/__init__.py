@@ -1,0 +1,1 @@
+"""Membership benchmark: see __main__.py."""
