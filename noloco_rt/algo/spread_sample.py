@@ -144,6 +144,11 @@ def pooled_estimate(estimates: Sequence[SpreadEstimate], numels: Sequence[int]) 
                           sum(e.population for e in estimates))
 
 
+def finite_or_none(bound: float) -> float | None:
+    """An interval bound for JSON, where an unbounded one (inf) is null."""
+    return None if math.isinf(bound) else bound
+
+
 def _welch_dof(parts: Sequence[float], dofs: Sequence[float]) -> float:
     """Degrees of freedom of a sum of independent variance estimates (Welch–Satterthwaite)."""
     finite = [(part, dof) for part, dof in zip(parts, dofs, strict=True) if 0.0 < part < math.inf]
