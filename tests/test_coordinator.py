@@ -120,7 +120,8 @@ def test_coordinator_pulls_a_bounded_sample_of_a_larger_stage(tmp_path):
         assert spread["live_per_stage"] == [3, 1] and spread["replicas_per_stage"] == [2, 1]
         assert spread["pulls_per_stage"] == [2, 1]
         # Two replicas of three give an estimate but cannot bound it (JSON null); one of one is exact.
-        assert spread["spread_by_stage"][0] > 0.0 and spread["spread_low_by_stage"][0] == 0.0
+        # (The estimate may be 0: replicas share their slow weights until their first outer step.)
+        assert spread["spread_low_by_stage"][0] == 0.0 <= spread["spread_by_stage"][0]
         assert spread["spread_high_by_stage"][0] is None and spread["spread_high"] is None
         assert spread["spread_low_by_stage"][1] == spread["spread_by_stage"][1] == spread["spread_high_by_stage"][1]
         _, _, metadata = load_consensus(out / "consensus.safetensors")
