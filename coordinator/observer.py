@@ -2,14 +2,17 @@
 
 Two cadences. Every eval_interval_s: one random live replica per stage is pulled, the
 stages are chained into a model and scored on the validation batches. Every
-spread_interval_s: every live replica of every stage is pulled (rate-bounded), the
-replica spread per stage is measured and the per-stage mean over replicas is written
-as the consensus checkpoint. The coordinator only reads: killing it at any moment
-changes nothing for the workers, and a failed pull only skips that replica.
+spread_interval_s: a random sample of at most spread_sample live replicas per stage is
+pulled (rate-bounded), the replica spread per stage is estimated from it with a 95%
+interval (exact for a stage pulled whole) and the per-stage mean of the sample is
+written as the consensus checkpoint. A sweep so costs O(stages · spread_sample) pulls,
+whatever the number of replicas. The coordinator only reads: killing it at any moment
+changes nothing for the workers, and a failed pull is replaced by another member.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -23,13 +26,16 @@ from torch import nn
 
 from coordinator.pull import PulledReplica, SnapshotPuller
 from noloco_rt.algo.diagnostics import perplexity
+from noloco_rt.algo.spread_sample import finite_or_none
 from noloco_rt.config import Config
 from noloco_rt.evaluation import load_validation_batches, validation_loss
-from noloco_rt.export import write_scored_consensus
+from noloco_rt.export import ScoredConsensus, write_scored_consensus
 from noloco_rt.membership.table import MemberRecord, Membership
 from noloco_rt.model import build_stage
 
 PULL_ATTEMPTS_PER_STAGE = 3
+SPARE_SPREAD_PULLS_PER_STAGE = 3
+"""Failed spread pulls of a stage replaced by other members before its sample shrinks."""
 
 
 class StageChain:
@@ -64,10 +70,43 @@ class SpreadResult:
     time: float
     step: int
     spread: float
+    """Over all stages: exact when every live replica was pulled, else an estimate."""
+    spread_low: float
+    spread_high: float | None
+    """The 95% interval of spread; None: unbounded (fewer than 3 replicas of a larger stage)."""
     spread_by_stage: list[float]
+    spread_low_by_stage: list[float]
+    spread_high_by_stage: list[float | None]
     replicas_per_stage: list[int]
+    """Replicas pulled and averaged per stage: the sample."""
+    live_per_stage: list[int]
+    """Live replicas per stage the sample was drawn from."""
+    pulls_per_stage: list[int]
+    """Pulls made per stage this cycle (failed ones included)."""
     consensus_val_loss: float | None
     consensus_path: str | None
+
+    @classmethod
+    def of(cls, scored: ScoredConsensus, pulls_per_stage: list[int]) -> SpreadResult:
+        stages = scored.stage_estimates
+        return cls(time=time.time(), step=scored.step, spread=scored.spread, spread_low=scored.estimate.low,
+                   spread_high=finite_or_none(scored.estimate.high), spread_by_stage=scored.spread_by_stage,
+                   spread_low_by_stage=[e.low for e in stages],
+                   spread_high_by_stage=[finite_or_none(e.high) for e in stages],
+                   replicas_per_stage=scored.replicas_per_stage, live_per_stage=scored.replicas_live,
+                   pulls_per_stage=pulls_per_stage, consensus_val_loss=scored.val_loss,
+                   consensus_path=str(scored.path))
+
+
+@dataclass
+class StageSample:
+    """The replicas of one stage pulled for a spread measurement."""
+
+    pulled: list[PulledReplica]
+    live: int
+    """Live members of the stage when the sample was drawn."""
+    pulls: int
+    """Pulls made, failed ones included."""
 
 
 @dataclass
@@ -79,6 +118,7 @@ class ObserverStatus:
     pulls_ok: int = 0
     pulls_failed: int = 0
     evaluations: int = 0
+    spread_measurements: int = 0
     last_eval: EvalResult | None = None
     last_spread: SpreadResult | None = None
     note: str = ""
@@ -188,31 +228,59 @@ class Observer:
                       replicas=result.replicas)
         return result
 
-    # -- spread and consensus: every replica ----------------------------------------------------
+    # -- spread and consensus: a bounded random sample per stage ----------------------------------
 
     def spread_once(self, stop: threading.Event) -> SpreadResult | None:
-        by_stage = self._members_by_stage()
-        pulled_by_stage: list[list[PulledReplica]] = []
-        for stage, members in by_stage.items():
-            pulled = [p for p in (self._pull(m, stop) for m in members) if p is not None]
-            if not pulled:
+        samples: list[StageSample] = []
+        for stage, members in self._members_by_stage().items():
+            sample = self._pull_sample(members, stop)
+            if not sample.pulled:
                 self._note(f"spread: no replica of stage {stage} could be pulled")
                 return None
-            pulled_by_stage.append(pulled)
-        step = min(p.inner_steps for pulled in pulled_by_stage for p in pulled)
+            samples.append(sample)
+        step = min(p.inner_steps for sample in samples for p in sample.pulled)
         scored = write_scored_consensus(self.out_dir / "consensus.safetensors", self.cfg,
-                                        [[p.slow for p in pulled] for pulled in pulled_by_stage], step=step,
-                                        source="coordinator", val_batches=self.val_batches)
-        result = SpreadResult(time=time.time(), step=step, spread=scored.spread,
-                              spread_by_stage=scored.spread_by_stage, replicas_per_stage=scored.replicas_per_stage,
-                              consensus_val_loss=scored.val_loss, consensus_path=str(scored.path))
+                                        [[p.slow for p in sample.pulled] for sample in samples], step=step,
+                                        source="coordinator", val_batches=self.val_batches,
+                                        live_per_stage=[sample.live for sample in samples])
+        result = SpreadResult.of(scored, pulls_per_stage=[sample.pulls for sample in samples])
         with self._lock:
             self.status.last_spread = result
-        self.metrics.spread.labels(stage="all").set(result.spread)
-        for stage, value in enumerate(result.spread_by_stage):
-            self.metrics.spread.labels(stage=str(stage)).set(value)
-        self.metrics.consensus_writes.inc()
-        self.log.info("spread_measured", step=step, spread=result.spread, by_stage=result.spread_by_stage,
-                      replicas=result.replicas_per_stage, consensus_val_loss=round(scored.val_loss, 4),
+            self.status.spread_measurements += 1
+        self._export_spread_metrics(result)
+        self.log.info("spread_measured", step=step, spread=result.spread, low=result.spread_low,
+                      high=result.spread_high, by_stage=result.spread_by_stage,
+                      low_by_stage=result.spread_low_by_stage, high_by_stage=result.spread_high_by_stage,
+                      replicas=result.replicas_per_stage, live=result.live_per_stage,
+                      pulls=result.pulls_per_stage, consensus_val_loss=round(scored.val_loss, 4),
                       consensus=str(scored.path))
         return result
+
+    def _pull_sample(self, members: list[MemberRecord], stop: threading.Event) -> StageSample:
+        """Up to spread_sample members drawn without replacement and pulled (all of a smaller
+        stage). A failed pull is replaced by another random member, SPARE_SPREAD_PULLS_PER_STAGE
+        times at most, so one dead record does not shrink the sample."""
+        wanted = self.cfg.coordinator.spread_sample
+        candidates = self.rng.sample(members, k=min(len(members), wanted + SPARE_SPREAD_PULLS_PER_STAGE))
+        pulled: list[PulledReplica] = []
+        pulls = 0
+        for member in candidates:
+            if len(pulled) == wanted or stop.is_set():
+                break
+            pulls += 1
+            replica = self._pull(member, stop)
+            if replica is not None:
+                pulled.append(replica)
+        return StageSample(pulled=pulled, live=len(members), pulls=pulls)
+
+    def _export_spread_metrics(self, result: SpreadResult) -> None:
+        labelled = [("all", result.spread, result.spread_low, result.spread_high, sum(result.replicas_per_stage))]
+        labelled += [(str(stage), *values) for stage, values in enumerate(zip(
+            result.spread_by_stage, result.spread_low_by_stage, result.spread_high_by_stage,
+            result.replicas_per_stage, strict=True))]
+        for stage, spread, low, high, sampled in labelled:
+            self.metrics.spread.labels(stage=stage).set(spread)
+            self.metrics.spread_low.labels(stage=stage).set(low)
+            self.metrics.spread_high.labels(stage=stage).set(math.inf if high is None else high)
+            self.metrics.spread_sampled.labels(stage=stage).set(sampled)
+        self.metrics.consensus_writes.inc()

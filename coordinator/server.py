@@ -27,8 +27,14 @@ class CoordinatorMetrics:
         self.val_loss = Gauge("noloco_coordinator_val_loss", "Validation loss of the assembled model", registry=r)
         self.val_ppl = Gauge("noloco_coordinator_val_perplexity", "Validation perplexity", registry=r)
         self.eval_step = Gauge("noloco_coordinator_eval_step", "Inner step of the last evaluation", registry=r)
-        self.spread = Gauge("noloco_coordinator_replica_spread", "Replica spread of slow weights", ["stage"],
-                            registry=r)
+        self.spread = Gauge("noloco_coordinator_replica_spread", "Replica spread of slow weights (estimated from "
+                            "the sampled replicas)", ["stage"], registry=r)
+        self.spread_low = Gauge("noloco_coordinator_replica_spread_low", "Lower end of the spread's 95% interval",
+                                ["stage"], registry=r)
+        self.spread_high = Gauge("noloco_coordinator_replica_spread_high", "Upper end of the spread's 95% interval "
+                                 "(+Inf: too few replicas sampled to bound it)", ["stage"], registry=r)
+        self.spread_sampled = Gauge("noloco_coordinator_spread_replicas_sampled", "Replicas pulled for the last "
+                                    "spread measurement", ["stage"], registry=r)
         self.consensus_writes = Counter("noloco_coordinator_consensus_writes", "Consensus checkpoints written",
                                         registry=r)
         self.cycle_failures = Counter("noloco_coordinator_cycle_failures", "Observation cycles that raised",

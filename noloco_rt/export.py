@@ -5,8 +5,8 @@ over the replicas of each stage. This module averages them (from tensors in memo
 from the workers' checkpoint files), writes the result as one safetensors file whose
 metadata carries the run's config, and loads it back as the whole model, so a
 consensus file is usable without the run's config file or cluster. The coordinator
-(replicas pulled live) and `up` / `chaos` (final checkpoints) build and score it with
-the same write_scored_consensus.
+(a random sample of each stage's replicas, pulled live) and `up` / `chaos` (every
+final checkpoint) build and score it with the same write_scored_consensus.
 
 Writes are atomic (temporary file, fsync, rename): a reader sees the previous complete
 file or the new one, never a torn one.
@@ -25,7 +25,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from noloco_rt.algo.diagnostics import perplexity, pooled_spread, replica_spread
+from noloco_rt.algo.diagnostics import perplexity
+from noloco_rt.algo.spread_sample import (
+    SpreadEstimate,
+    estimate_spread,
+    finite_or_none,
+    pooled_estimate,
+)
 from noloco_rt.checkpoint import CHECKPOINT_VERSION, atomic_write_bytes
 from noloco_rt.config import Config, ConfigError, config_to_toml, load_config
 from noloco_rt.evaluation import Batch, validation_loss
@@ -271,27 +277,51 @@ class ScoredConsensus:
     spread: float
     spread_by_stage: list[float]
     replicas_per_stage: list[int]
+    """Replicas averaged per stage (a sample of replicas_live, or all of them)."""
+    replicas_live: list[int]
+    """Live replicas per stage the averaged ones were drawn from."""
+    estimate: SpreadEstimate
+    """The spread over all stages with its 95% interval (a point when every replica was averaged)."""
+    stage_estimates: list[SpreadEstimate]
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "val_loss": self.val_loss, "val_ppl": self.val_ppl, "spread": self.spread,
+                "spread_low": self.estimate.low, "spread_high": finite_or_none(self.estimate.high),
                 "spread_by_stage": self.spread_by_stage, "replicas_per_stage": self.replicas_per_stage,
-                "consensus": str(self.path)}
+                "replicas_live": self.replicas_live, "consensus": str(self.path)}
+
+
+def _replica_metadata(sampled: Sequence[int], live: Sequence[int]) -> dict[str, str]:
+    """How many replicas were averaged and how many were live, per stage ("8,8" for two stages).
+    replicas_per_stage, the only key of older files, equals replicas_sampled."""
+    joined = [",".join(map(str, counts)) for counts in (sampled, live)]
+    return {"replicas_per_stage": joined[0], "replicas_sampled": joined[0], "replicas_live": joined[1]}
 
 
 def write_scored_consensus(path: Path, cfg: Config, replicas_by_stage: Sequence[Sequence[Sequence[torch.Tensor]]],
-                           *, step: int, source: str, val_batches: Sequence[Batch] | None = None) -> ScoredConsensus:
+                           *, step: int, source: str, val_batches: Sequence[Batch] | None = None,
+                           live_per_stage: Sequence[int] | None = None) -> ScoredConsensus:
     """Average each stage's replicas into the consensus file at `path`, load it back (what a
-    user will load) and score it on the validation batches; also the replica spread."""
+    user will load) and score it on the validation batches; also the replica spread.
+
+    replicas_by_stage[k] may be a random sample of stage k's live_per_stage[k] replicas: the
+    spread is then estimated, with a 95% interval (noloco_rt.algo.spread_sample). Without
+    live_per_stage the replicas given are every replica, and the spread is exact.
+    """
     counts = [len(stage) for stage in replicas_by_stage]
+    live = list(live_per_stage) if live_per_stage is not None else counts
+    if len(live) != len(counts) or any(n < c for n, c in zip(live, counts, strict=False)):
+        raise ExportError(f"{path}: {counts} replicas averaged per stage cannot be drawn from {live} live")
     save_consensus(path, cfg, [mean_over_replicas(stage) for stage in replicas_by_stage], metadata={
-        "step": str(step), "replicas_per_stage": ",".join(map(str, counts)), "source": source,
-        "created": f"{time.time():.3f}"})
+        "step": str(step), **_replica_metadata(counts, live), "source": source, "created": f"{time.time():.3f}"})
     _, model, _ = load_consensus(path)
     loss = validation_loss(model, cfg, val_batches=val_batches)
-    spreads = [replica_spread(stage) for stage in replicas_by_stage]
+    estimates = [estimate_spread(stage, population) for stage, population in zip(replicas_by_stage, live, strict=True)]
     numels = [sum(t.numel() for t in stage[0]) for stage in replicas_by_stage]
-    return ScoredConsensus(path=Path(path), step=step, val_loss=loss, val_ppl=perplexity(loss),
-                           spread=pooled_spread(spreads, numels), spread_by_stage=spreads, replicas_per_stage=counts)
+    pooled = pooled_estimate(estimates, numels)
+    return ScoredConsensus(path=Path(path), step=step, val_loss=loss, val_ppl=perplexity(loss), spread=pooled.spread,
+                           spread_by_stage=[e.spread for e in estimates], replicas_per_stage=counts,
+                           replicas_live=live, estimate=pooled, stage_estimates=estimates)
 
 
 def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, source: str) -> ScoredConsensus:

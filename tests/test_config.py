@@ -11,6 +11,7 @@ def test_defaults_are_valid():
     cfg = load_config(environ={})
     assert cfg.outer.method == "noloco" and cfg.model.preset == "tiny"
     assert cfg.outer.resolved().gamma == cfg.outer.resolved().beta
+    assert cfg.coordinator.spread_sample == 8
 
 
 def test_precedence_file_then_environment_then_flags(tmp_path):
@@ -48,6 +49,7 @@ def test_environment_types_and_lists():
     ({"NOLOCO_ROUTING_SIMULATION": "round-robin"}, "routing.simulation", "'round-robin'",
      "balanced, balanced-sequence, p2c, random"),
     ({"NOLOCO_OPTIM_WARMUP_FRACTION": "1.5"}, "optim.warmup_fraction", "1.5", "[0, 1)"),
+    ({"NOLOCO_COORDINATOR_SPREAD_SAMPLE": "1"}, "coordinator.spread_sample", "= 1", ">= 2"),
     ({"NOLOCO_BOGUS_X": "1"}, "NOLOCO_BOGUS_X", "'1'", "unknown NOLOCO_ variable"),
 ])
 def test_bad_values_name_field_value_and_allowed(environ, field, shown, fragment):

@@ -1,30 +1,41 @@
 """The coordinator against a real cluster: it observes, exports, serves status, and is
-irrelevant to training (killing and restarting it changes nothing for the workers)."""
+irrelevant to training (killing and restarting it changes nothing for the workers); its
+spread measurement pulls a bounded random sample of each stage, however many replicas live."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import structlog
+import torch
 
-from noloco_rt.export import load_consensus
+from coordinator.observer import Observer
+from coordinator.pull import PulledReplica
+from coordinator.server import CoordinatorMetrics
+from noloco_rt.config import load_config
+from noloco_rt.export import load_consensus, mean_over_replicas, stage_parameter_shapes
 from noloco_rt.membership.embedded_redis import free_port
-from tests.cluster import LocalCluster
+from tests.cluster import LocalCluster, read_events
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str) -> subprocess.Popen:
+def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str, **extra: Any) -> subprocess.Popen:
     args = [sys.executable, "-m", "noloco_rt.cli", "coordinator", "--redis-url", cluster.redis.url,
             "--status-port", str(port), "--out", str(out)]
     settings = {**cluster.settings, "coordinator.eval_interval_s": 1.0, "coordinator.spread_interval_s": 2.0,
-                "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 2}
+                "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 2, **extra}
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
@@ -91,3 +102,124 @@ def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
         if coordinator is not None and coordinator.poll() is None:
             coordinator.kill()
         cluster.close()
+
+
+def test_coordinator_pulls_a_bounded_sample_of_a_larger_stage(tmp_path):
+    cluster = LocalCluster(tmp_path, stages=2)
+    coordinator = None
+    try:
+        for name, stage in (("s0-a", 0), ("s0-b", 0), ("s0-c", 0), ("s1-a", 1)):
+            cluster.start_worker(stage, name)
+        cluster.wait_online(4, timeout_s=120)
+        port, out = free_port(), tmp_path / "coordinator"
+        coordinator = start_coordinator(cluster, port, out, "coordinator.log", **{"coordinator.spread_sample": 2})
+        seen = cluster.wait_for(lambda: (s := status(port, coordinator)) and s["spread_measurements"] >= 2 and s,
+                                timeout_s=120, what="two spread measurements from the coordinator")
+        spread = seen["last_spread"]
+        # 2 of stage 0's 3 replicas pulled and averaged; stage 1's single replica, whole.
+        assert spread["live_per_stage"] == [3, 1] and spread["replicas_per_stage"] == [2, 1]
+        assert spread["pulls_per_stage"] == [2, 1]
+        # Two replicas of three give an estimate but cannot bound it (JSON null); one of one is exact.
+        # (The estimate may be 0: replicas share their slow weights until their first outer step.)
+        assert spread["spread_low_by_stage"][0] == 0.0 <= spread["spread_by_stage"][0]
+        assert spread["spread_high_by_stage"][0] is None and spread["spread_high"] is None
+        assert spread["spread_low_by_stage"][1] == spread["spread_by_stage"][1] == spread["spread_high_by_stage"][1]
+        _, _, metadata = load_consensus(out / "consensus.safetensors")
+        assert metadata["replicas_sampled"] == "2,1" and metadata["replicas_live"] == "3,1"
+        metrics = (fetch(port, "/metrics") or b"").decode()
+        assert 'noloco_coordinator_spread_replicas_sampled{stage="0"} 2.0' in metrics
+        assert 'noloco_coordinator_replica_spread_high{stage="0"} +Inf' in metrics
+
+        coordinator.send_signal(signal.SIGTERM)
+        assert coordinator.wait(20) == 0
+        measured = read_events(tmp_path / "coordinator.log", "spread_measured")
+        assert len(measured) >= 2 and all(e["pulls"] == [2, 1] and e["replicas"] == [2, 1] for e in measured)
+    finally:
+        if coordinator is not None and coordinator.poll() is None:
+            coordinator.kill()
+        cluster.close()
+
+
+# -- the spread cycle alone: membership and pulls stand-ins that count -------------------------
+
+
+class FixedMembership:
+    redis_available = True
+
+    def __init__(self, members: list[SimpleNamespace]) -> None:
+        self.members = members
+
+    def live_members(self, stage: int | None = None) -> list[SimpleNamespace]:
+        return [m for m in self.members if stage is None or m.stage == stage]
+
+
+class CountingPuller:
+    """Serves each member's own slow weights and records every pull; `failing` names never answer."""
+
+    def __init__(self, weights: dict[str, list[torch.Tensor]], failing: frozenset[str] = frozenset()) -> None:
+        self.weights = weights
+        self.failing = failing
+        self.pulled: list[str] = []
+
+    def pull(self, member: SimpleNamespace, stop: threading.Event) -> PulledReplica | None:
+        self.pulled.append(member.name)
+        if member.name in self.failing:
+            return None
+        return PulledReplica(worker_id=member.name, name=member.name, stage=member.stage,
+                             slow=self.weights[member.name], inner_steps=10, outer_steps=2, checksum="-")
+
+
+def observed_stages(tmp_path: Path, counts: dict[int, int], *, sample: int, seed: int,
+                    failing: frozenset[str] = frozenset()) -> tuple[Observer, CountingPuller]:
+    cfg = load_config(environ={}, overrides=[{"pipeline": {"stages": len(counts)}, "run": {"eval_batches": 1},
+                                              "coordinator": {"spread_sample": sample}}])
+    generator = torch.Generator().manual_seed(seed)
+    members = [SimpleNamespace(name=f"s{stage}-{i}", stage=stage) for stage, count in counts.items()
+               for i in range(count)]
+    weights = {m.name: [torch.randn(shape, generator=generator) for _, shape in stage_parameter_shapes(cfg, m.stage)]
+               for m in members}
+    puller = CountingPuller(weights, failing)
+    observer = Observer(cfg, FixedMembership(members), puller, out_dir=tmp_path, metrics=CoordinatorMetrics(),
+                        log=structlog.get_logger("test"), rng=random.Random(seed))
+    return observer, puller
+
+
+def test_spread_pulls_exactly_spread_sample_of_a_larger_stage_and_all_of_a_smaller_one(tmp_path):
+    observer, puller = observed_stages(tmp_path, {0: 12, 1: 2}, sample=3, seed=0)
+    result = observer.spread_once(threading.Event())
+    stage0 = [name for name in puller.pulled if name.startswith("s0-")]
+    assert len(stage0) == len(set(stage0)) == 3  # without replacement
+    assert sorted(name for name in puller.pulled if name.startswith("s1-")) == ["s1-0", "s1-1"]
+    assert result.replicas_per_stage == [3, 2] and result.live_per_stage == [12, 2] and result.pulls_per_stage == [3, 2]
+    assert result.spread_low_by_stage[0] < result.spread_by_stage[0] < result.spread_high_by_stage[0]
+    assert result.spread_low_by_stage[1] == result.spread_by_stage[1] == result.spread_high_by_stage[1] > 0
+    # The consensus is the mean of the very replicas sampled, and says how many it averaged of how many.
+    _, model, metadata = load_consensus(tmp_path / "consensus.safetensors")
+    assert (metadata["replicas_sampled"], metadata["replicas_live"]) == ("3,2", "12,2")
+    expected = mean_over_replicas([puller.weights[name] for name in stage0])
+    names = [name for name, _ in stage_parameter_shapes(observer.cfg, 0)]
+    params = dict(model.named_parameters())
+    assert all(torch.allclose(params[n].detach(), t) for n, t in zip(names, expected, strict=True))
+    shown = json.loads(json.dumps(observer.status_json()))  # what /status serves
+    assert shown["spread_measurements"] == 1 and shown["last_spread"]["spread_high"] == result.spread_high
+
+
+def test_spread_samples_differ_between_draws(tmp_path):
+    drawn = set()
+    for seed in range(6):
+        observer, puller = observed_stages(tmp_path / str(seed), {0: 12}, sample=3, seed=seed)
+        observer.spread_once(threading.Event())
+        drawn.add(frozenset(puller.pulled))
+    assert len(drawn) > 1  # fixed seeds: not a matter of chance
+
+
+def test_a_failed_spread_pull_is_replaced_by_another_member(tmp_path):
+    failing = frozenset({"s0-0", "s0-1"})
+    observer, puller = observed_stages(tmp_path, {0: 5}, sample=3, seed=1, failing=failing)
+    result = observer.spread_once(threading.Event())
+    assert result.replicas_per_stage == [3] and result.live_per_stage == [5]
+    failed = len(set(puller.pulled) & failing)
+    assert failed >= 1  # this seed draws a failing member before the sample is full
+    assert observer.status.pulls_failed == failed and len(puller.pulled) == 3 + failed
+    assert result.pulls_per_stage == [len(puller.pulled)]
+    assert result.spread_low < result.spread < result.spread_high  # 3 of 5: an estimate, not exact

@@ -25,6 +25,7 @@ from noloco_rt.export import (
     read_worker_checkpoints,
     save_consensus,
     stage_parameter_shapes,
+    write_scored_consensus,
 )
 from noloco_rt.model import build_stage
 
@@ -273,6 +274,8 @@ def test_consensus_from_real_checkpoint_files_skips_what_does_not_belong(tmp_pat
     assert scored.replicas_per_stage == [2, 2] and scored.step == 10 and scored.path == out
     _, model, metadata = load_consensus(out)
     assert metadata["replicas_per_stage"] == "2,2" and metadata["step"] == "10" and metadata["source"] == "test"
+    assert metadata["replicas_sampled"] == "2,2" and metadata["replicas_live"] == "2,2"  # every checkpoint: exact
+    assert scored.estimate.low == scored.estimate.high == scored.spread
     params = {name: param.detach() for name, param in model.named_parameters()}
     for stage in range(2):
         expected = mean_over_replicas([replicas[0][stage], replicas[1][stage]])
@@ -300,3 +303,32 @@ def test_consensus_needs_every_stage(tmp_path):
     assert not (tmp_path / "c.safetensors").exists()
     with pytest.raises(ExportError, match="no such folder"):
         consensus_of_checkpoints(cfg, tmp_path / "absent", tmp_path / "c.safetensors", source="test")
+
+
+def test_a_consensus_of_sampled_replicas_records_the_sample_and_estimates_the_spread(tmp_path):
+    cfg = make_config()
+    replicas = [random_stages(cfg, seed=20 + r) for r in range(3)]
+    by_stage = [[replicas[r][stage] for r in range(3)] for stage in range(2)]
+    by_stage[1] = by_stage[1][:1]  # stage 1: one replica of one
+    out = tmp_path / "consensus.safetensors"
+    scored = write_scored_consensus(out, cfg, by_stage, step=7, source="test", live_per_stage=[40, 1])
+    _, _, metadata = load_consensus(out)
+    assert (metadata["replicas_sampled"], metadata["replicas_live"]) == ("3,1", "40,1")
+    assert metadata["replicas_per_stage"] == "3,1"  # the only key older readers know
+    assert scored.replicas_per_stage == [3, 1] and scored.replicas_live == [40, 1]
+    sampled, exact = scored.stage_estimates
+    assert (sampled.sampled, sampled.population) == (3, 40) and sampled.low < sampled.spread < sampled.high
+    assert exact.spread == exact.low == exact.high == 0.0
+    assert scored.estimate.low < scored.spread < scored.estimate.high
+    assert scored.to_json()["spread_low"] == scored.estimate.low and scored.to_json()["replicas_live"] == [40, 1]
+
+    with pytest.raises(ExportError, match=r"\[3, 1\] replicas averaged per stage cannot be drawn from \[2, 1\] live"):
+        write_scored_consensus(out, cfg, by_stage, step=7, source="test", live_per_stage=[2, 1])
+
+
+def test_an_unbounded_spread_interval_is_null_in_json(tmp_path):
+    cfg = make_config()
+    by_stage = [[random_stages(cfg, seed=30 + r)[stage] for r in range(2)] for stage in range(2)]
+    scored = write_scored_consensus(tmp_path / "c.safetensors", cfg, by_stage, step=1, source="test",
+                                    live_per_stage=[9, 2])
+    assert scored.estimate.high == math.inf and scored.to_json()["spread_high"] is None

@@ -110,7 +110,11 @@ class CoordinatorConfig:
     eval_interval_s: float = 10.0
     """Seconds between evaluations of a model assembled from one replica per stage."""
     spread_interval_s: float = 30.0
-    """Seconds between pulls of every replica (replica spread, consensus checkpoint)."""
+    """Seconds between spread measurements (replica spread, consensus checkpoint)."""
+    spread_sample: int = 8
+    """Replicas per stage pulled at random for a spread measurement and the consensus; a stage
+    with this many or fewer is pulled whole (exact), a larger one gives an estimate with a 95%
+    interval (noloco_rt.algo.spread_sample)."""
     max_pulls_per_s: float = 2.0
     """Snapshot pulls per second at most, so observing never loads the workers much."""
     pull_timeout_s: float = 10.0
@@ -122,6 +126,7 @@ class CoordinatorConfig:
         for name in ("eval_interval_s", "spread_interval_s", "max_pulls_per_s", "pull_timeout_s"):
             value = getattr(self, name)
             require(value > 0, "coordinator", name, value, "must be > 0")
+        require(self.spread_sample >= 2, "coordinator", "spread_sample", self.spread_sample, "must be >= 2")
         require(0 <= self.status_port <= 65535, "coordinator", "status_port", self.status_port,
                  "must be a port in [0, 65535]")
 
