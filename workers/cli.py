@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,4 +86,8 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)
     stage_worker.log.info("curve", enabled=started.curve is not None,
                           public_key=started.curve.public_key.decode() if started.curve else "")
-    return stage_worker.run()
+    code = stage_worker.run()
+    # Done and summarised. Python restores the default SIGTERM action while it shuts down, so a
+    # stop racing our own exit would turn exit 0 into death by signal: ignore it from here on.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return code
