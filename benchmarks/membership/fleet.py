@@ -105,10 +105,13 @@ class HeartbeatBytes:
         self.tail = resp("PEXPIRE", key, int(table.ttl_s * 1000))
         self.zadd_key, self.wid = table.keys.beats(record.stage), wid
 
-    def at(self, wall: float) -> bytes:
-        now = f"{wall:.6f}".encode()
-        return (self.head + self.hset + bulk(now) + self.tail + resp("ZADD", self.zadd_key, now, self.wid)
-                + resp("EXEC"))
+        self.zadd = b"*4\r\n" + bulk("ZADD") + bulk(self.zadd_key)
+        self.end = bulk(self.wid) + resp("EXEC")
+
+    def at(self, now: bytes) -> bytes:
+        """The heartbeat at `now` (the time as text, fixed format)."""
+        stamp = bulk(now)
+        return self.head + self.hset + stamp + self.tail + self.zadd + stamp + self.end
 
 
 class StageLog:
@@ -168,13 +171,17 @@ class Fleet:
         self.rng = random.Random(spec.seed)
         self.counts = FleetCounts()
         self.logs = [StageLog(self.table, stage) for stage in range(spec.stages)]
-        self.workers = [self._worker(i) for i in range(spec.first, spec.first + spec.count)]
+        # Sorted by phase, so the workers due in a tick are one or two slices (_due).
+        self.workers = sorted((self._worker(i) for i in range(spec.first, spec.first + spec.count)),
+                              key=lambda w: w.phase)
+        self.phases = [w.phase for w in self.workers]
 
-    def _worker(self, index: int, generation: int = 0) -> SimWorker:
+    def _worker(self, index: int, generation: int = 0, phase: float | None = None) -> SimWorker:
         stage = index % self.spec.stages
         record = member(self.spec.run_id, index, stage, generation)
         return SimWorker(index, record, HeartbeatBytes(self.table, record),
-                         sorted({stage, min(stage + 1, self.spec.stages - 1)}), self.rng.random(), generation)
+                         sorted({stage, min(stage + 1, self.spec.stages - 1)}),
+                         self.rng.random() if phase is None else phase, generation)
 
     def register_all(self) -> None:
         for start in range(0, len(self.workers), 1000):
@@ -184,10 +191,14 @@ class Fleet:
                 self.table._queue_publish(pipe, worker.record)
             pipe.execute()
 
-    def _due(self, worker: SimWorker, last: float, now: float, period: float) -> bool:
-        """Whether the worker's periodic event (phase-shifted) falls in (last, now]."""
-        offset = worker.phase * period
-        return int((now - offset) // period) > int((last - offset) // period)
+    def _due(self, last: float, now: float, period: float) -> list[SimWorker]:
+        """Workers whose periodic event (at k·period + phase·period) falls in (last, now]."""
+        n = len(self.workers)
+        if now - last >= period:
+            return list(self.workers)
+        a, b = (last / period) % 1.0, (now / period) % 1.0
+        lo, hi = bisect.bisect_right(self.phases, a), bisect.bisect_right(self.phases, b)
+        return self.workers[lo:hi] if a <= b else self.workers[lo:n] + self.workers[:hi]
 
     def run(self, until: float, count_from: float, *, checks: bool = True) -> FleetCounts:
         last = time.monotonic()
@@ -206,18 +217,22 @@ class Fleet:
         wall = time.time()
         for log in self.logs:
             log.follow(self.client, now)
-        commands = [w.beat.at(wall) for w in self.workers if self._due(w, last, now, self.spec.heartbeat_s)]
+        stamp = f"{wall:.6f}".encode()
+        commands = [w.beat.at(stamp) for w in self._due(last, now, self.spec.heartbeat_s)]
         beats = len(commands)
         checked = changed = 0
         if checks:
-            for worker in self.workers:
-                if self._due(worker, last, now, self.spec.refresh_s):
-                    for stage in worker.watched:
-                        check = self.logs[stage].check(self.logs[stage].cursor_at(now - self.spec.refresh_s),
-                                                       wall - self.table.ttl_s)
-                        commands += check
-                        checked += 1
-                        changed += len(check) > 3
+            # Workers whose previous check fell at the same cursor send the same bytes: encode once.
+            encoded: dict[tuple[int, str], list[bytes]] = {}
+            for worker in self._due(last, now, self.spec.refresh_s):
+                for stage in worker.watched:
+                    cursor = self.logs[stage].cursor_at(now - self.spec.refresh_s)
+                    check = encoded.get((stage, cursor))
+                    if check is None:
+                        check = encoded[stage, cursor] = self.logs[stage].check(cursor, wall - self.table.ttl_s)
+                    commands += check
+                    checked += 1
+                    changed += len(check) > 3
         self.raw.roundtrip(commands)
         self._churn(now - last)
         if counting:
@@ -236,7 +251,7 @@ class Fleet:
                 self.counts.leaves += 1
             else:
                 self.counts.crashes += 1  # stops beating; its hash expires, a reader prunes it
-            new = self._worker(old.index, old.generation + 1)
+            new = self._worker(old.index, old.generation + 1, old.phase)
             pipe = self.client.pipeline(transaction=True)
             self.table._queue_beat(pipe, replace(new.record, heartbeat_time=time.time()))
             self.table._queue_publish(pipe, new.record)
