@@ -59,13 +59,16 @@ class LocalCluster:
                          "worker.leave_grace_s": 10.0, "run.log_format": "json",
                          "paths.out_dir": str(tmp_path), **(settings or {})}
 
-    def start_worker(self, stage: int, name: str, *, steps: int = 100_000, **settings: Any) -> WorkerProcess:
+    def start_worker(self, stage: int, name: str, *, steps: int = 100_000, env: dict[str, str] | None = None,
+                     **settings: Any) -> WorkerProcess:
+        """A worker process; `env` adds to its environment (e.g. the injected data faults)."""
         args = [sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage), "--redis-url",
                 self.redis.url, "--name", name, "--steps", str(steps), "--metrics-port", "0"]
         for key, value in {**self.settings, **settings}.items():
             args += ["--set", f"{key}={value}"]
+        extra_env = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-        env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra_env})
         incarnation = sum(1 for w in self.workers if w.name == name)  # a restart gets its own log
         log_path = self.tmp_path / (f"{name}.log" if incarnation == 0 else f"{name}.{incarnation}.log")
         handle = log_path.open("w")

@@ -19,6 +19,7 @@ from noloco_rt.data import load_corpus, validation_batches
 from noloco_rt.membership.table import WorkerState
 from noloco_rt.model import build_stage, lm_loss
 from tests.cluster import LocalCluster
+from workers.cluster.faults import data_faults_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -199,3 +200,24 @@ def test_downstream_workers_finish_with_their_upstream_whatever_their_own_count(
     for worker in downstream:
         done = cluster.wait_event(worker, "steps_done", timeout_s=1)
         assert 0 < done["inner_step"] <= 40, done
+
+
+def test_a_slow_next_stage_worker_receives_fewer_microbatches(cluster):
+    """Routing rests on round trips this worker observes: a stage-1 worker whose gradient
+    replies each come 500 ms late (an injected slow link, several times a tiny-model
+    microbatch's compute) gets clearly fewer of stage 0's microbatches than its fast twin.
+    The old queue-length p2c split them evenly: with two forwards in flight per step, each
+    step sent one to each. outer.h exceeds the run, so no outer exchange couples the two
+    stage-1 workers' pace."""
+    settings = {"outer.h": 1000}
+    fast = cluster.start_worker(1, "b-fast", **settings)
+    slow = cluster.start_worker(1, "b-slow", env=data_faults_env(0.0, 500.0), **settings)
+    cluster.wait_online(2, timeout_s=60)  # both reachable before stage 0 routes its first forward
+    first = cluster.start_worker(0, "a0", steps=20, **settings)
+    for worker in (first, fast, slow):
+        assert cluster.wait_exit(worker, timeout_s=60) == 0, worker.log_text()[-2000:]
+    routed = first.events("worker_summary")[-1]["routed_to"]
+    fast_id, slow_id = (w.events("worker_started")[0]["worker"] for w in (fast, slow))
+    assert routed.get(fast_id, 0) + routed.get(slow_id, 0) >= 40, routed  # 20 steps x 2 forwards
+    assert routed.get(slow_id, 0) * 4 < routed.get(fast_id, 0), routed
+    assert slow.events("worker_summary")[-1]["injected_delayed"] >= 1  # the fault was really there

@@ -82,3 +82,43 @@ def test_a_retry_never_goes_back_to_a_peer_that_failed_the_microbatch():
     downstream.retry_expired()
     assert data.sent_to == ["tcp://a:1", "tcp://b:1"]
     assert len(downstream) == 0 and (counters.sent, counters.retried, counters.dropped) == (1, 1, 1)
+
+
+def test_round_trips_and_give_ups_teach_the_routing_which_peer_is_slow():
+    clock = Clock()
+    downstream, data, counters = _downstream(clock)
+    peers = downstream.ctx.peers
+    output = torch.zeros(2, 3, 4)
+    targets = torch.zeros(2, 3, dtype=torch.long)
+    downstream.forward(output, targets, output, downstream.choose(exclude={"b"}))
+    assert peers.local_load("a") == 1
+    clock.now += 0.2
+    assert downstream.resolve(0, 0) is not None  # a answered in 0.2 s
+    downstream.forward(output, targets, output, downstream.choose(exclude={"a"}))
+    clock.now += 100.0  # b never answers: given up after its deadline, re-sent to a
+    downstream.retry_expired()
+    assert (peers.local_load("a"), peers.local_load("b")) == (1, 0)
+    clock.now += 0.2
+    assert downstream.resolve(1, 1) is not None
+    assert (peers.local_load("a"), peers.local_load("b")) == (0, 0)
+    clock.now += 10.0  # b's blacklisting lapses; its owed time still makes it look slow
+    assert not peers.blacklist.blocked("b")
+    assert {downstream.choose().worker_id for _ in range(20)} == {"a"}
+    assert data.sent_to == ["tcp://a:1", "tcp://b:1", "tcp://a:1"] and counters.retried == 1
+
+
+def test_leaving_releases_what_is_in_flight_without_blaming_the_peer():
+    clock = Clock()
+    downstream, _, counters = _downstream(clock)
+    peers = downstream.ctx.peers
+    output = torch.zeros(2, 3, 4)
+    for peer in ("a", "b"):
+        downstream.forward(output, torch.zeros(2, 3, dtype=torch.long), output,
+                           downstream.choose(exclude={"a", "b"} - {peer}))
+    clock.now += 0.5
+    assert downstream.resolve(1, 0) is not None  # b answered in 0.5 s; a is still working
+    downstream.drop_expired("leaving", now=float("inf"))  # forced before a's deadline
+    assert len(downstream) == 0 and counters.dropped == 1 and peers.local_load("a") == 0
+    clock.now += 10.0
+    # a, never measured, is explored at the best measured round trip: no penalty for our leaving.
+    assert "a" in {downstream.choose().worker_id for _ in range(20)}

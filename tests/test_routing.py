@@ -8,9 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from noloco_rt.algo.routing import (
+    UNMEASURED_RTT_S,
     balanced_routes,
     draw_groups,
+    exploration_rtt,
     load_aware_routes,
+    next_hop_cost,
+    next_hop_costs,
     route_next_hop,
     step_rng,
 )
@@ -45,6 +49,64 @@ def test_route_errors():
         route_next_hop([], random.Random(0))
     with pytest.raises(ValueError, match="unknown routing policy"):
         route_next_hop([(0, 0), (1, 0)], random.Random(0), "round-robin")
+
+
+def test_next_hop_cost_grows_with_rtt_inflight_and_advertised_depth():
+    base = next_hop_cost(0.1, 1, 2, explore_rtt_s=1.0)
+    assert base == pytest.approx(0.1 * (1 + 1 + 0.25 * 2))
+    assert next_hop_cost(0.2, 1, 2, explore_rtt_s=1.0) > base
+    assert next_hop_cost(0.1, 2, 2, explore_rtt_s=1.0) > base
+    assert next_hop_cost(0.1, 1, 3, explore_rtt_s=1.0) > base
+    # The advertised depth is a hint: one more microbatch of our own weighs more than one advertised.
+    assert next_hop_cost(0.1, 2, 2, explore_rtt_s=1.0) > next_hop_cost(0.1, 1, 3, explore_rtt_s=1.0)
+    # A never-measured peer is costed at the exploration RTT; a zero RTT still counts in-flight work.
+    assert next_hop_cost(None, 1, 2, explore_rtt_s=0.1) == base
+    assert next_hop_cost(0.0, 3, 0, explore_rtt_s=1.0) > next_hop_cost(0.0, 0, 0, explore_rtt_s=1.0)
+
+
+def test_an_unmeasured_peer_looks_as_fast_as_the_best_measured_one():
+    assert exploration_rtt([0.3, None, 0.05, 0.2]) == 0.05
+    assert exploration_rtt([None, None]) == UNMEASURED_RTT_S
+    costs = dict(next_hop_costs([("slow", 0.3, 0, 0), ("fast", 0.05, 0, 0), ("new", None, 0, 0)]))
+    assert costs["new"] == costs["fast"] < costs["slow"]
+
+
+def test_a_newcomer_receives_traffic_until_it_is_measured():
+    rng = random.Random(4)
+    picks = Counter(route_next_hop(next_hop_costs([("old", 0.05, 0, 0), ("new", None, 0, 0)]), rng, "p2c")
+                    for _ in range(100))
+    assert picks["new"] > 20  # a tie with the best peer: taken whenever drawn first
+
+
+def test_p2c_on_costs_sends_more_to_the_faster_peer():
+    """Closed loop: each pick adds one in flight; the slow peer only pays off once the fast one is busy."""
+    rng = random.Random(5)
+    inflight = {"fast": 0, "slow": 0}
+    rtt = {"fast": 0.01, "slow": 0.1}
+    for _ in range(55):
+        pick = route_next_hop(next_hop_costs([(p, rtt[p], inflight[p], 0) for p in inflight]), rng, "p2c")
+        inflight[pick] += 1
+    assert inflight["fast"] > 5 * inflight["slow"] > 0
+
+
+@given(fast_rtt=st.floats(1e-4, 10.0), extra=st.floats(1e-4, 10.0), inflight=st.integers(0, 50),
+       depth=st.integers(0, 50), others=st.lists(st.tuples(st.one_of(st.none(), st.floats(1e-4, 10.0)),
+                                                           st.integers(0, 50), st.integers(0, 50)), max_size=4),
+       seed=st.integers(0, 10**6))
+def test_p2c_never_prefers_the_slower_of_two_drawn_peers_with_equal_inflight(fast_rtt, extra, inflight, depth,
+                                                                            others, seed):
+    peers = [("fast", fast_rtt, inflight, depth), ("slow", fast_rtt + extra, inflight, depth)]
+    peers += [(f"other{i}", rtt, n, d) for i, (rtt, n, d) in enumerate(others)]
+    costs = next_hop_costs(peers)
+    assert costs[0][1] < costs[1][1]
+    # With only these two, both are always drawn: the slower is never picked.
+    rng = random.Random(seed)
+    assert all(route_next_hop(costs[:2], rng, "p2c") == "fast" for _ in range(5))
+    # Among more candidates, p2c drawing both of them picks the faster one.
+    draw = random.Random(seed)
+    first, second = draw.sample(range(len(costs)), 2) if len(costs) > 1 else (0, 0)
+    if {first, second} == {0, 1}:
+        assert route_next_hop(costs, random.Random(seed), "p2c") == "fast"
 
 
 @given(replicas=st.integers(1, 12), group_size=st.integers(2, 4), seed=st.integers(0, 1000))

@@ -199,7 +199,8 @@ class PipelineConfig:
 @dataclass(kw_only=True)
 class RoutingConfig:
     policy: str = "p2c"
-    """Workers: p2c: two random live candidates, the shorter queue wins; random: uniform."""
+    """Workers: p2c: two random live candidates, the lower expected cost wins (observed
+    round trip × microbatches ahead, algo/routing.next_hop_cost); random: uniform."""
     simulation: str = "balanced"
     """The simulator's routing. balanced: a step-seeded permutation per stage sends every
     replica exactly data.microbatches microbatches per step; balanced-sequence: the same per

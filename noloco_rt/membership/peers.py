@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from noloco_rt.algo.routing import route_next_hop
+from noloco_rt.algo.routing import next_hop_costs, route_next_hop
+from noloco_rt.membership.peer_load import PeerLoad
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.refresher import ViewRefresher
 
@@ -54,8 +55,8 @@ class PeerView:
         self.own_id = own_id
         self.rng = rng or random.Random()
         self.blacklist = Blacklist()
-        self._local_load: dict[str, int] = {}
-        """Microbatches this worker has in flight at each peer (added to advertised depth)."""
+        self._local_load = PeerLoad()
+        """What this worker observes of each peer (in flight, round trips): the routing signal."""
 
     def members(self, stage: int) -> list[MemberRecord]:
         """ONLINE members of `stage` sorted by id, without us and without blacklisted peers."""
@@ -64,14 +65,16 @@ class PeerView:
 
     def sent_to(self, worker_id: str) -> None:
         """A microbatch went to this peer: it counts toward the peer's load until it returns."""
-        self._local_load[worker_id] = self._local_load.get(worker_id, 0) + 1
+        self._local_load.sent(worker_id)
 
-    def returned_from(self, worker_id: str) -> None:
-        """A microbatch sent to this peer came back, or was given up on."""
-        self._local_load[worker_id] = max(0, self._local_load.get(worker_id, 0) - 1)
+    def returned_from(self, worker_id: str, rtt_s: float | None = None) -> None:
+        """A microbatch sent to this peer came back, or was given up on, after rtt_s seconds
+        (both teach the peer's round-trip average; None: nothing to learn)."""
+        self._local_load.returned(worker_id, rtt_s)
 
     def local_load(self, worker_id: str) -> int:
-        return self._local_load.get(worker_id, 0)
+        """Microbatches this worker has in flight at the peer."""
+        return self._local_load.inflight(worker_id)
 
     def refresh_soon(self) -> None:
         """Someone we counted on is gone: ask the refresher for a new view (non-blocking)."""
@@ -85,9 +88,12 @@ class PeerView:
         candidates = [r for r in self.members(stage) if not exclude or r.worker_id not in exclude]
         if not candidates:
             return None
+        # Cost from what this worker observed itself; the advertised depth is only a hint.
         by_id = {r.worker_id: r for r in candidates}
-        loads = [(r.worker_id, r.queue_depth + self.local_load(r.worker_id)) for r in candidates]
-        return by_id[route_next_hop(loads, self.rng, policy)]
+        load = self._local_load
+        costs = next_hop_costs([(r.worker_id, load.rtt_ema(r.worker_id), load.inflight(r.worker_id), r.queue_depth)
+                                for r in candidates])
+        return by_id[route_next_hop(costs, self.rng, policy)]
 
     def random_peers(self, stage: int) -> list[MemberRecord]:
         peers = self.members(stage)

@@ -1,7 +1,8 @@
 """Sending forwards to the next stage, and getting every one back or accounted for (DESIGN §3).
 
 Each forward goes to a live next-stage worker (the routing policy decides which) and stays
-in flight until its gradient returns. A forward whose send fails or whose deadline passes
+in flight until its gradient returns; the round trip, or the time owed by a forward given
+up, feeds the routing's view of that worker. A forward whose send fails or whose deadline passes
 is re-sent with a new attempt id to a worker that has not failed it yet; once
 worker.max_retries attempts have failed, or every live worker has failed it, it is
 dropped and counted. Deadlines derive from observed round trips.
@@ -77,13 +78,13 @@ class Downstream:
 
     def resend(self, mb_id: int) -> None:
         """Re-send microbatch mb_id (new attempt id) to a live worker that has not failed it
-        yet; drop it once max_retries attempts have failed or no such worker is left."""
+        yet; drop it once max_retries attempts have failed or no such worker is left.
+        The failed attempt's peer has already been released (see _give_up)."""
         entry = self.inflight.get(mb_id)
         if entry is None:
             return
         ctx = self.ctx
         while entry.attempt < ctx.cfg.worker.max_retries:
-            ctx.peers.returned_from(entry.peer)
             peer = self.choose(exclude=set(entry.tried))
             if peer is None:
                 break
@@ -102,20 +103,30 @@ class Downstream:
         entry = self.inflight.resolve(microbatch_id, attempt)
         if entry is None:
             return None
-        self.latency.observe(self.clock() - entry.sent_at)
+        rtt_s = self.clock() - entry.sent_at
+        self.latency.observe(rtt_s)
         self.ctx.peers.blacklist.succeed(entry.peer)
-        self.ctx.peers.returned_from(entry.peer)
+        self.ctx.peers.returned_from(entry.peer, rtt_s)
         return entry
 
     def retry_expired(self) -> None:
         """Microbatches past their deadline: their peer is blacklisted, they go elsewhere."""
         for entry in self.inflight.expired(self.clock()):
-            self.ctx.peers.blacklist.fail(entry.peer)
+            self._give_up(entry)
             self.resend(entry.microbatch_id)
 
     def drop_expired(self, reason: str, *, now: float | None = None) -> None:
         """Microbatches past their deadline (at `now`; default: the clock) are given up."""
         for entry in self.inflight.expired(self.clock() if now is None else now):
-            self.ctx.peers.blacklist.fail(entry.peer)
+            self._give_up(entry)
             self.inflight.abandon(entry.microbatch_id)
             self.ctx.drop(entry.microbatch_id, reason)
+
+    def _give_up(self, entry: InflightEntry) -> None:
+        """Stop waiting on the entry's current attempt (its send succeeded: entries whose send
+        failed were re-sent or dropped at once). Its peer is blacklisted and, if the deadline
+        really passed, the time owed counts as a round trip, so a silent peer looks slow;
+        forced early (leaving), nothing is learnt."""
+        now = self.clock()
+        self.ctx.peers.blacklist.fail(entry.peer)
+        self.ctx.peers.returned_from(entry.peer, now - entry.sent_at if now >= entry.deadline_at else None)
