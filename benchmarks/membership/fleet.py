@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import random
+import select
 import socket
 import time
 import uuid
@@ -78,20 +79,29 @@ class RawConnection:
     def __init__(self, url: str) -> None:
         parsed = urlparse(url)
         self.sock = socket.create_connection((parsed.hostname, parsed.port), timeout=30.0)
+        self.sock.setblocking(False)
         self.sentinel = uuid.uuid4().hex.encode()
         self.end = b"$%d\r\n%s\r\n" % (len(self.sentinel), self.sentinel)
         if parsed.password:
             self.roundtrip([resp("AUTH", parsed.password)])
 
     def roundtrip(self, commands: list[bytes]) -> None:
-        self.sock.sendall(b"".join(commands) + resp("ECHO", self.sentinel))
-        tail = b""
+        """Send while reading: a large batch written whole before any reply is read can fill
+        both directions' buffers and stall."""
+        out = memoryview(b"".join(commands) + resp("ECHO", self.sentinel))
+        tail, sent = b"", 0
+        deadline = time.monotonic() + 120.0
         while not tail.endswith(self.end):
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("redis closed the connection")
-            tail = (tail + chunk)[-len(self.end):]
-
+            if time.monotonic() > deadline:
+                raise TimeoutError("redis did not answer a batch within 120 s")
+            readable, writable, _ = select.select([self.sock], [self.sock] if sent < len(out) else [], [], 1.0)
+            if writable:
+                sent += self.sock.send(out[sent:sent + (1 << 20)])
+            if readable:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    raise ConnectionError("redis closed the connection")
+                tail = (tail + chunk)[-len(self.end):]
 
 class HeartbeatBytes:
     """A worker's heartbeat, pre-encoded but for its time."""
