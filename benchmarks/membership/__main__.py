@@ -93,6 +93,7 @@ def measure_fleet(workers: int, stages: int, args: argparse.Namespace) -> list[o
         before = legacy_read_ms(server.url, RUN, stage=1, budget_s=LEGACY_BUDGET_S)
         reads_done.set()
         counts: list[FleetCounts] = [results.get(timeout=120) for _ in processes]
+        print("  generators:", counts, flush=True)
         for process in processes:
             process.join(30)
     usage = RedisUsage((commands1 - commands0) / (t1 - t0), (cpu1 - cpu0) / (t1 - t0))

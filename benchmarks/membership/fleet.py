@@ -64,6 +64,9 @@ class FleetCounts:
     crashes: int = 0
     late_ticks: int = 0
     ticks: int = 0
+    max_tick_s: float = 0.0
+    first_slow_tick_at: float | None = None
+    """Seconds into the window of the first tick longer than a heartbeat interval."""
 
 
 def member(run_id: str, index: int, stage: int, generation: int = 0) -> MemberRecord:
@@ -220,6 +223,10 @@ class Fleet:
             if counting:
                 self.counts.ticks += 1
                 self.counts.late_ticks += spare < 0
+                took = time.monotonic() - now
+                self.counts.max_tick_s = max(self.counts.max_tick_s, took)
+                if took > self.spec.heartbeat_s and self.counts.first_slow_tick_at is None:
+                    self.counts.first_slow_tick_at = now - count_from
             time.sleep(max(0.0, spare))
         return self.counts
 
@@ -228,8 +235,11 @@ class Fleet:
         for log in self.logs:
             log.follow(self.client, now)
         stamp = f"{wall:.6f}".encode()
-        commands = [w.beat.at(stamp) for w in self._due(last, now, self.spec.heartbeat_s)]
-        beats = len(commands)
+        # Heartbeats travel alone, before the checks: each real worker beats from its own
+        # thread, so a slow batch of view reads must not let the simulated records expire.
+        beats = [w.beat.at(stamp) for w in self._due(last, now, self.spec.heartbeat_s)]
+        self.raw.roundtrip(beats)
+        commands: list[bytes] = []
         checked = changed = 0
         if checks:
             # Workers whose previous check fell at the same cursor send the same bytes: encode once.
@@ -246,7 +256,7 @@ class Fleet:
         self.raw.roundtrip(commands)
         self._churn(now - last)
         if counting:
-            self.counts.heartbeats += beats
+            self.counts.heartbeats += len(beats)
             self.counts.checks += checked
             self.counts.changed_reads += changed
 
