@@ -30,7 +30,8 @@ from noloco_rt.algo.spread_sample import finite_or_none
 from noloco_rt.config import Config
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.export import ScoredConsensus, write_scored_consensus
-from noloco_rt.membership.table import MemberRecord, Membership
+from noloco_rt.membership.records import MemberRecord
+from noloco_rt.membership.table import Membership
 from noloco_rt.model import build_stage
 
 PULL_ATTEMPTS_PER_STAGE = 3

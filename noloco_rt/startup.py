@@ -18,7 +18,7 @@ import zmq
 
 from noloco_rt.config import Config
 from noloco_rt.logs import configure_logging
-from noloco_rt.membership.table import check_access, connect
+from noloco_rt.membership.redis_access import check_access, connect
 from noloco_rt.net.curve import CurveKeys, load_curve_keys
 from noloco_rt.net.transport import disable_curve, enable_curve
 from noloco_rt.process import set_parent_death_signal_from_env

@@ -18,7 +18,9 @@ from typing import Any
 
 from noloco_rt.logs import read_json_lines
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
-from noloco_rt.membership.table import Membership, WorkerState, connect
+from noloco_rt.membership.records import WorkerState
+from noloco_rt.membership.redis_access import connect
+from noloco_rt.membership.table import Membership
 
 Event = dict[str, Any]
 

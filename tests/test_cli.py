@@ -90,7 +90,9 @@ def test_worker_and_status_bad_input(args, fragment):
 
 def test_status_lists_members_and_fails_cleanly_without_redis():
     from noloco_rt.membership.embedded_redis import EmbeddedRedis
-    from noloco_rt.membership.table import MemberRecord, Membership, WorkerState, connect
+    from noloco_rt.membership.records import MemberRecord, WorkerState
+    from noloco_rt.membership.redis_access import connect
+    from noloco_rt.membership.table import Membership
 
     with EmbeddedRedis() as server:
         Membership(connect(server.url), run_id="default").register(
@@ -109,7 +111,9 @@ def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
     import time
 
     from noloco_rt.membership.embedded_redis import EmbeddedRedis
-    from noloco_rt.membership.table import MemberRecord, Membership, WorkerState, connect
+    from noloco_rt.membership.records import MemberRecord, WorkerState
+    from noloco_rt.membership.redis_access import connect
+    from noloco_rt.membership.table import Membership
 
     def record(worker_id: str, name: str) -> MemberRecord:
         return MemberRecord(worker_id, "default", 0, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",

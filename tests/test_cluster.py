@@ -16,7 +16,7 @@ import torch
 from noloco_rt.checkpoint import load_checkpoint
 from noloco_rt.config import load_config
 from noloco_rt.data import load_corpus, validation_batches
-from noloco_rt.membership.table import WorkerState
+from noloco_rt.membership.records import WorkerState
 from noloco_rt.model import build_stage, lm_loss
 from tests.cluster import LocalCluster
 from workers.cluster.faults import data_faults_env

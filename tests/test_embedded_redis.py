@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, redis_server_binary
-from noloco_rt.membership.table import connect
+from noloco_rt.membership.redis_access import connect
 
 
 @pytest.fixture(scope="module")

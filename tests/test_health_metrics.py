@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import OptimConfig
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
-from noloco_rt.membership.table import Membership, connect
+from noloco_rt.membership.redis_access import connect
+from noloco_rt.membership.table import Membership
 from noloco_rt.net.transport import ExchangeServer, request
 from workers.health_metrics import register_health_collector
 

@@ -9,13 +9,10 @@ import pytest
 import redis
 
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
-from noloco_rt.membership.table import (
-    HeartbeatThread,
-    MemberRecord,
-    Membership,
-    WorkerState,
-    connect,
-)
+from noloco_rt.membership.heartbeat import HeartbeatThread
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.redis_access import connect
+from noloco_rt.membership.table import Membership
 
 
 @pytest.fixture

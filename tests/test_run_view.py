@@ -11,7 +11,7 @@ import pytest
 from coordinator.pull import RateLimiter
 from noloco_rt.algo.diagnostics import pooled_spread
 from noloco_rt.config import load_config
-from noloco_rt.membership.table import MemberRecord, WorkerState
+from noloco_rt.membership.records import MemberRecord, WorkerState
 from workers.cluster.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
 from workers.cluster.run_view import build_sample, headline, log_fields, render_table
 

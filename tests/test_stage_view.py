@@ -11,9 +11,10 @@ import pytest
 
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.refresher import ViewRefresher, auto_refresh_interval_s
 from noloco_rt.membership.stage_view import EMPTY_CURSOR, needs_full_read, parse_rows
-from noloco_rt.membership.table import Membership, connect
+from noloco_rt.membership.table import Membership
 
 
 @pytest.fixture

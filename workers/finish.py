@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from noloco_rt.membership.table import Membership, WorkerState
+from noloco_rt.membership.records import WorkerState
+from noloco_rt.membership.table import Membership
 from workers.counters import Counters
 
 UPSTREAM_CHECK_S = 0.5

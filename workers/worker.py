@@ -28,10 +28,12 @@ from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.data import DataCursor
 from noloco_rt.logs import get_logger
+from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.peers import PeerView
-from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.progress import WorkerProgress
-from noloco_rt.membership.table import HeartbeatThread, MemberRecord, Membership, WorkerState
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.refresher import ViewRefresher
+from noloco_rt.membership.table import Membership
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from workers.cluster.faults import DataFaults
 from workers.counters import Counters

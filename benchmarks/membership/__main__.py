@@ -31,8 +31,8 @@ from benchmarks.membership.fleet import FleetCounts, FleetSpec, fleet_process
 from benchmarks.membership.probes import joiner_read_ms, legacy_read_ms, percentile, run_probes
 from benchmarks.table import emit, markdown_table
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.refresher import auto_refresh_interval_s
-from noloco_rt.membership.table import connect
 
 RUN = "bench"
 GENERATORS = 2

@@ -25,8 +25,9 @@ from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
 from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.stage_view import entry_order
-from noloco_rt.membership.table import Membership, connect
+from noloco_rt.membership.table import Membership
 
 TICK_S = 0.05
 

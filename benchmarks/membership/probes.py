@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import redis
 
 from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.stage_view import StageView
-from noloco_rt.membership.table import Membership, connect
+from noloco_rt.membership.table import Membership
 
 PROBE_HZ = 20.0
 

@@ -28,7 +28,7 @@ import zmq
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.config import Config, load_config
 from noloco_rt.membership.peers import Blacklist
-from noloco_rt.membership.table import MemberRecord, WorkerState
+from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.model import build_model
 from noloco_rt.net.transport import ExchangeServer
 from workers.outer.exchange import exchange_with_peer

@@ -27,7 +27,8 @@ def status(redis_url: str | None, watch: bool, interval: float, config_path: str
     from rich.live import Live
     from rich.table import Table
 
-    from noloco_rt.membership.table import Membership, check_access, connect, redact_url
+    from noloco_rt.membership.redis_access import check_access, connect, redact_url
+    from noloco_rt.membership.table import Membership
 
     client = connect(cfg.network.redis_url)
     if not check_access(client, cfg.network.redis_url):  # a refused password raises: exit 2, one line

@@ -25,21 +25,10 @@ from typing import Any
 import redis
 
 from noloco_rt.logs import get_logger
-from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.layout import LOG_MAX_ENTRIES, TableKeys
 from noloco_rt.membership.records import MemberRecord, WorkerState
-from noloco_rt.membership.redis_access import (
-    ACCESS_ERRORS,
-    REDIS_ERRORS,
-    RedisAccessError,
-    check_access,
-    connect,
-    redact_url,
-)
+from noloco_rt.membership.redis_access import ACCESS_ERRORS, REDIS_ERRORS
 from noloco_rt.membership.stage_view import StageView
-
-__all__ = ["HeartbeatThread", "MemberRecord", "Membership", "RedisAccessError", "WorkerState", "check_access",
-           "connect", "redact_url", "REDIS_ERRORS"]
 
 # A run's "stage finished" marks outlive any run of a day; after that Redis forgets them.
 FINISHED_MARK_TTL_S = 24 * 3600

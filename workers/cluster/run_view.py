@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from noloco_rt.membership.progress import WorkerProgress, progress_of
-from noloco_rt.membership.table import MemberRecord
+from noloco_rt.membership.records import MemberRecord
 
 
 @dataclass(frozen=True)

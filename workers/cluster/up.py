@@ -33,7 +33,8 @@ from noloco_rt.config import Config
 from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
-from noloco_rt.membership.table import Membership, connect, redact_url
+from noloco_rt.membership.redis_access import connect, redact_url
+from noloco_rt.membership.table import Membership
 from noloco_rt.net.curve import write_key_pair
 from noloco_rt.plots import plot_distributed_run
 from noloco_rt.process import set_event_from_signal_handler

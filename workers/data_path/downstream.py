@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from noloco_rt.membership.table import MemberRecord
+from noloco_rt.membership.records import MemberRecord
 from noloco_rt.net import messages
 from workers.data_path.context import DataContext
 from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker

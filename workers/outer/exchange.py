@@ -19,7 +19,7 @@ import zmq
 
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.peer_checks import PeerCheck, check_peer_distance
-from noloco_rt.membership.table import MemberRecord
+from noloco_rt.membership.records import MemberRecord
 from noloco_rt.net.snapshot import Snapshot, SnapshotRejected, require_kind, snapshot_message
 from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
