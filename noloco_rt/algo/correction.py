@@ -1,0 +1,78 @@
+"""The provisional local outer step and its exact correction (DESIGN §4). Pure tensor code.
+
+At outer step k a worker does not wait for its partners: it takes the local step
+(group {i}) at once and keeps training,
+
+    δ_i ← α·δ_i + β·Δ_i ;  φ_i ← φ_i + δ_i ;  θ_i ← φ_i
+
+and when the partners' step-k snapshots arrive it adds what the group step would have
+added beyond the local one, with Δ_i, φ_i its own values at step k and G the members that
+arrived (i included):
+
+    c = β·(mean_G Δ − Δ_i) + γ·(mean_G φ − φ_i)      (γ = β: c = β·(mean_G θ − θ_i))
+    δ_i += c ;  φ_i += c ;  θ_i += c
+
+Applied before any inner step this equals noloco_rt.algo.optim.group_outer_step
+exactly; applied later it also carries the inner steps taken meanwhile (θ keeps its
+progress since the provisional step, shifted by c).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from noloco_rt.algo.optim import (
+    OuterCoefficients,
+    PeerOuterState,
+    TensorList,
+    mean_of,
+    outer_gradient,
+)
+
+
+@torch.no_grad()
+def correction_term(own: PeerOuterState, peers: Sequence[PeerOuterState], coeffs: OuterCoefficients) -> TensorList:
+    """c for worker i from its own step-k state and the partners' step-k states.
+
+    `own` holds θ_i (shortcut) or φ_i and Δ_i as they were at step k, before the
+    provisional step; every state must be of the same kind.
+    """
+    if not peers:
+        raise ValueError("a correction needs at least one partner's state")
+    states = [own, *peers]
+    if all(s.slow is not None and s.outer_grad is not None for s in states):
+        mean_grad = mean_of([s.outer_grad for s in states])  # type: ignore[misc]
+        mean_slow = mean_of([s.slow for s in states])  # type: ignore[misc]
+        return [coeffs.beta * (mg - d) + coeffs.gamma * (ms - s)
+                for mg, d, ms, s in zip(mean_grad, own.outer_grad, mean_slow, own.slow, strict=True)]  # type: ignore[arg-type]
+    if any(s.fast is None for s in states):
+        raise ValueError("states mix fast-only and slow+gradient kinds")
+    if not coeffs.theta_shortcut:
+        raise ValueError(f"fast-only states need gamma == beta, got gamma={coeffs.gamma}, beta={coeffs.beta}")
+    mean_fast = mean_of([s.fast for s in states])  # type: ignore[misc]
+    return [coeffs.beta * (m - t) for m, t in zip(mean_fast, own.fast, strict=True)]  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def provisional_local_step(slow: TensorList, momentum: TensorList, fast: TensorList,
+                           coeffs: OuterCoefficients) -> PeerOuterState:
+    """The local step, in place; returns the state at step k (before it) that both the
+    partners and the later correction need: θ alone under the shortcut, else φ and Δ."""
+    before = PeerOuterState.of([f.clone() for f in fast], [s.clone() for s in slow],
+                               theta_only=coeffs.theta_shortcut)
+    delta = outer_gradient(fast, slow)
+    torch._foreach_mul_(momentum, coeffs.alpha)
+    torch._foreach_add_(momentum, [coeffs.beta * d for d in delta])
+    torch._foreach_add_(slow, momentum)
+    for f, s in zip(fast, slow, strict=True):
+        f.copy_(s)
+    return before
+
+
+@torch.no_grad()
+def apply_correction(slow: TensorList, momentum: TensorList, fast: TensorList, correction: TensorList) -> None:
+    """δ += c; φ += c; θ += c, in place (at an inner-step boundary, nothing in flight)."""
+    for tensors in (momentum, slow, fast):
+        torch._foreach_add_(tensors, correction)
