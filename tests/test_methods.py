@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from noloco_rt.config import METHODS
-from workers.methods import WORKER_METHODS, worker_method_error
+from noloco_rt.config.training import OuterConfig
+from workers.methods import WORKER_METHODS, worker_method_error, worker_outer_error
 
 
 @pytest.mark.parametrize("method", WORKER_METHODS)
@@ -24,3 +25,10 @@ def test_workers_refuse_simulator_methods(method, why):
 def test_every_method_is_run_or_refused():
     assert set(WORKER_METHODS) < set(METHODS)
     assert all((worker_method_error(m) is None) == (m in WORKER_METHODS) for m in METHODS)
+
+
+def test_workers_refuse_the_overlapped_outer_step_until_they_implement_it():
+    assert worker_outer_error(OuterConfig(method="noloco")) is None
+    message = worker_outer_error(OuterConfig(method="noloco", overlap=True))
+    assert message is not None and "simulator" in message and "outer.overlap" in message
+    assert "global collective" in (worker_outer_error(OuterConfig(method="diloco", overlap=True)) or "")

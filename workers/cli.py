@@ -40,9 +40,9 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     })
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
-    from workers.methods import worker_method_error
+    from workers.methods import worker_outer_error
 
-    if (why := worker_method_error(cfg.outer.method)) is not None:
+    if (why := worker_outer_error(cfg.outer)) is not None:
         raise click.UsageError(why)
     if stage >= cfg.pipeline.stages:
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "

@@ -42,7 +42,7 @@ from workers.data_path.roles import data_path_for
 from workers.device import HostStaging, pick_device
 from workers.inner_step import InnerStep
 from workers.lifecycle import WorkerCheckpoint
-from workers.methods import worker_method_error
+from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import bootstrap_from_stage
 from workers.outer.service import SnapshotService
@@ -55,7 +55,7 @@ class StageWorker:
     def __init__(self, cfg: Config, stage: int, *, membership: Membership, ctx: zmq.Context,
                  name: str, device: torch.device, checkpoint_path: Path, metrics: WorkerMetrics,
                  max_steps: int | None = None, data_faults: DataFaults | None = None) -> None:
-        if (why := worker_method_error(cfg.outer.method)) is not None:
+        if (why := worker_outer_error(cfg.outer)) is not None:
             raise ValueError(why)
         if not 0 <= stage < cfg.pipeline.stages:
             raise ValueError(f"--stage must be in [0, {cfg.pipeline.stages}), got {stage}")

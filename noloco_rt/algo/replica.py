@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from noloco_rt.algo.correction import apply_correction, provisional_local_step
 from noloco_rt.algo.optim import InnerOptimizer, OuterCoefficients, PeerOuterState, group_outer_step
 from noloco_rt.config import Config
 from noloco_rt.model import PipelineStage, build_stage
@@ -71,3 +72,13 @@ class StageReplica:
     def apply_outer_step(self, peers: Sequence[PeerOuterState], coeffs: OuterCoefficients) -> None:
         group_outer_step(self.slow, self.momentum, self.fast, peers, coeffs)
         self.outer_steps += 1
+
+    def provisional_outer_step(self, coeffs: OuterCoefficients) -> PeerOuterState:
+        """The outer step with a group of one, at once; returns our state before it (what the
+        correction needs when the partners' states arrive)."""
+        self.outer_steps += 1
+        return provisional_local_step(self.slow, self.momentum, self.fast, coeffs)
+
+    def correct_outer_step(self, correction: Sequence[torch.Tensor]) -> None:
+        """Add the exact correction of the provisional step (at an inner-step boundary)."""
+        apply_correction(self.slow, self.momentum, self.fast, list(correction))

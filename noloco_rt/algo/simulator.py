@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from noloco_rt.algo.correction import correction_term
 from noloco_rt.algo.diagnostics import perplexity, replica_spread
 from noloco_rt.algo.optim import OuterCoefficients, average_gradients
 from noloco_rt.algo.replica import StageReplica
@@ -84,6 +85,11 @@ class Simulation:
         self.outer_steps = 0
         self.tokens = 0
         self.step = 0
+        self.pending_corrections: list[tuple[int, StageReplica, list[torch.Tensor]]] = []
+        """With outer.overlap: (inner step due, replica, correction) not applied yet."""
+        if cfg.outer.overlap and cfg.outer.simulated_delay_steps >= self.outer.h:
+            raise ValueError(f"outer.simulated_delay_steps ({cfg.outer.simulated_delay_steps}) must be below "
+                             f"h ({self.outer.h}): a correction arrives before the next outer step")
 
     # -- training -----------------------------------------------------------------------
 
@@ -127,6 +133,7 @@ class Simulation:
         loss = self.accumulate(plan)
         self._inner_steps(plan.grads_are_means)
         self.step += 1
+        self._apply_due_corrections()
         if self.outer.method not in NO_OUTER_STEP and self.step % self.outer.h == 0:
             self.outer_step()
         return loss
@@ -152,8 +159,23 @@ class Simulation:
             # Every member contributes its state from before this round: snapshot first, then update.
             states = [r.outer_state(theta_only=theta_only) for r in stage_replicas]
             for replica, members in zip(stage_replicas, groups, strict=True):
-                replica.apply_outer_step([states[j] for j in members[1:]], self.coeffs)
+                partners = [states[j] for j in members[1:]]
+                if not self.cfg.outer.overlap:
+                    replica.apply_outer_step(partners, self.coeffs)
+                    continue
+                own = replica.provisional_outer_step(self.coeffs)
+                if partners:  # the partners' states "arrive" simulated_delay_steps inner steps later
+                    self.pending_corrections.append((self.step + self.cfg.outer.simulated_delay_steps, replica,
+                                                     correction_term(own, partners, self.coeffs)))
         self.outer_steps += 1
+        self._apply_due_corrections()
+
+    def _apply_due_corrections(self) -> None:
+        """Corrections whose partners' states have arrived, at this inner-step boundary."""
+        due = [p for p in self.pending_corrections if p[0] <= self.step]
+        self.pending_corrections = [p for p in self.pending_corrections if p[0] > self.step]
+        for _, replica, correction in due:
+            replica.correct_outer_step(correction)
 
     # -- evaluation ---------------------------------------------------------------------
 

@@ -147,9 +147,17 @@ class OuterConfig:
     """Inner steps per outer step; None: the method's paper default."""
     group_size: int = 2
     """noloco: members per group (i plus group_size - 1 random live peers)."""
+    overlap: bool = False
+    """Take the outer step at once with a group of one, and correct it exactly when the
+    partners' states arrive (DESIGN §4). The simulator only, for now: workers refuse it."""
+    simulated_delay_steps: int = 0
+    """The simulator with overlap: inner steps between an outer step and its correction (the
+    partners' arrival); must be below h. 0 reproduces the blocking step."""
 
     def __post_init__(self) -> None:
         require_choice("outer", "method", self.method, METHODS)
+        require(self.simulated_delay_steps >= 0, "outer", "simulated_delay_steps", self.simulated_delay_steps,
+                 "must be >= 0")
         for name in ("alpha", "beta", "gamma"):
             value = getattr(self, name)
             require(value is None or (math.isfinite(value) and 0 <= value <= 2), "outer", name,

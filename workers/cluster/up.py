@@ -48,7 +48,7 @@ from workers.cluster.processes import (
 )
 from workers.cluster.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
 from workers.cluster.run_view import RunSample, build_sample, log_fields, render_table
-from workers.methods import worker_method_error
+from workers.methods import worker_outer_error
 from workers.supervise.elastic import quiet_torch_elastic_logs
 from workers.supervise.supervisor import ProcessSpec, ProcessStatus, RestartPolicy, Supervisor
 
@@ -90,7 +90,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         "paths": {"out_dir": out_dir},
         "network": {"redis_url": redis_url},
     })
-    if (why := worker_method_error(cfg.outer.method)) is not None:
+    if (why := worker_outer_error(cfg.outer)) is not None:
         raise click.UsageError(why)
 
     out = Path(cfg.paths.out_dir)

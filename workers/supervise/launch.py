@@ -60,9 +60,9 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
     if metrics_port_base is not None and metrics_port_base + nproc - 1 > 65535:
         raise click.BadParameter(f"{metrics_port_base} + {nproc} workers runs past port 65535",
                                  param_hint="--metrics-port-base")
-    from workers.methods import worker_method_error
+    from workers.methods import worker_outer_error
 
-    if (why := worker_method_error(cfg.outer.method)) is not None:
+    if (why := worker_outer_error(cfg.outer)) is not None:
         raise click.UsageError(why)
     from noloco_rt.startup import process_startup
 
