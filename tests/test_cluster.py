@@ -51,9 +51,9 @@ def test_two_by_two_trains_exchanges_and_routes_to_every_peer(cluster, tmp_path)
     first = [cluster.start_worker(0, f"a{r}", steps=30) for r in range(2)]
     last = [cluster.start_worker(1, f"b{r}") for r in range(2)]
     port = cluster.wait_event(last[0], "metrics_serving", timeout_s=60)["port"]
-    cluster.wait_event(last[0], "peer_exchange_done", timeout_s=120)
+    cluster.wait_event(last[0], "outer_step_done", timeout_s=120, where=lambda e: e["kind"] == "matched")
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'noloco_outer_steps_total{kind="peer"}' in metrics and "noloco_train_loss" in metrics
+    assert 'noloco_outer_steps_total{kind="matched"}' in metrics and "noloco_train_loss" in metrics
     for worker in first:
         cluster.wait_event(worker, "steps_done", timeout_s=180)
         assert worker.process.wait(20) == 0

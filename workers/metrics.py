@@ -22,7 +22,7 @@ class WorkerMetrics:
         self.rejected = Counter("noloco_messages_rejected", "Messages rejected by validation", ["reason"],
                                 registry=r)
         self.inner_steps = Counter("noloco_inner_steps", "Inner optimizer steps", registry=r)
-        self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind", ["kind"], registry=r)
+        self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind: matched, partial, local", ["kind"], registry=r)
         self.exchange_bytes_raw = Counter("noloco_exchange_bytes_raw", "Snapshot bytes as float32", registry=r)
         self.exchange_bytes_wire = Counter("noloco_exchange_bytes_wire", "Snapshot bytes on the wire", registry=r)
         self.exchange_latency = Histogram("noloco_exchange_latency_seconds", "Outer exchange round trip",

@@ -1,8 +1,10 @@
-"""The client side of the outer exchange: a group partner's contribution for our outer step.
+"""The client side of the outer exchange: our group partners' contributions for our outer step.
 
-At its outer step a worker first looks in its inbox for a snapshot a peer sent for this
-very step (the symmetric pair); else it sends its own snapshot to a random live peer of its
-stage and gets the peer's back in the same round trip, trying a few peers. A reply older
+Workers compute their groups from the same stage view (noloco_rt.algo.matching), so
+partners choose each other. For each partner a worker first looks in its inbox for the
+snapshot that partner sent for this very step (it asked us first); else it sends its own
+snapshot to the partner and gets the partner's back in the same round trip. (The random
+single-peer exchange, exchange_with_peer, remains for benchmarks/sync.) A reply older
 than worker.staleness_outer_steps, or no snapshot yet, marks a slow peer, not a bad one.
 Every used contribution must also lie within worker.max_peer_distance_ratio of ours
 (noloco_rt.algo.peer_checks): a finite, well-formed snapshot absurdly far from our weights
@@ -43,9 +45,25 @@ def exchange_with_peer(ctx: zmq.Context, peers: Any, stage: int, service: Snapsh
     return None
 
 
-def _from_inbox(peers: Any, service: SnapshotService, outer_step: int) -> PeerOuterState | None:
+def exchange_with_group(ctx: zmq.Context, peers: Any, service: SnapshotService, outer_step: int,
+                        partners: list[MemberRecord], *, timeout_s: float) -> list[PeerOuterState]:
+    """The states of our computed group partners for this outer step, each from the inbox (it
+    asked us first) or by asking it; a partner that does not answer, or is blacklisted, is
+    left out (the step is then partial or local). No one outside the group is asked."""
+    states = []
+    for partner in partners:
+        state = _from_inbox(peers, service, outer_step, sender=partner.worker_id)
+        if state is None and not peers.blacklist.blocked(partner.worker_id):
+            state = _ask_peer(ctx, peers, service, partner, outer_step, timeout_s=timeout_s)
+        if state is not None:
+            states.append(state)
+    return states
+
+
+def _from_inbox(peers: Any, service: SnapshotService, outer_step: int,
+                sender: str | None = None) -> PeerOuterState | None:
     """A partner's contribution that came with its own request, if close enough to ours."""
-    taken = service.take_inbox(outer_step)
+    taken = service.take_inbox(outer_step, sender)
     if taken is None:
         return None
     sender, snapshot, state = taken  # validated when it arrived

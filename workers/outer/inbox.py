@@ -46,13 +46,16 @@ class SnapshotInbox:
                 del self._entries[next(iter(self._entries))]
             self._entries[sender] = (self.clock(), snapshot, state)
 
-    def take(self, outer_step: int) -> tuple[str, Snapshot, PeerOuterState] | None:
-        """A fresh contribution for exactly this outer step, removed from the inbox; None if none."""
+    def take(self, outer_step: int, sender: str | None = None) -> tuple[str, Snapshot, PeerOuterState] | None:
+        """A fresh contribution for exactly this outer step (from `sender`, or anyone), removed
+        from the inbox; None if none."""
         with self._lock:
-            for sender, (received_at, snapshot, state) in list(self._entries.items()):
+            for from_id, (received_at, snapshot, state) in list(self._entries.items()):
+                if sender is not None and from_id != sender:
+                    continue
                 if snapshot.outer_step == outer_step and self._fresh(received_at):
-                    del self._entries[sender]
-                    return sender, snapshot, state
+                    del self._entries[from_id]
+                    return from_id, snapshot, state
         return None
 
     def clear(self) -> None:

@@ -92,9 +92,10 @@ class SnapshotService:
                                           PartsKind.SLOW_MOMENTUM,
                                           {"inner_steps": inner_steps, "outer_steps": outer_steps})
 
-    def take_inbox(self, outer_step: int) -> tuple[str, Snapshot, PeerOuterState] | None:
-        """A validated snapshot a peer sent us for exactly this outer step (recently), if any."""
-        return self.inbox.take(outer_step)
+    def take_inbox(self, outer_step: int, sender: str | None = None) -> tuple[str, Snapshot, PeerOuterState] | None:
+        """A validated snapshot a peer (`sender`, or anyone) sent us for exactly this outer step
+        (recently), if any."""
+        return self.inbox.take(outer_step, sender)
 
     # -- serving (server thread) --------------------------------------------------------
 
