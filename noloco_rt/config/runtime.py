@@ -56,9 +56,7 @@ class WorkerConfig:
     """Seconds between background reads of the stages a worker talks to (its own and the
     next); 0: grows with the fleet (0.5 s up to 2,500 workers, 2 s at 10,000)."""
     exchange_timeout_s: float = 10.0
-    """Deadline of one outer exchange request; then another peer is tried."""
-    exchange_attempts: int = 3
-    """Peers tried at an outer step before falling back to a local step."""
+    """Deadline of one outer exchange request to a group partner; then the step goes on without it."""
     staleness_outer_steps: int = 1
     """A peer snapshot more than this many outer steps behind is not used."""
     snapshot_codec: str = "shuffle-zstd"
@@ -91,7 +89,6 @@ class WorkerConfig:
         require(self.deadline_ceiling_s >= self.deadline_floor_s, "worker", "deadline_ceiling_s",
                  self.deadline_ceiling_s, "must be >= worker.deadline_floor_s")
         require(self.view_refresh_s >= 0, "worker", "view_refresh_s", self.view_refresh_s, "must be >= 0 (0: auto)")
-        require(self.exchange_attempts >= 1, "worker", "exchange_attempts", self.exchange_attempts, "must be >= 1")
         require(self.staleness_outer_steps >= 0, "worker", "staleness_outer_steps", self.staleness_outer_steps,
                  "must be >= 0")
         require_choice("worker", "snapshot_codec", self.snapshot_codec, CODECS)
