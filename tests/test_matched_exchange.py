@@ -35,4 +35,5 @@ def test_partners_choose_each_other_and_fault_free_steps_are_matched(cluster):
     print(f"outer steps by kind: {dict(kinds)}; reciprocal partners {reciprocal}/{checked}")
     assert kinds["matched"] >= 0.75 * len(steps), kinds  # the first steps may precede everyone's ONLINE
     assert checked and reciprocal >= 0.9 * checked, (reciprocal, checked)
-    assert all(len(e["group"]) == 1 for e in steps.values() if e["kind"] == "matched")  # pairs of 4
+    # Pairs, or one group of three while a view holds an odd count (a worker not ONLINE yet).
+    assert all(1 <= len(e["group"]) <= 2 for e in steps.values() if e["kind"] == "matched")
