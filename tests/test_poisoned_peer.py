@@ -45,7 +45,7 @@ def test_honest_worker_rejects_and_blacklists_poisoned_peers(tmp_path):
     far = [e for e in rejections if e["reason"] == "too_far"]
     assert all(max(e["ratios"].values()) > 1e5 for e in far), far
     # Nothing from a poisoned peer was ever applied.
-    applied_from = {e["peer"] for e in good.events("peer_exchange_done")}
+    applied_from = {peer for e in good.events("outer_step_done") for peer in e["used"]}
     assert not applied_from & set(bad_ids.values()), applied_from
     summary = good.events("worker_summary")[-1]
     assert summary["rejected"].get("too_far", 0) >= 1 and summary["rejected"].get("non_finite", 0) >= 1

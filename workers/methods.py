@@ -1,5 +1,5 @@
 """Which outer configurations a worker process can run: methods that need no global
-collective, and the blocking outer step (the overlapped one exists in the simulator only)."""
+collective, blocking or overlapped."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def worker_outer_error(outer: OuterConfig) -> str | None:
     """Why workers cannot run this outer configuration, or None when they can."""
     if (why := worker_method_error(outer.method)) is not None:
         return why
-    if outer.overlap:
-        return ("outer.overlap = true (the provisional step and its correction) runs only in the "
-                "simulator so far; workers take the blocking outer step (set outer.overlap = false)")
+    h = outer.resolved().h
+    if outer.overlap and outer.max_delay_steps >= h:
+        return (f"outer.max_delay_steps ({outer.max_delay_steps}) must be below outer.h ({h}): a correction "
+                "must land before the next outer step")
     return None

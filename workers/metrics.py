@@ -22,10 +22,16 @@ class WorkerMetrics:
         self.rejected = Counter("noloco_messages_rejected", "Messages rejected by validation", ["reason"],
                                 registry=r)
         self.inner_steps = Counter("noloco_inner_steps", "Inner optimizer steps", registry=r)
-        self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind: matched, partial, local", ["kind"], registry=r)
+        self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind: matched, partial, local, dropped_late",
+                                   ["kind"], registry=r)
+        self.outer_blocked_seconds = Counter("noloco_outer_blocked_seconds",
+                                             "Seconds the training thread waited for outer exchanges", registry=r)
+        self.correction_delay = Histogram("noloco_outer_correction_delay_steps",
+                                          "Inner steps between an overlapped outer step and its correction",
+                                          registry=r, buckets=(0, 1, 2, 3, 5, 8, 13, 21, 34))
         self.exchange_bytes_raw = Counter("noloco_exchange_bytes_raw", "Snapshot bytes as float32", registry=r)
         self.exchange_bytes_wire = Counter("noloco_exchange_bytes_wire", "Snapshot bytes on the wire", registry=r)
-        self.exchange_latency = Histogram("noloco_exchange_latency_seconds", "Outer exchange round trip",
+        self.exchange_latency = Histogram("noloco_exchange_latency_seconds", "Outer exchange round: push ours, collect theirs",
                                           registry=r, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.queue_depth = Gauge("noloco_queue_depth", "Forwards waiting or in flight at this worker", registry=r)
         self.live_peers = Gauge("noloco_live_peers", "ONLINE workers seen per stage", ["stage"], registry=r)

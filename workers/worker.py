@@ -45,6 +45,7 @@ from workers.lifecycle import WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import bootstrap_from_stage
+from workers.outer.exchanger import OuterExchanger
 from workers.outer.service import SnapshotService
 from workers.outer.step import OuterStep
 
@@ -84,12 +85,15 @@ class StageWorker:
             leave_requested=self.leave_requested), cfg.pipeline.stages)
         self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps)
         self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
+                                         blacklist=self.peers.blacklist,
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])
         self.exchange_server = ExchangeServer(ctx, bind_host=cfg.network.bind_host, port=cfg.network.exchange_port,
                                               advertise_host=cfg.network.advertise_host,
                                               handler=self.snapshots.handle)
-        self.outer = OuterStep(cfg, zmq_ctx=ctx, replica=self.replica, peers=self.peers, service=self.snapshots,
-                               counters=self.counters, metrics=metrics, log=self.log)
+        self.exchanger = OuterExchanger(ctx, self.snapshots, self.peers, collect_s=cfg.worker.exchange_timeout_s,
+                                        log=self.log)
+        self.outer = OuterStep(cfg, exchanger=self.exchanger, service=self.snapshots, replica=self.replica,
+                               peers=self.peers, counters=self.counters, metrics=metrics, log=self.log)
         self.checkpoint = WorkerCheckpoint(checkpoint_path, run_id=cfg.run.run_id, stage=stage, name=name,
                                            replica=self.replica, counters=self.counters,
                                            cursor_state=self.data_path.cursor_state, log=self.log)
@@ -177,6 +181,7 @@ class StageWorker:
         """Our steps are done: LEAVING (peers stop routing to us) with the final figures, for
         observers; the stage marked finished for a later stage's finishing rule."""
         self.log.info("steps_done", inner_step=self.counters.inner_steps)
+        self.outer.finish()
         self.membership.heartbeat(state=WorkerState.LEAVING, **asdict(self.progress()))
         self.membership.mark_stage_finished(self.stage)
         self.checkpoint.save("finished")
@@ -188,12 +193,14 @@ class StageWorker:
         self.membership.leave()
         self.log.info("leaving", inflight=self.data_path.in_flight(), queued=self.data_path.queued())
         self.data_path.wind_down(time.monotonic() + self.cfg.worker.leave_grace_s / 2)
+        self.outer.settle(final=True)
         self.checkpoint.save("leave")
 
     def close(self) -> None:
         self.views.stop()
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        self.exchanger.close()
         self.exchange_server.stop()
         self.data.close()
         faults = self.data_faults

@@ -56,9 +56,8 @@ class WorkerConfig:
     """Seconds between background reads of the stages a worker talks to (its own and the
     next); 0: grows with the fleet (0.5 s up to 2,500 workers, 2 s at 10,000)."""
     exchange_timeout_s: float = 10.0
-    """Deadline of one outer exchange request to a group partner; then the step goes on without it."""
-    staleness_outer_steps: int = 1
-    """A peer snapshot more than this many outer steps behind is not used."""
+    """How long an outer round waits for the partners' pushes (and a push for its
+    acknowledgement); then the step goes on without them."""
     snapshot_codec: str = "shuffle-zstd"
     """Compression of outer-step snapshots."""
     max_retries: int = 3
@@ -89,8 +88,6 @@ class WorkerConfig:
         require(self.deadline_ceiling_s >= self.deadline_floor_s, "worker", "deadline_ceiling_s",
                  self.deadline_ceiling_s, "must be >= worker.deadline_floor_s")
         require(self.view_refresh_s >= 0, "worker", "view_refresh_s", self.view_refresh_s, "must be >= 0 (0: auto)")
-        require(self.staleness_outer_steps >= 0, "worker", "staleness_outer_steps", self.staleness_outer_steps,
-                 "must be >= 0")
         require_choice("worker", "snapshot_codec", self.snapshot_codec, CODECS)
         require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
         require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")

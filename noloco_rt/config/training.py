@@ -149,7 +149,11 @@ class OuterConfig:
     """noloco: members per group (i plus group_size - 1 random live peers)."""
     overlap: bool = False
     """Take the outer step at once with a group of one, and correct it exactly when the
-    partners' states arrive (DESIGN §4). The simulator only, for now: workers refuse it."""
+    partners' states arrive (DESIGN §4), so training never waits for the network; false:
+    the paper's blocking step."""
+    max_delay_steps: int = 2
+    """Workers with overlap: a correction that would land more than this many inner steps
+    after its outer step is dropped (the step stays local) and counted; must be below h."""
     simulated_delay_steps: int = 0
     """The simulator with overlap: inner steps between an outer step and its correction (the
     partners' arrival); must be below h. 0 reproduces the blocking step."""
@@ -158,6 +162,7 @@ class OuterConfig:
         require_choice("outer", "method", self.method, METHODS)
         require(self.simulated_delay_steps >= 0, "outer", "simulated_delay_steps", self.simulated_delay_steps,
                  "must be >= 0")
+        require(self.max_delay_steps >= 1, "outer", "max_delay_steps", self.max_delay_steps, "must be >= 1")
         for name in ("alpha", "beta", "gamma"):
             value = getattr(self, name)
             require(value is None or (math.isfinite(value) and 0 <= value <= 2), "outer", name,

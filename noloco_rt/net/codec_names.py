@@ -5,3 +5,6 @@ every command; keeping the names here spares that path numpy, torch and zstandar
 """
 
 CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd")
+
+LOSSLESS_CODECS = ("raw", "zstd", "shuffle-zstd")
+"""Those that give back exactly the bits sent: the only ones a joiner's bootstrap may use."""

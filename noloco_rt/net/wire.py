@@ -30,8 +30,10 @@ _MAX_HEADER_MAP_LEN = 256
 class MessageKind(enum.StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
-    SNAPSHOT_REQUEST = "snapshot_request"
-    SNAPSHOT_REPLY = "snapshot_reply"
+    SNAPSHOT_PUSH = "snapshot_push"
+    """A group member's outer-step contribution, pushed to a partner (DESIGN §4)."""
+    SNAPSHOT_ACK = "snapshot_ack"
+    """The partner validated and kept a push."""
     BOOTSTRAP_REQUEST = "bootstrap_request"
     BOOTSTRAP_REPLY = "bootstrap_reply"
     ERROR = "error"

@@ -1,63 +1,96 @@
-"""Snapshots peers sent us with their requests, kept for our own outer step.
+"""Snapshots partners pushed to us, kept for our outer step of the same number.
 
-A worker that finds here a snapshot of a peer for its very outer step uses it instead of
-asking someone else, so two workers that chose each other form the symmetric pair of the
-paper. Bounded: only a few are ever useful (one per partner), and a flood of requests from
-made-up senders must not grow memory.
+Partners push their step-k snapshot as soon as they reach step k, which may be before
+or after we do, so the inbox keys entries by (sender, outer step) and keeps those of
+steps we have not passed yet. Bounded: only a few are ever useful (one per partner and
+pending step), and a flood of pushes from made-up senders must not grow memory.
+The exchanger thread waits on it for the pushes of its round's partners.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.net.snapshot import Snapshot
 
 MAX_INBOX = 8
 
+Entry = tuple[float, Snapshot, PeerOuterState]
+
 
 class SnapshotInbox:
-    """Validated contributions by sender, the newest per sender, at most `max_size`, fresh for `fresh_s`."""
+    """Validated contributions by (sender, outer step), at most `max_size`, fresh for `fresh_s`."""
 
     def __init__(self, *, fresh_s: float, max_size: int = MAX_INBOX,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.fresh_s = fresh_s
         self.max_size = max_size
         self.clock = clock
-        self._entries: dict[str, tuple[float, Snapshot, PeerOuterState]] = {}
-        self._lock = threading.Lock()
+        self.floor = 0
+        """Pushes for outer steps below this are of no use any more (set as rounds end)."""
+        self._entries: dict[tuple[str, int], Entry] = {}
+        self._arrived = threading.Condition()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _fresh(self, received_at: float) -> bool:
-        return self.clock() - received_at < self.fresh_s
+    def _evict(self) -> None:
+        now = self.clock()
+        for key, (received_at, _, _) in list(self._entries.items()):
+            if key[1] < self.floor or now - received_at >= self.fresh_s:
+                del self._entries[key]
 
-    def keep(self, sender: str, snapshot: Snapshot, state: PeerOuterState) -> None:
-        """Remember a sender's contribution, evicting stale entries, then the oldest."""
-        with self._lock:
-            for key, (received_at, _, _) in list(self._entries.items()):
-                if not self._fresh(received_at):
-                    del self._entries[key]
-            self._entries.pop(sender, None)
+    def keep(self, sender: str, snapshot: Snapshot, state: PeerOuterState) -> bool:
+        """Remember a sender's contribution for its outer step, evicting stale entries, then
+        the oldest; False (not kept) when its step is already behind us."""
+        with self._arrived:
+            if snapshot.outer_step < self.floor:
+                return False
+            self._evict()
+            key = (sender, snapshot.outer_step)
+            self._entries.pop(key, None)
             while len(self._entries) >= self.max_size:  # oldest first (dicts keep insertion order)
                 del self._entries[next(iter(self._entries))]
-            self._entries[sender] = (self.clock(), snapshot, state)
+            self._entries[key] = (self.clock(), snapshot, state)
+            self._arrived.notify_all()
+            return True
 
-    def take(self, outer_step: int, sender: str | None = None) -> tuple[str, Snapshot, PeerOuterState] | None:
-        """A fresh contribution for exactly this outer step (from `sender`, or anyone), removed
-        from the inbox; None if none."""
-        with self._lock:
-            for from_id, (received_at, snapshot, state) in list(self._entries.items()):
-                if sender is not None and from_id != sender:
-                    continue
-                if snapshot.outer_step == outer_step and self._fresh(received_at):
-                    del self._entries[from_id]
-                    return from_id, snapshot, state
-        return None
+    def take(self, outer_step: int, sender: str) -> tuple[Snapshot, PeerOuterState] | None:
+        """`sender`'s fresh contribution for exactly this outer step, removed; None if none."""
+        with self._arrived:
+            entry = self._entries.pop((sender, outer_step), None)
+            if entry is None or self.clock() - entry[0] >= self.fresh_s:
+                return None
+            return entry[1], entry[2]
+
+    def wait_for(self, outer_step: int, senders: Iterable[str], *, timeout_s: float,
+                 stop: Callable[[set[str]], bool] = lambda here: False) -> set[str]:
+        """Block until every sender's step push is here, `stop(senders here)` says so, or
+        timeout_s has passed; returns the senders whose push is here."""
+        wanted = set(senders)
+        deadline = time.monotonic() + timeout_s
+        with self._arrived:
+            while True:
+                here = {s for s in wanted if (s, outer_step) in self._entries}
+                remaining = deadline - time.monotonic()
+                if here == wanted or remaining <= 0 or stop(here):
+                    return here
+                self._arrived.wait(min(remaining, 0.05))
+
+    def advance(self, floor: int) -> None:
+        """Forget pushes for steps below `floor`: our rounds up to there are over."""
+        with self._arrived:
+            self.floor = max(self.floor, floor)
+            self._evict()
+
+    def wake(self) -> None:
+        """Let a waiter re-check its stop condition now."""
+        with self._arrived:
+            self._arrived.notify_all()
 
     def clear(self) -> None:
-        with self._lock:
+        with self._arrived:
             self._entries.clear()

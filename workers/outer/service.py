@@ -1,12 +1,11 @@
-"""The server side of the outer exchange: this worker's published snapshots, answered to peers.
+"""The server side of the outer exchange: pushes received, snapshots for joiners served.
 
-Once per outer step the worker publishes an immutable compressed snapshot of what its
-peers need (θ, or φ and Δ when γ ≠ β), and after the step its slow weights, momentum and
-counters for joiners. The exchange server's thread answers requests from those, so serving
-never blocks training. A request carries the requester's own contribution: it is validated
-in full on the server thread (a zstd bomb or NaN payload is refused at once with an ERROR)
-and kept in the inbox for our next outer step. A requester a little ahead of us gets our
-snapshot once we reach its step, or after a short wait what we have.
+Partners push their outer-step contributions (DESIGN §4); the exchange server's thread
+validates each in full (a zstd bomb or NaN payload is refused at once with an ERROR),
+keeps it in the inbox for our own step of that number and acknowledges it, so receiving
+never touches the training thread. Joiners and the coordinator pull our slow weights,
+momentum and counters: the training thread only copies them after each outer step, and
+the first request for them compresses them (once per step, on the server thread).
 """
 
 from __future__ import annotations
@@ -14,11 +13,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import torch
 import zmq
 
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
+from noloco_rt.membership.peers import Blacklist
+from noloco_rt.net.codec_names import LOSSLESS_CODECS
 from noloco_rt.net.snapshot import (
     PartsKind,
     Snapshot,
@@ -33,26 +35,26 @@ from workers.metrics import RejectCounter
 from workers.outer.faults import inject_snapshot_faults
 from workers.outer.inbox import SnapshotInbox
 
-SERVER_WAIT_FOR_OWN_STEP_S = 2.0
-
 
 class SnapshotService:
-    """Publishes this worker's snapshots (training thread) and answers peers' requests (server thread)."""
+    """Encodes this worker's snapshots (exchanger thread), keeps partners' pushes and serves
+    joiners (server thread)."""
 
     def __init__(self, cfg: Config, stage: int, worker_id: str, *, metrics: Any, log: Any,
-                 expected_shapes: list[tuple[int, ...]]) -> None:
+                 expected_shapes: list[tuple[int, ...]], blacklist: Blacklist | None = None) -> None:
         self.cfg = cfg
         self.stage = stage
         self.worker_id = worker_id
         self.metrics = metrics
         self.log = log
         self.reader = SnapshotReader(cfg.run.run_id, expected_shapes)
-        self.inbox = SnapshotInbox(fresh_s=2 * cfg.worker.exchange_timeout_s)
+        self.inbox = SnapshotInbox(fresh_s=max(60.0, 6 * cfg.worker.exchange_timeout_s))
         self.rejected = RejectCounter(metrics.rejected)
-        self._contribution: Snapshot | None = None
+        self.blacklist = blacklist or Blacklist()
+        """Senders of refused contributions (shared with the worker's peer view)."""
+        self._bootstrap_parts: tuple[list[torch.Tensor], dict[str, int]] | None = None
         self._bootstrap: Snapshot | None = None
-        self._own_state: PeerOuterState | None = None
-        self._published = threading.Condition()
+        self._bootstrap_lock = threading.Lock()
 
     def count_reject(self, reason: Any) -> None:
         self.rejected.count(reason)
@@ -62,40 +64,35 @@ class SnapshotService:
         """Exchange-side rejects so far, by reason."""
         return self.rejected.counts()
 
-    # -- publishing (training thread) ---------------------------------------------------
+    # -- encoding ---------------------------------------------------------------------------
 
-    def publish_contribution(self, state: PeerOuterState, outer_step: int) -> Snapshot:
+    def encode_contribution(self, state: PeerOuterState, outer_step: int) -> Snapshot:
+        """Our contribution for `outer_step`, compressed once (fault injection applies here)."""
         parts, parts_kind = contribution_parts(state)
-        snapshot = encode_snapshot(inject_snapshot_faults(parts, self.cfg), self.cfg.worker.snapshot_codec,
-                                   outer_step, parts_kind)
-        with self._published:
-            self._own_state = state  # the honest state: what peers' contributions are compared with
-            self._contribution = snapshot
-            self._published.notify_all()
-        return snapshot
+        return encode_snapshot(inject_snapshot_faults(parts, self.cfg), self.cfg.worker.snapshot_codec,
+                               outer_step, parts_kind)
 
-    @property
-    def contribution(self) -> Snapshot | None:
-        """The latest published outer-step snapshot."""
-        return self._contribution
-
-    @property
-    def own_state(self) -> PeerOuterState | None:
-        """The (unfaulted) state behind the latest published contribution."""
-        return self._own_state
+    def push_message(self, snapshot: Snapshot) -> list[Any]:
+        return self._message(MessageKind.SNAPSHOT_PUSH, snapshot)
 
     def publish_bootstrap(self, replica: StageReplica, inner_steps: int, outer_steps: int) -> None:
-        # Lossless codec: a joiner must start from exactly the donor's slow weights.
-        codec = self.cfg.worker.snapshot_codec
-        lossless = "shuffle-zstd" if "bf16" in codec else codec
-        self._bootstrap = encode_snapshot(replica.slow + replica.momentum, lossless, outer_steps,
-                                          PartsKind.SLOW_MOMENTUM,
-                                          {"inner_steps": inner_steps, "outer_steps": outer_steps})
+        """Copy our slow weights and momentum for joiners (training thread: a copy, no encoding)."""
+        parts = [t.detach().to("cpu", copy=True) for t in (*replica.slow, *replica.momentum)]
+        with self._bootstrap_lock:
+            self._bootstrap_parts = (parts, {"inner_steps": inner_steps, "outer_steps": outer_steps})
+            self._bootstrap = None
 
-    def take_inbox(self, outer_step: int, sender: str | None = None) -> tuple[str, Snapshot, PeerOuterState] | None:
-        """A validated snapshot a peer (`sender`, or anyone) sent us for exactly this outer step
-        (recently), if any."""
-        return self.inbox.take(outer_step, sender)
+    def bootstrap_snapshot(self) -> Snapshot | None:
+        """The latest published bootstrap, compressed on first use (lossless: a joiner must
+        start from exactly the donor's slow weights)."""
+        with self._bootstrap_lock:
+            if self._bootstrap is None and self._bootstrap_parts is not None:
+                parts, counters = self._bootstrap_parts
+                codec = self.cfg.worker.snapshot_codec
+                lossless = codec if codec in LOSSLESS_CODECS else "shuffle-zstd"
+                self._bootstrap = encode_snapshot(parts, lossless, counters["outer_steps"], PartsKind.SLOW_MOMENTUM,
+                                                  counters)
+            return self._bootstrap
 
     # -- serving (server thread) --------------------------------------------------------
 
@@ -104,7 +101,8 @@ class SnapshotService:
                                 snapshot=snapshot)
 
     def handle(self, frames: list[zmq.Frame]) -> list[Any]:
-        """The reply to one request: a snapshot, or an ERROR for anything refused (and counted)."""
+        """The reply to one message: an ACK for a kept push, a bootstrap, or an ERROR for
+        anything refused (and counted)."""
         try:
             decoded = self.reader.message(frames)
             header = decoded.header
@@ -113,28 +111,34 @@ class SnapshotService:
             kind = MessageKind(header.kind)
             if kind == MessageKind.BOOTSTRAP_REQUEST:
                 return self._serve_bootstrap(header)
-            if kind != MessageKind.SNAPSHOT_REQUEST:
+            if kind != MessageKind.SNAPSHOT_PUSH:
                 raise SnapshotRejected("unexpected_kind")
-            theirs, their_state = self.reader.contribution(decoded)
+            try:
+                theirs, their_state = self.reader.contribution(decoded)
+            except SnapshotRejected as rejected:
+                self._blame(header.sender, rejected.reason)
+                raise
         except SnapshotRejected as rejected:
             self.count_reject(rejected.reason)
             return self._message(MessageKind.ERROR)
-        self.inbox.keep(header.sender, theirs, their_state)
-        return self._message(MessageKind.SNAPSHOT_REPLY, self._own_contribution_for(header.outer_step))
+        if not self.inbox.keep(header.sender, theirs, their_state):
+            return self._message(MessageKind.ERROR)  # a step we are past: the pusher learns it is late
+        return snapshot_message(MessageKind.SNAPSHOT_ACK, run_id=self.cfg.run.run_id, stage=self.stage,
+                                sender=self.worker_id, outer_step=theirs.outer_step)
+
+    def _blame(self, sender: str, reason: str) -> None:
+        """A well-addressed push with a bad payload: blacklist its sender, and say so unless it
+        already was (a flood of bad pushes must not flood the log)."""
+        already = self.blacklist.blocked(sender)
+        avoid_s = self.blacklist.fail(sender)
+        if already:
+            return
+        self.log.warning("peer_snapshot_rejected", peer=sender[:8], reason=reason, blacklisted_s=avoid_s, via="push")
 
     def _serve_bootstrap(self, header: Header) -> list[Any]:
-        snapshot = self._bootstrap
+        snapshot = self.bootstrap_snapshot()
         # The coordinator pulls the same snapshot read-only, often: not worth a log line.
         if snapshot is not None and not header.extra.get("observer"):
             self.log.info("bootstrap_served", to=header.sender[:8], checksum=snapshot.digest,
                           outer_step=snapshot.outer_step)
         return self._message(MessageKind.BOOTSTRAP_REPLY, snapshot)
-
-    def _own_contribution_for(self, outer_step: int) -> Snapshot | None:
-        """Our snapshot once we reach `outer_step` (a requester a little ahead of us), or after a
-        short wait what we have."""
-        with self._published:
-            self._published.wait_for(lambda: self._contribution is not None
-                                     and self._contribution.outer_step >= outer_step,
-                                     timeout=SERVER_WAIT_FOR_OWN_STEP_S)
-            return self._contribution

@@ -1,71 +1,155 @@
-"""The outer step (DESIGN §1, §4): publish our contribution, get a partner's, apply the formula."""
+"""The outer step (DESIGN §1, §4) on the training thread: hand the round to the exchanger,
+and either wait for it (blocking, the paper's semantics) or take the provisional local
+step at once and correct it exactly at the first inner-step boundary after the partners'
+states are in (overlap). A correction later than outer.max_delay_steps is dropped."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
-import zmq
+import torch
 
+from noloco_rt.algo.correction import correction_term
 from noloco_rt.algo.matching import matched_partners
-from noloco_rt.algo.optim import OuterCoefficients
+from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.records import MemberRecord
 from workers.counters import Counters
 from workers.metrics import WorkerMetrics
-from workers.outer.exchange import exchange_with_group
+from workers.outer.exchanger import OuterExchanger, OuterRound, RoundResult
 from workers.outer.service import SnapshotService
+
+
+@dataclass
+class PendingRound:
+    """An overlapped outer step whose correction has not been applied yet."""
+
+    outer_step: int
+    own: PeerOuterState
+    partners: list[MemberRecord]
+    inner_step: int
+    """Our inner step count when the provisional step was taken."""
 
 
 class OuterStep:
     """Every H inner steps: the outer step with our matched group (noloco), else alone."""
 
-    def __init__(self, cfg: Config, *, zmq_ctx: zmq.Context, replica: StageReplica, peers: PeerView,
-                 service: SnapshotService, counters: Counters, metrics: WorkerMetrics, log: Any) -> None:
+    def __init__(self, cfg: Config, *, exchanger: OuterExchanger, service: SnapshotService, replica: StageReplica,
+                 peers: PeerView, counters: Counters, metrics: WorkerMetrics, log: Any) -> None:
         self.cfg = cfg
         self.settings = cfg.outer.resolved()
         self.coeffs = OuterCoefficients.from_config(self.settings)
-        self.zmq_ctx = zmq_ctx
+        self.overlap = cfg.outer.overlap
+        self.max_delay_steps = cfg.outer.max_delay_steps
+        self.exchanger = exchanger
         self.replica = replica
         self.peers = peers
         self.service = service
+        self.worker_id = service.worker_id
+        self.stage = service.stage
         self.counters = counters
         self.metrics = metrics
         self.log = log
+        self.pending: PendingRound | None = None
 
     def due(self, inner_steps: int) -> bool:
         return inner_steps % self.settings.h == 0
 
     def take(self) -> None:
-        """Publish our contribution for the next outer step, apply the step with our matched
-        group's (the partners that answered; alone when none did), then publish the new state
-        for joiners."""
-        target_step = self.counters.outer_steps + 1
-        state = self.replica.outer_state(theta_only=self.coeffs.theta_shortcut)
-        self.service.publish_contribution(state, target_step)
-        partners = self.partners(target_step) if self.settings.method == "noloco" else []
-        states = exchange_with_group(self.zmq_ctx, self.peers, self.service, target_step, partners,
-                                     timeout_s=self.cfg.worker.exchange_timeout_s) if partners else []
-        self.replica.apply_outer_step(states, self.coeffs)
-        self.counters.outer_steps = target_step
-        kind = outer_step_kind(len(partners), len(states))
-        if states:
+        """The outer step: the local step at once; with overlap, its correction comes later
+        (settle), else we wait for the partners here and correct at once (delay 0: exactly
+        the paper's blocking step)."""
+        started = time.monotonic()
+        self.settle(final=True)  # a round still open now is later than any allowed delay
+        outer_step = self.counters.outer_steps + 1
+        partners = self.partners(outer_step) if self.settings.method == "noloco" else []
+        own = self.replica.provisional_outer_step(self.coeffs)
+        self.counters.outer_steps = outer_step
+        if not partners:
+            self._record(outer_step, partners, None, delay=0)
+        else:
+            self.exchanger.begin(OuterRound(outer_step, own, partners))
+            self.pending = PendingRound(outer_step, own, partners, self.counters.inner_steps)
+            if not self.overlap:
+                self.settle(final=True, wait_s=self.round_wait_s)
+        self.metrics.outer_blocked_seconds.inc(time.monotonic() - started)
+
+    @property
+    def round_wait_s(self) -> float:
+        """The longest a round can take: the collection window, the wait for our push's
+        acknowledgement, and room for compressing."""
+        return 2 * self.exchanger.collect_s + 5.0
+
+    def finish(self) -> None:
+        """Training is over: waiting costs nothing now, so the last correction is not dropped."""
+        self.settle(final=True, wait_s=self.round_wait_s)
+
+    def settle(self, *, final: bool = False, wait_s: float = 0.0) -> None:
+        """At an inner-step boundary (nothing in flight): apply the pending correction once its
+        partners' states are in; drop it when later than max_delay_steps (or `final`, at the
+        next outer step or the end). Waits only when told (blocking step, end of training)."""
+        pending = self.pending
+        if pending is None:
+            return
+        delay = self.counters.inner_steps - pending.inner_step
+        late = final or delay > self.max_delay_steps
+        result = self.exchanger.result(pending.outer_step, wait_s=wait_s)
+        if result is None and not late:
+            return
+        self.pending = None
+        if result is None:
+            self.exchanger.cancel(pending.outer_step)  # its late result is discarded
+            self._record(pending.outer_step, pending.partners, None, delay=delay, dropped=True)
+        elif result.states and delay > self.max_delay_steps:
+            self._record(pending.outer_step, pending.partners, result, delay=delay, dropped=True)
+        else:
+            shift = None
+            if result.states:
+                correction = correction_term(pending.own, result.states, self.coeffs)
+                self.replica.correct_outer_step(correction)
+                self.metrics.correction_delay.observe(delay)
+                shift = correction_sums(correction)
+            self._record(pending.outer_step, pending.partners, result, delay=delay, shift=shift)
+
+    def _record(self, outer_step: int, partners: list[MemberRecord], result: RoundResult | None, *,
+                delay: int, dropped: bool = False, shift: tuple[float, float] | None = None) -> None:
+        used = [] if dropped or result is None else result.used
+        kind = "dropped_late" if dropped else outer_step_kind(len(partners), len(used))
+        if used:
             self.counters.peer_exchanges += 1
         else:
             self.counters.local_outer_steps += 1
         self.metrics.outer_steps.labels(kind=kind).inc()
-        self.log.info("outer_step_done", outer_step=target_step, kind=kind,
-                      group=[p.worker_id[:8] for p in partners], used=len(states))
+        fields: dict[str, Any] = {}
+        if result is not None:
+            self.metrics.exchange_bytes_wire.inc(result.wire_bytes)
+            self.metrics.exchange_bytes_raw.inc(result.raw_bytes)
+            self.metrics.exchange_latency.observe(result.seconds)
+            fields = {"exchange_s": round(result.seconds, 3), "wire_bytes": result.wire_bytes,
+                      "raw_bytes": result.raw_bytes, "missing": {k[:8]: v for k, v in result.missing.items()}}
+        if shift is not None:  # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
+            fields.update(correction_sum=shift[0], correction_abs=shift[1])
+        self.log.info("outer_step_done", outer_step=outer_step, kind=kind, group=[p.worker_id[:8] for p in partners],
+                      used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
+                      codec=self.cfg.worker.snapshot_codec, **fields)
+        # The step is final now (corrected, or local): what joiners download.
         self.service.publish_bootstrap(self.replica, self.counters.inner_steps, self.counters.outer_steps)
 
     def partners(self, outer_step: int) -> list[MemberRecord]:
         """Our group at `outer_step` in the partition of our stage's view (us included)."""
-        stage, me = self.service.stage, self.service.worker_id
-        view = {r.worker_id: r for r in self.peers.views.view(stage)}
-        ids = matched_partners([*view, me], me, seed=self.cfg.run.seed, stage=stage, outer_step=outer_step,
-                               group_size=self.settings.group_size)
+        view = {r.worker_id: r for r in self.peers.views.view(self.stage)}
+        ids = matched_partners([*view, self.worker_id], self.worker_id, seed=self.cfg.run.seed, stage=self.stage,
+                               outer_step=outer_step, group_size=self.settings.group_size)
         return [view[i] for i in ids]
+
+
+def correction_sums(correction: list[torch.Tensor]) -> tuple[float, float]:
+    """(Σ c, Σ |c|) over every element, in float64."""
+    return (float(sum(c.double().sum() for c in correction)), float(sum(c.double().abs().sum() for c in correction)))
 
 
 def outer_step_kind(partners: int, used: int) -> str:

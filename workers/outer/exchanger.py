@@ -1,0 +1,195 @@
+"""The outer exchange off the training thread (DESIGN §4): push ours, collect theirs.
+
+The training thread hands a round (outer step k, our step-k state, our computed group
+partners) to the exchanger and goes on. The exchanger's thread compresses our snapshot
+once, pushes it to every partner at once (each push is acknowledged once the partner
+validated and kept it), and waits for the partners' own step-k pushes, which the
+exchange server's thread keeps in the inbox. A partner's state is used only when its
+push arrived and ours to it was acknowledged, so both sides of a pair use each other's
+(the replicas' mean is kept) unless one of them gives up late. The round ends when every
+partner is settled, when the training thread cancels it, or after the collection window.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.algo.peer_checks import check_peer_distance
+from noloco_rt.membership.records import MemberRecord
+from noloco_rt.net.snapshot import Snapshot, SnapshotRejected
+from noloco_rt.net.transport import request
+from noloco_rt.net.wire import MessageKind
+from workers.outer.service import SnapshotService
+
+
+@dataclass(frozen=True)
+class OuterRound:
+    outer_step: int
+    own: PeerOuterState
+    """Our state at step k (before the step): what we push and what partners' are checked against."""
+    partners: list[MemberRecord]
+
+
+@dataclass
+class RoundResult:
+    outer_step: int
+    states: list[PeerOuterState] = field(default_factory=list)
+    used: list[str] = field(default_factory=list)
+    """Partners whose state is in `states`."""
+    missing: dict[str, str] = field(default_factory=dict)
+    """Partner id -> why its state is not used (no_push, push_failed, too_far, cancelled)."""
+    wire_bytes: int = 0
+    raw_bytes: int = 0
+    seconds: float = 0.0
+
+
+class OuterExchanger:
+    """One background thread running rounds one after the other; results by outer step."""
+
+    def __init__(self, ctx: zmq.Context, service: SnapshotService, peers: Any, *, collect_s: float,
+                 log: Any) -> None:
+        self.ctx = ctx
+        self.service = service
+        self.peers = peers
+        self.collect_s = collect_s
+        self.log = log
+        self._rounds: queue.Queue[OuterRound | None] = queue.Queue()
+        self._results: dict[int, RoundResult] = {}
+        self._done = threading.Condition()
+        self._cancelled: set[int] = set()
+        self._pushers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="outer-push")
+        self._thread = threading.Thread(target=self._run, name="outer-exchanger", daemon=True)
+        self._thread.start()
+
+    # -- training thread ----------------------------------------------------------------------
+
+    def begin(self, outer_round: OuterRound) -> None:
+        """Start a round; never blocks."""
+        self._rounds.put(outer_round)
+
+    def result(self, outer_step: int, *, wait_s: float = 0.0) -> RoundResult | None:
+        """The round's result once it ended (removed), waiting up to wait_s; else None.
+        Results of earlier rounds nobody asked for any more (dropped late) are discarded."""
+        with self._done:
+            self._done.wait_for(lambda: outer_step in self._results, timeout=wait_s)
+            for stale in [k for k in self._results if k < outer_step]:
+                del self._results[stale]
+            return self._results.pop(outer_step, None)
+
+    def cancel(self, outer_step: int) -> None:
+        """Stop waiting for this round's partners (its result still comes, with what arrived)."""
+        with self._done:
+            self._cancelled.add(outer_step)
+        self.service.inbox.wake()
+
+    def close(self) -> None:
+        self._rounds.put(None)
+        self.service.inbox.wake()
+        self._thread.join(timeout=self.collect_s + 2.0)
+        self._pushers.shutdown(wait=False, cancel_futures=True)
+
+    # -- exchanger thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while (outer_round := self._rounds.get()) is not None:
+            try:
+                result = self._exchange(outer_round)
+            except Exception as exc:  # the thread must outlive one bad round: the step stays local
+                self.log.error("outer_round_failed", outer_step=outer_round.outer_step, error=repr(exc), exc_info=exc)
+                result = RoundResult(outer_round.outer_step,
+                                     missing={p.worker_id: "failed" for p in outer_round.partners})
+            self.service.inbox.advance(outer_round.outer_step + 1)  # later pushes for it are refused
+            with self._done:
+                self._cancelled.discard(outer_round.outer_step)
+                self._results[outer_round.outer_step] = result
+                self._done.notify_all()
+
+    def _exchange(self, outer_round: OuterRound) -> RoundResult:
+        started = time.monotonic()
+        step = outer_round.outer_step
+        snapshot = self.service.encode_contribution(outer_round.own, step)
+        frames = self.service.push_message(snapshot)
+        pushes = {p.worker_id: self._pushers.submit(self._push, p, frames) for p in outer_round.partners}
+        ids = list(pushes)
+        arrived = self.service.inbox.wait_for(
+            step, ids, timeout_s=self.collect_s,
+            stop=lambda here: self._is_cancelled(step) or _all_settled(pushes, here))
+        result = RoundResult(step)
+        for partner_id in ids:
+            why = self._why_unusable(partner_id, arrived, pushes[partner_id])
+            taken = self.service.inbox.take(step, partner_id) if why is None else None
+            if why is None and taken is None:
+                why = "no_push"
+            if why is None and taken is not None:
+                why = self._use(result, partner_id, snapshot, *taken, own=outer_round.own)
+            if why is not None:
+                result.missing[partner_id] = why
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _is_cancelled(self, outer_step: int) -> bool:
+        with self._done:
+            return outer_step in self._cancelled
+
+    def _why_unusable(self, partner_id: str, arrived: set[str], push: Future[bool]) -> str | None:
+        if partner_id not in arrived:
+            return "no_push"
+        # Their push is here: give ours a moment to be acknowledged (it left at the same time).
+        try:
+            acked = push.result(timeout=self.collect_s)
+        except Exception:  # noqa: BLE001 - a failed push is a partner we cannot pair with
+            acked = False
+        return None if acked else "push_failed"
+
+    def _use(self, result: RoundResult, partner_id: str, mine: Snapshot, theirs: Snapshot,
+             state: PeerOuterState, *, own: PeerOuterState) -> str | None:
+        max_ratio = self.service.cfg.worker.max_peer_distance_ratio
+        check = check_peer_distance(state, own, max_ratio=max_ratio)
+        if not check.ok:
+            self.service.count_reject("too_far")
+            avoid_s = self.peers.blacklist.fail(partner_id)
+            self.log.warning("peer_snapshot_rejected", peer=partner_id[:8], reason="too_far",
+                             blacklisted_s=avoid_s, ratios=_rounded(check.ratios))
+            return "too_far"
+        self.peers.blacklist.succeed(partner_id)
+        result.states.append(state)
+        result.used.append(partner_id)
+        result.wire_bytes += theirs.encoded.wire_bytes + mine.encoded.wire_bytes
+        result.raw_bytes += theirs.encoded.raw_bytes + mine.encoded.raw_bytes
+        return None
+
+    def _push(self, partner: MemberRecord, frames: list[Any]) -> bool:
+        """Our snapshot to one partner; True once it acknowledged (validated and kept) it."""
+        reply = request(self.ctx, partner.exchange_addr, frames, timeout_s=self.collect_s)
+        if reply is None:
+            avoid_s = self.peers.blacklist.fail(partner.worker_id)
+            self.log.warning("snapshot_push_timeout", peer=partner.worker_id[:8], timeout_s=self.collect_s,
+                             blacklisted_s=avoid_s)
+            return False
+        try:
+            kind = MessageKind(self.service.reader.message(reply).header.kind)
+        except (SnapshotRejected, ValueError):
+            kind = MessageKind.ERROR
+        if kind != MessageKind.SNAPSHOT_ACK:
+            self.log.info("snapshot_push_refused", peer=partner.worker_id[:8])
+            return False
+        return True
+
+
+def _all_settled(pushes: dict[str, Future[bool]], here: set[str]) -> bool:
+    """Nothing more can change the round: each partner's push is here or ours to it failed."""
+    return all(pid in here or (f.done() and (f.exception() is not None or not f.result()))
+               for pid, f in pushes.items())
+
+
+def _rounded(ratios: dict[str, float]) -> dict[str, float]:
+    return {k: float(f"{v:.4g}") if math.isfinite(v) else v for k, v in ratios.items()}
