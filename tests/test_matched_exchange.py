@@ -11,10 +11,11 @@ import pytest
 from tests.cluster import LocalCluster
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlap"])
-def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path, overlap):
+@pytest.mark.parametrize(("overlap", "pairing"), [(False, "matched"), (True, "matched"), (True, "ready")],
+                         ids=["blocking", "overlap", "overlap-ready"])
+def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path, overlap, pairing):
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": overlap,
-                                                         "outer.max_delay_steps": 3})
+                                                         "outer.max_delay_steps": 3, "outer.pairing": pairing})
     try:
         workers = [cluster.start_worker(0, f"w{i}", steps=60) for i in range(4)]
         for worker in workers:

@@ -49,7 +49,7 @@ class InnerStep:
         losses = self.data_path.take_losses()
         if losses:
             self.last_loss = sum(losses) / len(losses)
-        self.outer.settle()  # an overlapped outer step's correction, if its partners' states are in
+        self.outer.after_inner_step()  # an overlapped outer step's correction, if its partners' states are in
         if step % PROGRESS_LOG_EVERY == 0 or step == 1:
             fields = {"loss": round(self.last_loss, 4)} if losses and self.last_loss is not None else {}
             self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1), **fields)

@@ -29,6 +29,7 @@ from noloco_rt.config import Config
 from noloco_rt.data import DataCursor
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.heartbeat import HeartbeatThread
+from noloco_rt.membership.pairing import PairingQueue
 from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.progress import WorkerProgress
 from noloco_rt.membership.records import MemberRecord, WorkerState
@@ -46,6 +47,7 @@ from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import bootstrap_from_stage
 from workers.outer.exchanger import OuterExchanger
+from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
 from workers.outer.step import OuterStep
 
@@ -90,8 +92,10 @@ class StageWorker:
         self.exchange_server = ExchangeServer(ctx, bind_host=cfg.network.bind_host, port=cfg.network.exchange_port,
                                               advertise_host=cfg.network.advertise_host,
                                               handler=self.snapshots.handle)
+        readiness = ReadinessPairing(PairingQueue(membership.client, membership.keys, stage), worker_id=self.worker_id,
+                                     exchange_addr=self.exchange_server.address, log=self.log)
         self.exchanger = OuterExchanger(ctx, self.snapshots, self.peers, collect_s=cfg.worker.exchange_timeout_s,
-                                        log=self.log)
+                                        log=self.log, readiness=readiness)
         self.outer = OuterStep(cfg, exchanger=self.exchanger, service=self.snapshots, replica=self.replica,
                                peers=self.peers, counters=self.counters, metrics=metrics, log=self.log)
         self.checkpoint = WorkerCheckpoint(checkpoint_path, run_id=cfg.run.run_id, stage=stage, name=name,

@@ -151,6 +151,11 @@ class OuterConfig:
     """Take the outer step at once with a group of one, and correct it exactly when the
     partners' states arrive (DESIGN §4), so training never waits for the network; false:
     the paper's blocking step."""
+    pairing: str = "matched"
+    """noloco: matched (the seeded partition of the stage's view at each outer step, the
+    paper's matching) or ready (workers pair by readiness through the stage's Redis queue,
+    whatever their step count; the seeded partition when Redis is away; pairs only). The
+    simulator, in lockstep, treats ready as matched."""
     max_delay_steps: int = 2
     """Workers with overlap: a correction that would land more than this many inner steps
     after its outer step is dropped (the step stays local) and counted; must be below h."""
@@ -162,6 +167,9 @@ class OuterConfig:
         require_choice("outer", "method", self.method, METHODS)
         require(self.simulated_delay_steps >= 0, "outer", "simulated_delay_steps", self.simulated_delay_steps,
                  "must be >= 0")
+        require_choice("outer", "pairing", self.pairing, ("matched", "ready"))
+        require(self.pairing != "ready" or self.group_size == 2, "outer", "pairing", self.pairing,
+                 "pairs by readiness only: needs outer.group_size = 2")
         require(self.max_delay_steps >= 1, "outer", "max_delay_steps", self.max_delay_steps, "must be >= 1")
         for name in ("alpha", "beta", "gamma"):
             value = getattr(self, name)

@@ -100,7 +100,8 @@ def contribution_parts(state: PeerOuterState) -> tuple[list[torch.Tensor], Parts
 def snapshot_message(kind: MessageKind, *, run_id: str, stage: int, sender: str, snapshot: Snapshot | None = None,
                      outer_step: int = -1, extra: dict[str, Any] | None = None) -> list[Any]:
     """Wire frames of a snapshot message. Without a snapshot (a request for one, or an
-    answer that has none) the header carries `outer_step` and `extra` and no payload."""
+    answer that has none) the header carries `outer_step` and `extra` and no payload; with
+    one, `extra` adds to the snapshot's own fields (a push's `for_step`)."""
     if snapshot is None:
         header = Header(version=PROTOCOL_VERSION, run_id=run_id, kind=kind, sender=sender, microbatch_id=0,
                         attempt=0, outer_step=outer_step, stage=stage, codec="raw", tensors=[], extra=extra or {})
@@ -111,8 +112,17 @@ def snapshot_message(kind: MessageKind, *, run_id: str, stage: int, sender: str,
                     tensors=[{"shape": [len(payload)], "dtype": "uint8", "nbytes": len(payload)}],
                     extra={"codec": snapshot.encoded.codec, "parts": snapshot.parts_kind,
                            "specs": [[list(s.shape), s.dtype] for s in snapshot.encoded.specs],
-                           "checksum": snapshot.digest, "counters": snapshot.counters})
+                           "checksum": snapshot.digest, "counters": snapshot.counters, **(extra or {})})
     return encode_message(header, [payload])
+
+
+def push_target_step(decoded: DecodedMessage) -> int:
+    """The receiver's outer step a push is for (its `for_step`; the sender's own step when
+    absent: seeded groups pair equal steps). Raises SnapshotRejected when malformed."""
+    value = decoded.header.extra.get("for_step", decoded.header.outer_step)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SnapshotRejected("malformed_header")
+    return value
 
 
 def max_decompressed_bytes(shapes: Sequence[Sequence[int]]) -> int:

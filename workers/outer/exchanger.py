@@ -24,10 +24,10 @@ import zmq
 
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.peer_checks import check_peer_distance
-from noloco_rt.membership.records import MemberRecord
 from noloco_rt.net.snapshot import Snapshot, SnapshotRejected
 from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
+from workers.outer.partners import Partner, ReadinessPairing
 from workers.outer.service import SnapshotService
 
 
@@ -36,12 +36,19 @@ class OuterRound:
     outer_step: int
     own: PeerOuterState
     """Our state at step k (before the step): what we push and what partners' are checked against."""
-    partners: list[MemberRecord]
+    partners: list[Partner]
+    """Our seeded group; with readiness pairing, the fallback when Redis is away."""
+    by_readiness: bool = False
+    window_s: float = 0.0
+    """By readiness: how long we wait in the queue for a partner."""
 
 
 @dataclass
 class RoundResult:
     outer_step: int
+    partners: list[str] = field(default_factory=list)
+    """The group as the round settled it (by readiness: the partner found, if any)."""
+    pairing: str = "seeded"
     states: list[PeerOuterState] = field(default_factory=list)
     used: list[str] = field(default_factory=list)
     """Partners whose state is in `states`."""
@@ -56,12 +63,14 @@ class OuterExchanger:
     """One background thread running rounds one after the other; results by outer step."""
 
     def __init__(self, ctx: zmq.Context, service: SnapshotService, peers: Any, *, collect_s: float,
-                 log: Any) -> None:
+                 log: Any, readiness: ReadinessPairing | None = None) -> None:
         self.ctx = ctx
         self.service = service
         self.peers = peers
         self.collect_s = collect_s
         self.log = log
+        self.readiness = readiness
+        self._wake = threading.Event()
         self._rounds: queue.Queue[OuterRound | None] = queue.Queue()
         self._results: dict[int, RoundResult] = {}
         self._done = threading.Condition()
@@ -89,10 +98,12 @@ class OuterExchanger:
         """Stop waiting for this round's partners (its result still comes, with what arrived)."""
         with self._done:
             self._cancelled.add(outer_step)
+        self._wake.set()
         self.service.inbox.wake()
 
     def close(self) -> None:
         self._rounds.put(None)
+        self._wake.set()
         self.service.inbox.wake()
         self._thread.join(timeout=self.collect_s + 2.0)
         self._pushers.shutdown(wait=False, cancel_futures=True)
@@ -105,25 +116,26 @@ class OuterExchanger:
                 result = self._exchange(outer_round)
             except Exception as exc:  # the thread must outlive one bad round: the step stays local
                 self.log.error("outer_round_failed", outer_step=outer_round.outer_step, error=repr(exc), exc_info=exc)
-                result = RoundResult(outer_round.outer_step,
-                                     missing={p.worker_id: "failed" for p in outer_round.partners})
+                result = RoundResult(outer_round.outer_step, missing={p.worker_id: "failed" for p in outer_round.partners})
             self.service.inbox.advance(outer_round.outer_step + 1)  # later pushes for it are refused
             with self._done:
                 self._cancelled.discard(outer_round.outer_step)
                 self._results[outer_round.outer_step] = result
                 self._done.notify_all()
+            self._wake.clear()
 
     def _exchange(self, outer_round: OuterRound) -> RoundResult:
         started = time.monotonic()
         step = outer_round.outer_step
-        snapshot = self.service.encode_contribution(outer_round.own, step)
-        frames = self.service.push_message(snapshot)
-        pushes = {p.worker_id: self._pushers.submit(self._push, p, frames) for p in outer_round.partners}
+        snapshot = self.service.encode_contribution(outer_round.own, step)  # before any waiting: ready to push
+        partners, pairing = self._partners(outer_round)
+        pushes = {p.worker_id: self._pushers.submit(self._push, p, self.service.push_message(snapshot, p.outer_step))
+                  for p in partners}
         ids = list(pushes)
         arrived = self.service.inbox.wait_for(
             step, ids, timeout_s=self.collect_s,
             stop=lambda here: self._is_cancelled(step) or _all_settled(pushes, here))
-        result = RoundResult(step)
+        result = RoundResult(step, partners=ids, pairing=pairing)
         for partner_id in ids:
             why = self._why_unusable(partner_id, arrived, pushes[partner_id])
             taken = self.service.inbox.take(step, partner_id) if why is None else None
@@ -135,6 +147,13 @@ class OuterExchanger:
                 result.missing[partner_id] = why
         result.seconds = time.monotonic() - started
         return result
+
+    def _partners(self, outer_round: OuterRound) -> tuple[list[Partner], str]:
+        if not outer_round.by_readiness or self.readiness is None:
+            return outer_round.partners, "seeded"
+        step = outer_round.outer_step
+        return self.readiness.find(step, window_s=outer_round.window_s, fallback=outer_round.partners,
+                                   cancelled=lambda: self._is_cancelled(step), wake=self._wake)
 
     def _is_cancelled(self, outer_step: int) -> bool:
         with self._done:
@@ -167,7 +186,7 @@ class OuterExchanger:
         result.raw_bytes += theirs.encoded.raw_bytes + mine.encoded.raw_bytes
         return None
 
-    def _push(self, partner: MemberRecord, frames: list[Any]) -> bool:
+    def _push(self, partner: Partner, frames: list[Any]) -> bool:
         """Our snapshot to one partner; True once it acknowledged (validated and kept) it."""
         reply = request(self.ctx, partner.exchange_addr, frames, timeout_s=self.collect_s)
         if reply is None:

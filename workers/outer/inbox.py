@@ -1,8 +1,9 @@
-"""Snapshots partners pushed to us, kept for our outer step of the same number.
+"""Snapshots partners pushed to us, kept for the outer step of ours they are for.
 
-Partners push their step-k snapshot as soon as they reach step k, which may be before
-or after we do, so the inbox keys entries by (sender, outer step) and keeps those of
-steps we have not passed yet. Bounded: only a few are ever useful (one per partner and
+A partner pushes as soon as it reaches its outer step, which may be before or after we
+reach ours, so the inbox keys entries by (sender, our outer step) and keeps those of
+steps we have not passed yet (seeded groups pair equal steps; a partner found by
+readiness may be at another step of its own). Bounded: only a few are ever useful (one per partner and
 pending step), and a flood of pushes from made-up senders must not grow memory.
 The exchanger thread waits on it for the pushes of its round's partners.
 """
@@ -43,14 +44,14 @@ class SnapshotInbox:
             if key[1] < self.floor or now - received_at >= self.fresh_s:
                 del self._entries[key]
 
-    def keep(self, sender: str, snapshot: Snapshot, state: PeerOuterState) -> bool:
-        """Remember a sender's contribution for its outer step, evicting stale entries, then
-        the oldest; False (not kept) when its step is already behind us."""
+    def keep(self, sender: str, for_step: int, snapshot: Snapshot, state: PeerOuterState) -> bool:
+        """Remember a sender's contribution for our outer step `for_step`, evicting stale
+        entries, then the oldest; False (not kept) when that step is already behind us."""
         with self._arrived:
-            if snapshot.outer_step < self.floor:
+            if for_step < self.floor:
                 return False
             self._evict()
-            key = (sender, snapshot.outer_step)
+            key = (sender, for_step)
             self._entries.pop(key, None)
             while len(self._entries) >= self.max_size:  # oldest first (dicts keep insertion order)
                 del self._entries[next(iter(self._entries))]

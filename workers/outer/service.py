@@ -28,6 +28,7 @@ from noloco_rt.net.snapshot import (
     SnapshotRejected,
     contribution_parts,
     encode_snapshot,
+    push_target_step,
     snapshot_message,
 )
 from noloco_rt.net.wire import Header, MessageKind
@@ -72,8 +73,10 @@ class SnapshotService:
         return encode_snapshot(inject_snapshot_faults(parts, self.cfg), self.cfg.worker.snapshot_codec,
                                outer_step, parts_kind)
 
-    def push_message(self, snapshot: Snapshot) -> list[Any]:
-        return self._message(MessageKind.SNAPSHOT_PUSH, snapshot)
+    def push_message(self, snapshot: Snapshot, for_step: int) -> list[Any]:
+        """Our snapshot for a partner whose own outer step is `for_step`."""
+        return snapshot_message(MessageKind.SNAPSHOT_PUSH, run_id=self.cfg.run.run_id, stage=self.stage,
+                                sender=self.worker_id, snapshot=snapshot, extra={"for_step": for_step})
 
     def publish_bootstrap(self, replica: StageReplica, inner_steps: int, outer_steps: int) -> None:
         """Copy our slow weights and momentum for joiners (training thread: a copy, no encoding)."""
@@ -113,6 +116,7 @@ class SnapshotService:
                 return self._serve_bootstrap(header)
             if kind != MessageKind.SNAPSHOT_PUSH:
                 raise SnapshotRejected("unexpected_kind")
+            for_step = push_target_step(decoded)
             try:
                 theirs, their_state = self.reader.contribution(decoded)
             except SnapshotRejected as rejected:
@@ -121,7 +125,7 @@ class SnapshotService:
         except SnapshotRejected as rejected:
             self.count_reject(rejected.reason)
             return self._message(MessageKind.ERROR)
-        if not self.inbox.keep(header.sender, theirs, their_state):
+        if not self.inbox.keep(header.sender, for_step, theirs, their_state):
             return self._message(MessageKind.ERROR)  # a step we are past: the pusher learns it is late
         return snapshot_message(MessageKind.SNAPSHOT_ACK, run_id=self.cfg.run.run_id, stage=self.stage,
                                 sender=self.worker_id, outer_step=theirs.outer_step)

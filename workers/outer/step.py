@@ -21,7 +21,26 @@ from noloco_rt.membership.records import MemberRecord
 from workers.counters import Counters
 from workers.metrics import WorkerMetrics
 from workers.outer.exchanger import OuterExchanger, OuterRound, RoundResult
+from workers.outer.partners import Partner
 from workers.outer.service import SnapshotService
+
+MIN_READY_WINDOW_S = 0.05
+
+
+class StepTimer:
+    """Seconds per inner step, a moving average over the boundaries it is told of."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self.weight = weight
+        self.value = 0.0
+        self._last: float | None = None
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self._last is not None:
+            elapsed = now - self._last
+            self.value = elapsed if self.value == 0.0 else (1 - self.weight) * self.value + self.weight * elapsed
+        self._last = now
 
 
 @dataclass
@@ -30,7 +49,6 @@ class PendingRound:
 
     outer_step: int
     own: PeerOuterState
-    partners: list[MemberRecord]
     inner_step: int
     """Our inner step count when the provisional step was taken."""
 
@@ -55,6 +73,8 @@ class OuterStep:
         self.metrics = metrics
         self.log = log
         self.pending: PendingRound | None = None
+        self.by_readiness = cfg.outer.pairing == "ready" and self.settings.method == "noloco"
+        self.step_seconds = StepTimer()
 
     def due(self, inner_steps: int) -> bool:
         return inner_steps % self.settings.h == 0
@@ -70,13 +90,25 @@ class OuterStep:
         own = self.replica.provisional_outer_step(self.coeffs)
         self.counters.outer_steps = outer_step
         if not partners:
-            self._record(outer_step, partners, None, delay=0)
+            self._record(outer_step, None, delay=0)
         else:
-            self.exchanger.begin(OuterRound(outer_step, own, partners))
-            self.pending = PendingRound(outer_step, own, partners, self.counters.inner_steps)
+            self.exchanger.begin(OuterRound(outer_step, own, [Partner.of(p, outer_step) for p in partners],
+                                            by_readiness=self.by_readiness, window_s=self.ready_window_s()))
+            self.pending = PendingRound(outer_step, own, self.counters.inner_steps)
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         self.metrics.outer_blocked_seconds.inc(time.monotonic() - started)
+
+    def ready_window_s(self) -> float:
+        """How long to wait in the readiness queue: with overlap, about half the inner steps a
+        correction may lag (training goes on meanwhile); blocking, a couple of inner steps."""
+        steps = self.max_delay_steps / 2 if self.overlap else 2
+        return min(self.exchanger.collect_s, max(MIN_READY_WINDOW_S, steps * self.step_seconds.value))
+
+    def after_inner_step(self) -> None:
+        """Each inner-step boundary: time it, and apply a pending correction that is due."""
+        self.step_seconds.tick()
+        self.settle()
 
     @property
     def round_wait_s(self) -> float:
@@ -103,9 +135,9 @@ class OuterStep:
         self.pending = None
         if result is None:
             self.exchanger.cancel(pending.outer_step)  # its late result is discarded
-            self._record(pending.outer_step, pending.partners, None, delay=delay, dropped=True)
+            self._record(pending.outer_step, None, delay=delay, dropped=True)
         elif result.states and delay > self.max_delay_steps:
-            self._record(pending.outer_step, pending.partners, result, delay=delay, dropped=True)
+            self._record(pending.outer_step, result, delay=delay, dropped=True)
         else:
             shift = None
             if result.states:
@@ -113,12 +145,13 @@ class OuterStep:
                 self.replica.correct_outer_step(correction)
                 self.metrics.correction_delay.observe(delay)
                 shift = correction_sums(correction)
-            self._record(pending.outer_step, pending.partners, result, delay=delay, shift=shift)
+            self._record(pending.outer_step, result, delay=delay, shift=shift)
 
-    def _record(self, outer_step: int, partners: list[MemberRecord], result: RoundResult | None, *,
+    def _record(self, outer_step: int, result: RoundResult | None, *,
                 delay: int, dropped: bool = False, shift: tuple[float, float] | None = None) -> None:
         used = [] if dropped or result is None else result.used
-        kind = "dropped_late" if dropped else outer_step_kind(len(partners), len(used))
+        group = result.partners if result is not None else []
+        kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used))
         if used:
             self.counters.peer_exchanges += 1
         else:
@@ -129,11 +162,11 @@ class OuterStep:
             self.metrics.exchange_bytes_wire.inc(result.wire_bytes)
             self.metrics.exchange_bytes_raw.inc(result.raw_bytes)
             self.metrics.exchange_latency.observe(result.seconds)
-            fields = {"exchange_s": round(result.seconds, 3), "wire_bytes": result.wire_bytes,
+            fields = {"exchange_s": round(result.seconds, 3), "pairing": result.pairing, "wire_bytes": result.wire_bytes,
                       "raw_bytes": result.raw_bytes, "missing": {k[:8]: v for k, v in result.missing.items()}}
         if shift is not None:  # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
             fields.update(correction_sum=shift[0], correction_abs=shift[1])
-        self.log.info("outer_step_done", outer_step=outer_step, kind=kind, group=[p.worker_id[:8] for p in partners],
+        self.log.info("outer_step_done", outer_step=outer_step, kind=kind, group=[p[:8] for p in group],
                       used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec, **fields)
         # The step is final now (corrected, or local): what joiners download.
