@@ -3,6 +3,7 @@ and every H inner steps the outer step."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,8 @@ PROGRESS_LOG_EVERY = 10
 
 class InnerStep:
     def __init__(self, *, data_path: Role, replica: StageReplica, outer: OuterStep, counters: Counters,
-                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, after_outer_step: Callable[[], None]) -> None:
+                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, after_outer_step: Callable[[], None],
+                 slowdown: float = 1.0) -> None:
         self.data_path = data_path
         self.replica = replica
         self.outer = outer
@@ -26,6 +28,9 @@ class InnerStep:
         self.metrics = metrics
         self.log = log
         self.after_outer_step = after_outer_step
+        self.slowdown = slowdown
+        """FAULT INJECTION (worker.fault_slowdown): idle this factor - 1 of each step's time."""
+        self._step_started: float | None = None
         self.last_loss: float | None = None
         """Mean training loss of the last inner step (stages that compute the loss)."""
 
@@ -43,6 +48,9 @@ class InnerStep:
 
     def _step(self) -> None:
         self.replica.finish_inner_step()
+        if self.slowdown > 1.0 and self._step_started is not None:  # the injected fault itself: a slower GPU
+            time.sleep((self.slowdown - 1.0) * (time.monotonic() - self._step_started))
+        self._step_started = time.monotonic()
         self.counters.inner_steps += 1
         self.metrics.inner_steps.inc()
         step = self.counters.inner_steps

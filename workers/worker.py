@@ -103,7 +103,8 @@ class StageWorker:
                                            cursor_state=self.data_path.cursor_state, log=self.log)
         self.inner = InnerStep(data_path=self.data_path, replica=self.replica, outer=self.outer,
                                counters=self.counters, tokens=self.data_path.ctx.tokens, metrics=metrics,
-                               log=self.log, after_outer_step=self._periodic_checkpoint)
+                               log=self.log, after_outer_step=self._periodic_checkpoint,
+                               slowdown=cfg.worker.fault_slowdown)
 
     # -- what the membership table shows -------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from noloco_rt.config.errors import require, require_choice
@@ -79,6 +80,9 @@ class WorkerConfig:
     worker serves by this factor (1.0: off). Its own training is unaffected."""
     fault_nan_snapshot: bool = False
     """FAULT INJECTION, for tests and chaos runs only: serve outer-step snapshots holding NaN."""
+    fault_slowdown: float = 1.0
+    """FAULT INJECTION, for tests and chaos runs only: a slower GPU. After each inner step
+    the worker idles (factor - 1) times that step's duration (1.0: off)."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval_s", "exchange_timeout_s", "deadline_floor_s", "bootstrap_timeout_s",
@@ -93,6 +97,8 @@ class WorkerConfig:
         require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
         require(self.max_peer_distance_ratio > 0, "worker", "max_peer_distance_ratio",
                  self.max_peer_distance_ratio, "must be > 0")
+        require(math.isfinite(self.fault_slowdown) and self.fault_slowdown >= 1.0, "worker", "fault_slowdown",
+                 self.fault_slowdown, "must be >= 1 (1.0 turns the fault off)")
         require(self.fault_scale_snapshot != 0, "worker", "fault_scale_snapshot", self.fault_scale_snapshot,
                  "must not be 0 (1.0 turns the fault off)")
 

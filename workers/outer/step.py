@@ -100,9 +100,10 @@ class OuterStep:
         self.metrics.outer_blocked_seconds.inc(time.monotonic() - started)
 
     def ready_window_s(self) -> float:
-        """How long to wait in the readiness queue: with overlap, about half the inner steps a
-        correction may lag (training goes on meanwhile); blocking, a couple of inner steps."""
-        steps = self.max_delay_steps / 2 if self.overlap else 2
+        """How long to wait in the readiness queue: with overlap, the inner steps a correction
+        may lag less one for the exchange itself (training goes on meanwhile); blocking, a
+        couple of inner steps."""
+        steps = max(0.5, self.max_delay_steps - 1) if self.overlap else 2
         return min(self.exchanger.collect_s, max(MIN_READY_WINDOW_S, steps * self.step_seconds.value))
 
     def after_inner_step(self) -> None:
