@@ -51,6 +51,8 @@ class PendingRound:
     own: PeerOuterState
     inner_step: int
     """Our inner step count when the provisional step was taken."""
+    group: list[str]
+    """The seeded group's ids (by readiness: the fallback), for the log when no result came."""
 
 
 class OuterStep:
@@ -94,7 +96,7 @@ class OuterStep:
         else:
             self.exchanger.begin(OuterRound(outer_step, own, [Partner.of(p, outer_step) for p in partners],
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s()))
-            self.pending = PendingRound(outer_step, own, self.counters.inner_steps)
+            self.pending = PendingRound(outer_step, own, self.counters.inner_steps, [p.worker_id for p in partners])
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         self.metrics.outer_blocked_seconds.inc(time.monotonic() - started)
@@ -136,7 +138,7 @@ class OuterStep:
         self.pending = None
         if result is None:
             self.exchanger.cancel(pending.outer_step)  # its late result is discarded
-            self._record(pending.outer_step, None, delay=delay, dropped=True)
+            self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group)
         elif result.states and delay > self.max_delay_steps:
             self._record(pending.outer_step, result, delay=delay, dropped=True)
         else:
@@ -149,9 +151,10 @@ class OuterStep:
             self._record(pending.outer_step, result, delay=delay, shift=shift)
 
     def _record(self, outer_step: int, result: RoundResult | None, *,
-                delay: int, dropped: bool = False, shift: tuple[float, float] | None = None) -> None:
+                delay: int, dropped: bool = False, shift: tuple[float, float] | None = None,
+                group: list[str] | None = None) -> None:
         used = [] if dropped or result is None else result.used
-        group = result.partners if result is not None else []
+        group = result.partners if result is not None else (group or [])
         kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used))
         if used:
             self.counters.peer_exchanges += 1

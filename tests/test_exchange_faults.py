@@ -1,0 +1,46 @@
+"""The outer exchange under faults, real processes (DESIGN §4): a partner SIGKILLed
+mid-run leaves its partners' steps local (counted, training never waits for it), and a
+joiner mid-run is never used by a worker whose computed group does not hold it."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.cluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_killed_partner_leaves_local_steps_and_a_joiner_enters_groups_only(tmp_path):
+    cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": "true",
+                                                         "outer.max_delay_steps": 3,
+                                                         "worker.exchange_timeout_s": 2.0})
+    try:
+        survivor = cluster.start_worker(0, "survivor", steps=150)
+        victim = cluster.start_worker(0, "victim")
+        cluster.wait_for(lambda: len(victim.events("outer_step_done")) >= 3, timeout_s=120,
+                         what="the pair to take a few outer steps")
+        assert cluster.stop(victim, signal.SIGKILL) == -signal.SIGKILL
+        killed_at = survivor.latest_inner_step()
+        cluster.wait_for(lambda: survivor.latest_inner_step() >= killed_at + 25, timeout_s=120,
+                         what="the survivor to train on alone")
+        joiner = cluster.start_worker(0, "joiner", steps=150)  # counts on from the donor's step
+        assert cluster.wait_exit(survivor, timeout_s=240) == 0
+        cluster.stop(joiner)
+    finally:
+        cluster.close()
+    victim_id = victim.events("worker_started")[0]["worker"][:8]
+    events = survivor.events("outer_step_done")
+    after_kill = [e for e in events if e["outer_step"] * 5 > killed_at and victim_id in e["group"]]
+    kinds = {e["kind"] for e in after_kill}
+    print(f"survivor's steps with the dead partner in its group: {[(e['kind'], e['delay']) for e in after_kill]}")
+    assert after_kill and kinds <= {"local", "dropped_late"}, after_kill
+    # Training went on while each of those waited for the dead partner: a local step, not a stall.
+    assert len(events) == 30 and events[-1]["outer_step"] == 30
+    for worker in (survivor, joiner):
+        for event in worker.events("outer_step_done"):
+            assert set(event["used"]) <= set(event["group"]), event
+    joined = [e for e in events if joiner.events("worker_started")[0]["worker"][:8] in e["used"]]
+    assert joined, "the survivor never paired with the joiner"
