@@ -26,7 +26,6 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from noloco_rt.net.codecs.base import Codec, CodecError, TensorSpec, byte_view, tensor_from_bytes
 
@@ -49,16 +48,20 @@ def quantize(flat: torch.Tensor, max_code: int, generator: torch.Generator) -> t
     """(scales (blocks,) float32, codes (n,) int8) of a flat floating tensor (n,) n >= 1."""
     n = flat.numel()
     blocks = block_count(n)
-    x = F.pad(flat.double(), (0, blocks * BLOCK_SIZE - n)).reshape(blocks, BLOCK_SIZE)  # (blocks, B)
+    x = torch.zeros(blocks * BLOCK_SIZE, dtype=torch.float64)
+    x[:n] = flat
+    x = x.view(blocks, BLOCK_SIZE)  # (blocks, B), the last block padded with zeros
     scales = _scales_rounded_up(x.abs().amax(dim=1), max_code)  # (blocks,); NaN or inf if a value is
     usable = torch.isfinite(scales)
     divisor = torch.where(usable & (scales > 0), scales.double(), 1.0)  # zero block: x / 1 = 0
     u = torch.rand(blocks, BLOCK_SIZE, generator=generator, dtype=torch.float64)  # (blocks, B)
-    # float64 holds x and s exactly, and |x / s| <= max_code, so floor(x / s + u) stays in range.
-    codes = torch.floor(x / divisor[:, None] + u)
-    codes = torch.where(usable[:, None], codes, 0.0).clamp(-max_code, max_code)
-    scales = torch.where(usable, scales, math.nan)
-    return scales, codes.reshape(-1)[:n].to(torch.int8)
+    # float64 holds x and s exactly and |x / s| <= max_code, so floor(x / s + u) stays in
+    # range (the clamp only guards the int8 cast).
+    codes = x.div_(divisor[:, None]).add_(u).floor_()  # in place: x is ours
+    if not bool(usable.all()):
+        codes[~usable] = 0.0
+        scales = torch.where(usable, scales, math.nan)
+    return scales, codes.clamp_(-max_code, max_code).reshape(-1)[:n].to(torch.int8)
 
 
 def dequantize(scales: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
