@@ -1,5 +1,5 @@
 """The simulator sends what replicas contribute through worker.snapshot_codec (DESIGN §4,
-"Fewer bytes"), reproducibly."""
+"Fewer bytes"), reproducibly, and can pair replicas as the old runtime did (random-peer)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from noloco_rt.algo import lossy_exchange
 from noloco_rt.algo.lossy_exchange import as_received, exchange_generator, received_states
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.simulator import Simulation
-from noloco_rt.config import load_config
+from noloco_rt.config import ConfigError, load_config
 from noloco_rt.data import load_corpus
 
 
@@ -19,9 +19,9 @@ def corpus():
     return load_corpus(load_config(environ={}).data)
 
 
-def _cfg(codec: str = "shuffle-zstd", *, method: str = "noloco", **outer):
+def _cfg(codec: str = "shuffle-zstd", *, method: str = "noloco", pairing: str = "matched", **outer):
     return load_config(environ={}, overrides=[{
-        "outer": {"method": method, "h": 4, **outer},
+        "outer": {"method": method, "h": 4, "pairing": pairing, **outer},
         "worker": {"snapshot_codec": codec},
         "pipeline": {"stages": 2, "replicas": 4},
         "run": {"steps": 8, "eval_batches": 1},
@@ -100,3 +100,13 @@ def test_only_the_states_partners_use_go_through_the_codec():
     assert received[1] is states[1]
     assert received[0] is not states[0] and received[2] is not states[2]
 
+
+def test_random_peer_pairing_runs_and_differs_from_matched_groups(corpus, lossless):
+    random_peer = _weights_after(_cfg(pairing="random-peer"), corpus)
+    assert not _identical(random_peer, lossless)
+    overlapped = _weights_after(_cfg(pairing="random-peer", overlap=True), corpus)  # one-sided corrections
+    assert max(float((a - b).abs().max()) for a, b in zip(overlapped, random_peer, strict=True)) < 1e-5
+    with pytest.raises(ConfigError, match="outer.pairing"):
+        _cfg(method="diloco", pairing="random-peer")
+    with pytest.raises(ConfigError, match="outer.pairing"):
+        _cfg(pairing="everyone")

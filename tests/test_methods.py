@@ -32,3 +32,10 @@ def test_workers_refuse_the_overlapped_outer_step_until_they_implement_it():
     message = worker_outer_error(OuterConfig(method="noloco", overlap=True))
     assert message is not None and "simulator" in message and "outer.overlap" in message
     assert "global collective" in (worker_outer_error(OuterConfig(method="diloco", overlap=True)) or "")
+
+
+def test_workers_refuse_the_random_peer_pairing_of_the_simulator():
+    assert worker_outer_error(OuterConfig(method="noloco", pairing="matched")) is None
+    message = worker_outer_error(OuterConfig(method="noloco", pairing="random-peer"))
+    assert message is not None and "outer.pairing" in message and "simulator" in message
+    assert "\n" not in message

@@ -28,4 +28,7 @@ def worker_outer_error(outer: OuterConfig) -> str | None:
     if outer.overlap:
         return ("outer.overlap = true (the provisional step and its correction) runs only in the "
                 "simulator so far; workers take the blocking outer step (set outer.overlap = false)")
+    if outer.pairing != "matched":
+        return (f"outer.pairing = {outer.pairing!r} is a simulator ablation; workers exchange with their "
+                "matched group (set outer.pairing = 'matched')")
     return None

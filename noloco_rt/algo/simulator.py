@@ -27,7 +27,7 @@ from noloco_rt.algo.diagnostics import perplexity, replica_spread
 from noloco_rt.algo.lossy_exchange import received_states
 from noloco_rt.algo.optim import OuterCoefficients, average_gradients
 from noloco_rt.algo.replica import StageReplica
-from noloco_rt.algo.routing import draw_groups, step_rng
+from noloco_rt.algo.routing import draw_groups, random_peers, step_rng
 from noloco_rt.algo.step_routes import Hop, StepPlan, plan_step
 from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
@@ -154,10 +154,16 @@ class Simulation:
                 if replica.has_gradients():  # p2c / random: a replica no microbatch reached does not step
                     replica.finish_inner_step(grads_are_means=grads_are_means)
 
+    def _groups(self, count: int) -> list[list[int]]:
+        """members[i] (i first) of every replica of a stage at this outer step."""
+        if self.cfg.outer.pairing == "random-peer":
+            return random_peers(count, self.group_rng)
+        return draw_groups(count, self.outer.method, self.outer.group_size, self.group_rng)
+
     def outer_step(self) -> None:
         theta_only = self.coeffs.theta_shortcut
         for stage, stage_replicas in enumerate(self.replicas):
-            groups = draw_groups(len(stage_replicas), self.outer.method, self.outer.group_size, self.group_rng)
+            groups = self._groups(len(stage_replicas))
             # Every member contributes its state from before this round: snapshot first, then
             # update. Partners get it through the snapshot codec; a replica's own stays exact.
             states = received_states([r.outer_state(theta_only=theta_only) for r in stage_replicas],

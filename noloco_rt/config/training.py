@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from noloco_rt.config.errors import require, require_choice
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
+OUTER_PAIRINGS = ("matched", "random-peer")
 ROUTING_POLICIES = ("p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
@@ -153,6 +154,11 @@ class OuterConfig:
     simulated_delay_steps: int = 0
     """The simulator with overlap: inner steps between an outer step and its correction (the
     partners' arrival); must be below h. 0 reproduces the blocking step."""
+    pairing: str = "matched"
+    """noloco in the simulator: matched (groups partition the stage, DESIGN §4) or
+    random-peer (the old runtime's pairing, for ablations: each replica uses the state of one
+    uniformly random other replica, group_size aside; not a matching). Workers refuse
+    random-peer."""
 
     def __post_init__(self) -> None:
         require_choice("outer", "method", self.method, METHODS)
@@ -164,6 +170,9 @@ class OuterConfig:
                      value, "must be a number in [0, 2]")
         require(self.h is None or self.h >= 1, "outer", "h", self.h, "must be >= 1")
         require(self.group_size >= 2, "outer", "group_size", self.group_size, "must be >= 2")
+        require_choice("outer", "pairing", self.pairing, OUTER_PAIRINGS)
+        require(self.pairing == "matched" or self.method == "noloco", "outer", "pairing", self.pairing,
+                f"random-peer needs outer.method = 'noloco', not {self.method!r}")
 
     def resolved(self) -> ResolvedOuter:
         """The coefficients actually used, method defaults filled in."""
