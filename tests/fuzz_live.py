@@ -16,6 +16,7 @@ import functools
 import math
 import random
 import re
+import struct
 import time
 import urllib.request
 from collections.abc import Callable
@@ -94,11 +95,16 @@ def _snapshot_request(payload: bytes, *, specs: list | None = None, digest: str 
     return [_pack(header), payload]
 
 
-def _honest_payload(scale: float = 1.0, nan: bool = False) -> bytes:
+# Honest snapshots to mutate are encoded with one of these (the quantised ones have scales
+# and codes of their own to get wrong).
+FUZZ_CODECS = ("shuffle-zstd", "int8-zstd", "int4-zstd")
+
+
+def _honest_payload(scale: float = 1.0, nan: bool = False, codec: str = "shuffle-zstd", seed: int = 0) -> bytes:
     tensors = [torch.randn(s) * scale for s in _stage_shapes()]
     if nan:
         tensors[0].view(-1)[0] = math.nan
-    return encode_tensors(tensors, "shuffle-zstd").payload
+    return encode_tensors(tensors, codec, generator=torch.Generator().manual_seed(seed)).payload
 
 
 def _flip(data: bytes, rng: random.Random, flips: int = 3) -> bytes:
@@ -179,25 +185,43 @@ def _ex_non_finite(rng: random.Random) -> Frames:
 
 
 def _ex_snapshot_mutation(rng: random.Random) -> Frames:
-    payload = _honest_payload()
+    codec = rng.choice(FUZZ_CODECS)
+    payload = _honest_payload(codec=codec, seed=rng.getrandbits(63))
+    request = functools.partial(_snapshot_request, codec=codec)
     choice = rng.randrange(8)
     if choice == 0:
-        return _snapshot_request(_flip(payload, rng), digest=checksum(payload))  # checksum
+        return request(_flip(payload, rng), digest=checksum(payload))  # checksum
     if choice == 1:
-        return _snapshot_request(_flip(payload, rng))  # right checksum, damaged zstd: codec
+        return request(_flip(payload, rng))  # right checksum, damaged zstd: codec
     if choice == 2:
-        return _snapshot_request(payload[:rng.randrange(len(payload))])
+        return request(payload[:rng.randrange(len(payload))])
     if choice == 3:
         specs = [[list(s), "float32"] for s in _stage_shapes()]
         specs[rng.randrange(len(specs))][0] = [rng.randint(1, 10**6)]
-        return _snapshot_request(payload, specs=specs)
+        return request(payload, specs=specs)
     if choice == 4:
-        return _snapshot_request(payload, specs=[["x", None]] if rng.random() < 0.5 else "junk")
+        return request(payload, specs=[["x", None]] if rng.random() < 0.5 else "junk")
     if choice == 5:
-        return _snapshot_request(payload, parts=rng.choice(["slow+momentum", "everything", ""]))
+        return request(payload, parts=rng.choice(["slow+momentum", "everything", ""]))
     if choice == 6:
-        return _snapshot_request(payload, stage=rng.choice([0, 7, -1]))
-    return _snapshot_request(payload, codec=rng.choice(["lz4", "raw", "bf16-shuffle-zstd"]))
+        return request(payload, stage=rng.choice([0, 7, -1]))
+    claimed = [c for c in ("lz4", "raw", "bf16-shuffle-zstd", *FUZZ_CODECS) if c != codec]
+    return _snapshot_request(payload, codec=rng.choice(claimed))
+
+
+def _ex_bad_quantised_body(rng: random.Random) -> Frames:
+    """A quantised snapshot, re-framed honestly (right checksum) with a bad scale or code."""
+    codec = rng.choice(FUZZ_CODECS[1:])
+    body = bytearray(zstandard.ZstdDecompressor().decompress(_honest_payload(codec=codec, seed=rng.getrandbits(63))))
+    first = _stage_shapes()[0]
+    scale_bytes = 4 * math.ceil(math.prod(first) / 64)  # the first tensor's scales, then its codes
+    if rng.random() < 0.5:
+        at = 4 * rng.randrange(scale_bytes // 4)
+        body[at:at + 4] = struct.pack("<f", rng.choice([math.nan, math.inf, -math.inf, -1.0, -1e-30]))
+    else:
+        at = scale_bytes + rng.randrange(math.prod(first) // 2)
+        body[at] = 0x80 if codec == "int8-zstd" else body[at] & 0xF0  # code -128, or nibble 0 (code -8)
+    return _snapshot_request(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)), codec=codec)
 
 
 def _ex_wire(rng: random.Random) -> Frames:
@@ -212,7 +236,7 @@ def _ex_wire(rng: random.Random) -> Frames:
 
 
 EXCHANGE_MUTATIONS: list[Callable[[random.Random], Frames]] = [
-    _ex_zstd_bomb, _ex_non_finite, _ex_snapshot_mutation, _ex_wire, _data_random]
+    _ex_zstd_bomb, _ex_non_finite, _ex_snapshot_mutation, _ex_bad_quantised_body, _ex_wire, _data_random]
 
 
 # -- prediction: the worker's own checks, run locally -----------------------------------------

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import math
 import tracemalloc
 
+import numpy as np
 import pytest
 import torch
 import zstandard
@@ -17,12 +19,17 @@ from noloco_rt.net.codec import (
     checksum,
     decode_tensors,
     encode_tensors,
+    is_lossless,
     shuffle_bytes,
     unshuffle_bytes,
 )
+from noloco_rt.net.codecs import FAMILIES
+from noloco_rt.net.codecs.base import Codec
 
 BOUND = 1 << 26
 LOSSLESS = ("raw", "zstd", "shuffle-zstd")
+QUANTIZED = {"int8-zstd": 127, "int4-zstd": 7}
+"""Quantised codecs and their largest code."""
 
 
 def bits(tensor: torch.Tensor) -> bytes:
@@ -129,7 +136,11 @@ def test_empty_list_and_awkward_inputs(codec):
     assert decode_tensors(encode_tensors([], codec), max_decompressed_bytes=0) == []
     weight = torch.randn(6, 4, requires_grad=True)
     transposed = weight.detach().t()  # not contiguous
-    decoded = decode_tensors(encode_tensors([weight, transposed], codec), max_decompressed_bytes=BOUND)
+    encoded = encode_tensors([weight, transposed], codec, generator=torch.Generator().manual_seed(0))
+    decoded = decode_tensors(encoded, max_decompressed_bytes=BOUND)
+    if codec in QUANTIZED:  # the same values in another layout: the same bound, not the same draws
+        assert decoded[1].shape == (4, 6) and (decoded[1] - transposed).abs().max() <= weight.abs().max()
+        return
     expected = weight.detach() if codec != "bf16-shuffle-zstd" else weight.detach().bfloat16().float()
     assert torch.equal(decoded[0], expected) and torch.equal(decoded[1], expected.t())
 
@@ -171,6 +182,7 @@ def test_shuffle_helps_on_weights_and_sizes_are_reported():
     assert sizes["shuffle-zstd"].wire_bytes < sizes["zstd"].wire_bytes < sizes["raw"].wire_bytes
     assert sizes["bf16-shuffle-zstd"].wire_bytes < sizes["raw"].raw_bytes / 2
     assert sizes["shuffle-zstd"].ratio > sizes["zstd"].ratio > 1.0
+    assert sizes["int4-zstd"].wire_bytes < sizes["int8-zstd"].wire_bytes < sizes["bf16-shuffle-zstd"].wire_bytes
 
 
 # -- hostile payloads ---------------------------------------------------------------------
@@ -232,11 +244,12 @@ def test_trailing_bytes_and_size_disagreements_are_refused(codec):
     good = encode_tensors([torch.randn(100)], codec)
     with pytest.raises(CodecError):
         decode_tensors(replaced(good, payload=good.payload + b"\0" * 8), max_decompressed_bytes=BOUND)
-    for shape in [(99,), (101,), (10, 11)]:
+    # Not (99,): int4 codes of 99 and of 100 elements are both 50 bytes.
+    for shape in [(98,), (101,), (10, 11)]:
         with pytest.raises(CodecError, match="declare"):
             decode_tensors(replaced(good, specs=[TensorSpec(shape, "float32")]), max_decompressed_bytes=BOUND)
     with pytest.raises(CodecError, match="over the bound"):
-        decode_tensors(good, max_decompressed_bytes=100)
+        decode_tensors(good, max_decompressed_bytes=50)  # the smallest, int4: 58 bytes
 
 
 def test_corrupted_frame_is_refused():
@@ -262,3 +275,202 @@ def test_checksum_changes_when_a_bit_flips(payload, data):
     assert len(digest) == 32 and int(digest, 16) >= 0
     assert checksum(memoryview(payload)) == digest
     assert checksum(bytes(flipped)) != digest
+
+
+# -- quantised codecs ---------------------------------------------------------------------
+#
+# Reference: block b of a flat float tensor of n elements holds elements [64b, 64b + 64);
+# its stored scale is absmax / max_code rounded up to a float32, the codes follow the
+# scales. The error of one element is |q·s − x| < s exactly, plus the float32 rounding of
+# q·s (at most 2^-24 · max_code · s), so |x̂ − x| <= s · (1 + 2^-16) for both codecs.
+
+ERROR_SLACK = 1 + 2**-16
+
+
+def body_of(encoded: EncodedTensors) -> bytes:
+    return zstandard.ZstdDecompressor().decompress(encoded.payload)
+
+
+def reframed(encoded: EncodedTensors, body: bytes | bytearray) -> EncodedTensors:
+    """The same specs with `body` in a fresh, honest zstd frame."""
+    payload = zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body))
+    return replaced(encoded, payload=payload, wire_bytes=len(payload))
+
+
+def expected_scales(flat: np.ndarray, max_code: int) -> np.ndarray:
+    """Per block: absmax / max_code rounded up to float32 (blocks,)."""
+    blocks = [flat[k:k + 64] for k in range(0, len(flat), 64)]
+    exact = np.array([np.abs(b.astype(np.float64)).max() / max_code for b in blocks])
+    scales = exact.astype(np.float32)
+    return np.where(scales.astype(np.float64) < exact, np.nextafter(scales, np.float32(np.inf)), scales)
+
+
+def quantized_body_bytes(numel: int, codec: str) -> int:
+    codes = numel if codec == "int8-zstd" else (numel + 1) // 2
+    return 4 * math.ceil(numel / 64) + codes
+
+
+finite_float32s = st.floats(min_value=-(2.0**126), max_value=2.0**126, width=32)  # q·s stays below float32 max
+
+
+@settings(max_examples=80, deadline=None)
+@given(tensor=float_tensors(finite_float32s) | st.integers(0, 300).map(lambda n: torch.randn(n) * 0.02),
+       codec=st.sampled_from(sorted(QUANTIZED)), seed=st.integers(0, 2**32))
+def test_quantized_round_trip_within_a_scale_of_its_block(tensor, codec, seed):
+    encoded = encode_tensors([tensor], codec, generator=torch.Generator().manual_seed(seed))
+    body = body_of(encoded)
+    n = tensor.numel()
+    assert len(body) == quantized_body_bytes(n, codec)
+    (decoded,) = decode_tensors(encoded, max_decompressed_bytes=BOUND)
+    assert decoded.shape == tensor.shape and decoded.dtype == torch.float32
+    if n == 0:
+        return
+    flat = tensor.reshape(-1).numpy()
+    scales = np.frombuffer(body[:4 * math.ceil(n / 64)], dtype="<f4")
+    np.testing.assert_array_equal(scales, expected_scales(flat, QUANTIZED[codec]))
+    per_element = np.repeat(scales.astype(np.float64), 64)[:n]
+    error = np.abs(decoded.reshape(-1).numpy().astype(np.float64) - flat)
+    assert (error <= per_element * ERROR_SLACK).all()
+
+
+@pytest.mark.parametrize("codec", sorted(QUANTIZED))
+def test_quantized_sizes_are_exact(codec):
+    for n in (1, 2, 3, 63, 64, 65, 127, 128, 129, 1001):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            encoded = encode_tensors([torch.randn(n).to(dtype)], codec)
+            assert zstandard.frame_content_size(encoded.payload) == quantized_body_bytes(n, codec)
+            assert encoded.raw_bytes == n * dtype.itemsize and encoded.wire_bytes == len(encoded.payload)
+            (decoded,) = decode_tensors(encoded, max_decompressed_bytes=quantized_body_bytes(n, codec))
+            assert decoded.dtype == dtype
+    mixed = [torch.zeros(0, 4), torch.randn(65), torch.arange(5, dtype=torch.int64), torch.zeros((), dtype=torch.uint8)]
+    encoded = encode_tensors(mixed, codec)
+    assert zstandard.frame_content_size(encoded.payload) == quantized_body_bytes(65, codec) + 5 * 8 + 1
+
+
+@pytest.mark.parametrize("codec", sorted(QUANTIZED))
+def test_quantized_codecs_leave_integers_and_empty_tensors_exact(codec):
+    generator = torch.Generator().manual_seed(3)
+    integers = [torch.randint(-(2**62), 2**62, (4, 3), generator=generator, dtype=torch.int64),
+                torch.randint(-(2**31), 2**31 - 1, (7,), generator=generator, dtype=torch.int32),
+                torch.randint(0, 256, (9,), generator=generator, dtype=torch.uint8)]
+    empties = [torch.zeros(0), torch.zeros(3, 0, dtype=torch.bfloat16), torch.zeros(0, dtype=torch.int64)]
+    tensors = [*integers, torch.randn(10), *empties]
+    decoded = decode_tensors(encode_tensors(tensors, codec), max_decompressed_bytes=BOUND)
+    for got, want in zip(decoded[:3] + decoded[4:], integers + empties, strict=True):
+        assert_same(got, want)
+    zeros = decode_tensors(encode_tensors([torch.zeros(70)], codec), max_decompressed_bytes=BOUND)[0]
+    assert_same(zeros, torch.zeros(70))  # an all-zero block has scale 0 and decodes exactly
+
+
+@pytest.mark.parametrize("codec", sorted(QUANTIZED))
+def test_stochastic_rounding_is_unbiased(codec):
+    # Every block holds ±max_code·c (so its scale is exactly c) and values c·(j + 0.3): their
+    # codes are j or j + 1. Rounding to nearest would be off by 0.3·c in every element; the
+    # mean of N stochastic draws is off by at most 5 standard deviations of a mean of N
+    # codes of variance <= 1/4, i.e. 5·c / (2·sqrt(N)) (about 0.08·c for N = 1000).
+    max_code, c, draws = QUANTIZED[codec], 2.0**-6, 1000
+    grid = [j + 0.3 for j in range(-max_code, max_code)]
+    block = torch.tensor(([max_code, -max_code] + grid * 64)[:64]) * c
+    x = torch.cat([block, block[:37]])  # two blocks, the second one shorter
+    total = torch.zeros_like(x, dtype=torch.float64)
+    for seed in range(draws):
+        encoded = encode_tensors([x], codec, generator=torch.Generator().manual_seed(seed))
+        total += decode_tensors(encoded, max_decompressed_bytes=BOUND)[0].double()
+    tolerance = 5 * c / (2 * math.sqrt(draws))
+    assert float((total / draws - x.double()).abs().max()) <= tolerance
+    nearest = torch.round(x / c) * c
+    assert float((nearest - x).abs().max()) > 3 * tolerance  # the test could tell a biased rounding
+
+
+def test_the_generator_decides_the_draws():
+    x = torch.randn(500, generator=torch.Generator().manual_seed(0))
+
+    def payload(seed: int | None) -> bytes:
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        return encode_tensors([x], "int8-zstd", generator=generator).payload
+
+    assert payload(1) == payload(1) and payload(1) != payload(2)
+    assert payload(None) != payload(None)  # fresh from os.urandom each time
+
+
+def _first_scale_replaced(encoded: EncodedTensors, value: float) -> EncodedTensors:
+    body = bytearray(body_of(encoded))
+    body[0:4] = np.array([value], dtype="<f4").tobytes()
+    return reframed(encoded, body)
+
+
+@pytest.mark.parametrize("codec", sorted(QUANTIZED))
+@pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf, -1.0, -1e-30])
+def test_a_bad_scale_is_refused(codec, scale):
+    good = encode_tensors([torch.randn(100)], codec)
+    assert decode_tensors(_first_scale_replaced(good, 0.5), max_decompressed_bytes=BOUND)  # reframing is honest
+    with pytest.raises(CodecError, match="scale"):
+        decode_tensors(_first_scale_replaced(good, scale), max_decompressed_bytes=BOUND)
+
+
+@pytest.mark.parametrize("codec", sorted(QUANTIZED))
+def test_non_finite_values_encode_to_a_payload_receivers_refuse(codec):
+    for poison in (math.nan, math.inf):
+        x = torch.randn(130)
+        x[70] = poison
+        encoded = encode_tensors([x], codec)
+        scales = np.frombuffer(body_of(encoded)[:12], dtype="<f4")
+        assert np.isfinite(scales[[0, 2]]).all() and np.isnan(scales[1])
+        with pytest.raises(CodecError, match="scale"):
+            decode_tensors(encoded, max_decompressed_bytes=BOUND)
+
+
+def test_int8_code_minus_128_is_refused():
+    good = encode_tensors([torch.randn(100)], "int8-zstd")
+    body = bytearray(body_of(good))
+    body[8 + 17] = 0x80  # after the two scales: element 17's code
+    with pytest.raises(CodecError, match="-128"):
+        decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+    body[8 + 17] = 0x81  # -127 is fine
+    decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+
+
+@pytest.mark.parametrize("numel", [100, 99])
+def test_int4_nibble_0_and_bad_padding_are_refused(numel):
+    good = encode_tensors([torch.randn(numel)], "int4-zstd")
+    body = bytearray(body_of(good))
+    codes_at = 8  # after the two scales
+    body[codes_at + 3] = (body[codes_at + 3] & 0xF0) | 0x0  # element 6: code -8
+    with pytest.raises(CodecError, match="nibble 0"):
+        decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+    body = bytearray(body_of(good))
+    body[codes_at + 3] = (body[codes_at + 3] & 0x0F) | 0x10  # element 7: nibble 1, code -7 (allowed)
+    decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+    if numel % 2:
+        assert body[-1] >> 4 == 8  # the padding nibble is the code 0
+        body[-1] = (body[-1] & 0x0F) | 0x90
+        with pytest.raises(CodecError, match="padding"):
+            decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+
+
+@pytest.mark.parametrize("codec", sorted(QUANTIZED))
+def test_quantized_bodies_of_another_size_and_oversized_specs_are_refused(codec):
+    good = encode_tensors([torch.randn(100)], codec)
+    body = body_of(good)
+    for wrong in (body[:-1], body + b"\x01", body[4:]):
+        with pytest.raises(CodecError, match="declare"):
+            decode_tensors(reframed(good, wrong), max_decompressed_bytes=BOUND)
+    huge = replaced(good, specs=[TensorSpec((1 << 40,), "float32")])
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match="over the bound"):
+            decode_tensors(huge, max_decompressed_bytes=BOUND)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    exact = quantized_body_bytes(100, codec)
+    assert decode_tensors(good, max_decompressed_bytes=exact)
+    with pytest.raises(CodecError, match="over the bound"):
+        decode_tensors(good, max_decompressed_bytes=exact - 1)
+
+
+def test_every_codec_name_has_one_family():
+    assert tuple(FAMILIES) == CODECS
+    assert {name for name in CODECS if is_lossless(name)} == set(LOSSLESS)
+    assert all(isinstance(family, Codec) and family.name == name for name, family in FAMILIES.items())

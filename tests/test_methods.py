@@ -27,8 +27,15 @@ def test_every_method_is_run_or_refused():
     assert all((worker_method_error(m) is None) == (m in WORKER_METHODS) for m in METHODS)
 
 
-def test_workers_refuse_the_overlapped_outer_step_until_they_implement_it():
-    assert worker_outer_error(OuterConfig(method="noloco")) is None
-    message = worker_outer_error(OuterConfig(method="noloco", overlap=True))
-    assert message is not None and "simulator" in message and "outer.overlap" in message
+def test_workers_run_the_overlapped_step_when_a_correction_lands_before_the_next_outer_step():
+    assert worker_outer_error(OuterConfig(method="noloco", overlap=True, h=10, max_delay_steps=9)) is None
+    message = worker_outer_error(OuterConfig(method="noloco", overlap=True, h=10, max_delay_steps=10))
+    assert message is not None and "outer.max_delay_steps" in message
     assert "global collective" in (worker_outer_error(OuterConfig(method="diloco", overlap=True)) or "")
+
+
+def test_workers_refuse_the_random_peer_pairing_of_the_simulator():
+    assert worker_outer_error(OuterConfig(method="noloco", pairing="matched")) is None
+    message = worker_outer_error(OuterConfig(method="noloco", pairing="random-peer"))
+    assert message is not None and "outer.pairing" in message and "simulator" in message
+    assert "\n" not in message

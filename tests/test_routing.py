@@ -15,6 +15,7 @@ from noloco_rt.algo.routing import (
     load_aware_routes,
     next_hop_cost,
     next_hop_costs,
+    random_peers,
     route_next_hop,
     step_rng,
 )
@@ -135,6 +136,38 @@ def test_diloco_and_local_groups():
     assert draw_groups(3, "local", 2, random.Random(0)) == [[0], [1], [2]]
     with pytest.raises(ValueError):
         draw_groups(3, "ddp", 2, random.Random(0))
+
+
+def _is_matching(groups: list[list[int]]) -> bool:
+    """Everyone's group is the group of each of its members (partners choose each other)."""
+    return all(sorted(groups[j]) == sorted(members) for members in groups for j in members)
+
+
+def test_random_peer_is_not_a_matching_while_matched_groups_are():
+    assert all(_is_matching(draw_groups(4, "noloco", 2, random.Random(seed))) for seed in range(20))
+    one_sided = [seed for seed in range(20) if not _is_matching(random_peers(4, random.Random(seed)))]
+    assert one_sided  # some seed draws a peer that does not draw back
+    groups = random_peers(4, random.Random(one_sided[0]))
+    assert any(groups[groups[i][1]][1] != i for i in range(4))
+
+
+@given(replicas=st.integers(2, 9), seed=st.integers(0, 1000))
+def test_random_peer_picks_one_other_replica(replicas, seed):
+    groups = random_peers(replicas, random.Random(seed))
+    assert [members[0] for members in groups] == list(range(replicas))
+    assert all(len(members) == 2 and members[1] != members[0] for members in groups)
+    assert all(0 <= members[1] < replicas for members in groups)
+
+
+def test_random_peer_is_uniform_over_the_others_and_may_leave_a_replica_out():
+    rng = random.Random(0)
+    draws = [random_peers(4, rng) for _ in range(3000)]
+    picked_by_0 = Counter(groups[0][1] for groups in draws)
+    assert set(picked_by_0) == {1, 2, 3} and min(picked_by_0.values()) > 900  # 1000 each expected
+    assert any(len({members[1] for members in groups}) < 4 for groups in draws)  # someone unused
+    assert random_peers(1, rng) == [[0]]
+    with pytest.raises(ValueError):
+        random_peers(0, rng)
 
 
 @given(replicas=st.integers(1, 9), stages=st.integers(1, 5), per_replica=st.integers(1, 6), seed=st.integers(0, 10**6))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import msgpack
 import pytest
 import torch
@@ -90,6 +92,33 @@ def test_bootstrap_round_trips_with_counters(reader):
     assert snapshot.counters == {"inner_steps": 7, "outer_steps": 2}
     assert all(torch.equal(a, b) for a, b in zip(tensors, slow + momentum, strict=True))
     assert snapshot.digest == checksum(snapshot.encoded.payload)
+
+
+@pytest.mark.parametrize(("codec", "max_code"), [("int8-zstd", 127), ("int4-zstd", 7)])
+def test_quantised_contributions_are_accepted_within_their_bound(reader, codec, max_code):
+    slow, grad = _weights(1), [0.01 * t for t in _weights(2)]
+    for parts, kind in (contribution_parts(PeerOuterState(fast=_weights())),
+                        contribution_parts(PeerOuterState(slow=slow, outer_grad=grad))):
+        snapshot, state = reader.contribution(reader.message(_frames(parts, kind, codec=codec)))
+        assert snapshot.encoded.codec == codec
+        got = state.fast if kind is PartsKind.FAST else state.slow + state.outer_grad
+        for decoded, sent in zip(got, parts, strict=True):  # every tensor here is one block
+            assert decoded.shape == sent.shape
+            assert float((decoded - sent).abs().max()) <= float(sent.abs().max()) / max_code * (1 + 2**-16)
+
+
+@pytest.mark.parametrize("codec", ["int8-zstd", "int4-zstd"])
+@pytest.mark.parametrize("scale", [float("nan"), -0.5])
+def test_a_quantised_snapshot_with_a_corrupted_scale_is_refused(reader, codec, scale):
+    frames = _frames(_weights(), PartsKind.FAST, codec=codec)
+    body = bytearray(zstandard.ZstdDecompressor().decompress(bytes(frames[1])))
+
+    def with_first_scale(value: float) -> list:  # the scale of the first tensor's only block
+        body[0:4] = struct.pack("<f", value)
+        return _with_payload(frames, zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)))
+
+    reader.contribution(reader.message(with_first_scale(0.5)))  # re-framing alone is accepted
+    assert _reason(reader, with_first_scale(scale)) == "codec"  # checksum right, scale wrong
 
 
 def test_wire_rejects_keep_the_wire_reason(reader):

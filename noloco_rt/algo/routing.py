@@ -137,3 +137,22 @@ def draw_groups(num_replicas: int, method: str, group_size: int, rng: random.Ran
         for i in members:
             groups[i] = [i] + [j for j in members if j != i]
     return groups
+
+
+def random_peers(num_replicas: int, rng: random.Random) -> list[list[int]]:
+    """The old runtime's pairing: members[i] = [i, j], j drawn uniformly among the other
+    replicas, independently for every i (one replica: [[0]]).
+
+    Not a matching: a replica may be drawn by several others or by none, and j need not
+    draw i back, so the averaging no longer keeps the replicas' mean. For ablations
+    against draw_groups' matched groups, in the simulator only.
+    """
+    if num_replicas < 1:
+        raise ValueError(f"need at least one replica, got {num_replicas}")
+    if num_replicas == 1:
+        return [[0]]
+    groups = []
+    for i in range(num_replicas):
+        j = rng.randrange(num_replicas - 1)
+        groups.append([i, j + (j >= i)])  # uniform over the others: skip i itself
+    return groups

@@ -6,7 +6,8 @@ by routing.simulation, and backward retraces that exact route (autograd through 
 chained modules). Balanced routing gives every replica the same share every step, so
 every replica takes every inner step. Every H inner steps each stage takes the outer
 step with groups drawn within the stage (ddp instead averages gradients over the stage
-every step; adam takes no outer step). Evaluation routes r → r.
+every step; adam takes no outer step). What a replica contributes reaches its partners
+through worker.snapshot_codec, as a worker would send it. Evaluation routes r → r.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import torch
 
 from noloco_rt.algo.correction import correction_term
 from noloco_rt.algo.diagnostics import perplexity, replica_spread
+from noloco_rt.algo.lossy_exchange import received_states
 from noloco_rt.algo.optim import OuterCoefficients, average_gradients
 from noloco_rt.algo.replica import StageReplica
-from noloco_rt.algo.routing import draw_groups, step_rng
+from noloco_rt.algo.routing import draw_groups, random_peers, step_rng
 from noloco_rt.algo.step_routes import Hop, StepPlan, plan_step
 from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
@@ -152,12 +154,22 @@ class Simulation:
                 if replica.has_gradients():  # p2c / random: a replica no microbatch reached does not step
                     replica.finish_inner_step(grads_are_means=grads_are_means)
 
+    def _groups(self, count: int) -> list[list[int]]:
+        """members[i] (i first) of every replica of a stage at this outer step."""
+        if self.cfg.outer.pairing == "random-peer":
+            return random_peers(count, self.group_rng)
+        return draw_groups(count, self.outer.method, self.outer.group_size, self.group_rng)
+
     def outer_step(self) -> None:
         theta_only = self.coeffs.theta_shortcut
-        for stage_replicas in self.replicas:
-            groups = draw_groups(len(stage_replicas), self.outer.method, self.outer.group_size, self.group_rng)
-            # Every member contributes its state from before this round: snapshot first, then update.
-            states = [r.outer_state(theta_only=theta_only) for r in stage_replicas]
+        for stage, stage_replicas in enumerate(self.replicas):
+            groups = self._groups(len(stage_replicas))
+            # Every member contributes its state from before this round: snapshot first, then
+            # update. Partners get it through the snapshot codec; a replica's own stays exact.
+            states = received_states([r.outer_state(theta_only=theta_only) for r in stage_replicas],
+                                     {j for members in groups for j in members[1:]},
+                                     self.cfg.worker.snapshot_codec, seed=self.cfg.run.seed, stage=stage,
+                                     outer_step=self.outer_steps)
             for replica, members in zip(stage_replicas, groups, strict=True):
                 partners = [states[j] for j in members[1:]]
                 if not self.cfg.outer.overlap:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from noloco_rt.config.errors import require, require_choice
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
+OUTER_PAIRINGS = ("matched", "ready", "random-peer")
 ROUTING_POLICIES = ("p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
@@ -153,9 +154,11 @@ class OuterConfig:
     the paper's blocking step."""
     pairing: str = "matched"
     """noloco: matched (the seeded partition of the stage's view at each outer step, the
-    paper's matching) or ready (workers pair by readiness through the stage's Redis queue,
-    whatever their step count; the seeded partition when Redis is away; pairs only). The
-    simulator, in lockstep, treats ready as matched."""
+    paper's matching), ready (workers pair by readiness through the stage's Redis queue,
+    whatever their step count; the seeded partition when Redis is away; pairs only; the
+    simulator, in lockstep, treats it as matched) or random-peer (the simulator only, the
+    old runtime's pairing for ablations: each replica uses the state of one uniformly
+    random other replica; not a matching)."""
     max_delay_steps: int = 2
     """Workers with overlap: a correction that would land more than this many inner steps
     after its outer step is dropped (the step stays local) and counted; must be below h."""
@@ -167,7 +170,7 @@ class OuterConfig:
         require_choice("outer", "method", self.method, METHODS)
         require(self.simulated_delay_steps >= 0, "outer", "simulated_delay_steps", self.simulated_delay_steps,
                  "must be >= 0")
-        require_choice("outer", "pairing", self.pairing, ("matched", "ready"))
+        require_choice("outer", "pairing", self.pairing, OUTER_PAIRINGS)
         require(self.pairing != "ready" or self.group_size == 2, "outer", "pairing", self.pairing,
                  "pairs by readiness only: needs outer.group_size = 2")
         require(self.max_delay_steps >= 1, "outer", "max_delay_steps", self.max_delay_steps, "must be >= 1")
@@ -177,6 +180,8 @@ class OuterConfig:
                      value, "must be a number in [0, 2]")
         require(self.h is None or self.h >= 1, "outer", "h", self.h, "must be >= 1")
         require(self.group_size >= 2, "outer", "group_size", self.group_size, "must be >= 2")
+        require(self.pairing == "matched" or self.method == "noloco", "outer", "pairing", self.pairing,
+                f"needs outer.method = 'noloco', not {self.method!r}")
 
     def resolved(self) -> ResolvedOuter:
         """The coefficients actually used, method defaults filled in."""

@@ -82,9 +82,11 @@ class Snapshot:
 
 
 def encode_snapshot(tensors: Sequence[torch.Tensor], codec: str, outer_step: int, parts_kind: PartsKind,
-                    counters: dict[str, int] | None = None) -> Snapshot:
-    """Compress detached float32 CPU copies of `tensors` once, with their checksum."""
-    encoded = encode_tensors([t.detach().float().cpu() for t in tensors], codec)
+                    counters: dict[str, int] | None = None, *,
+                    generator: torch.Generator | None = None) -> Snapshot:
+    """Compress detached float32 CPU copies of `tensors` once, with their checksum.
+    `generator` drives a quantised codec's stochastic rounding (None: a fresh one)."""
+    encoded = encode_tensors([t.detach().float().cpu() for t in tensors], codec, generator=generator)
     return Snapshot(outer_step, parts_kind.value, encoded, checksum(encoded.payload), counters or {})
 
 
@@ -95,6 +97,16 @@ def contribution_parts(state: PeerOuterState) -> tuple[list[torch.Tensor], Parts
     if state.slow is None or state.outer_grad is None:
         raise ValueError("a contribution needs fast weights, or slow weights and outer gradient")
     return list(state.slow) + list(state.outer_grad), PartsKind.SLOW_GRAD
+
+
+def contribution_state(tensors: Sequence[torch.Tensor], parts_kind: PartsKind) -> PeerOuterState:
+    """The contribution a group member's decoded tensors stand for (inverse of contribution_parts)."""
+    if parts_kind is PartsKind.FAST:
+        return PeerOuterState(fast=list(tensors))
+    if parts_kind is not PartsKind.SLOW_GRAD:
+        raise ValueError(f"{parts_kind.value} parts are not a contribution")
+    half = len(tensors) // 2
+    return PeerOuterState(slow=list(tensors[:half]), outer_grad=list(tensors[half:]))
 
 
 def snapshot_message(kind: MessageKind, *, run_id: str, stage: int, sender: str, snapshot: Snapshot | None = None,
@@ -191,11 +203,7 @@ class SnapshotReader:
         snapshot = self.snapshot(decoded)
         if snapshot.parts_kind == PartsKind.SLOW_MOMENTUM:
             raise SnapshotRejected("wrong_parts")
-        tensors = self.tensors(snapshot)
-        if snapshot.parts_kind == PartsKind.FAST:
-            return snapshot, PeerOuterState(fast=tensors)
-        half = len(tensors) // 2
-        return snapshot, PeerOuterState(slow=tensors[:half], outer_grad=tensors[half:])
+        return snapshot, contribution_state(self.tensors(snapshot), PartsKind(snapshot.parts_kind))
 
     def bootstrap(self, decoded: DecodedMessage) -> tuple[Snapshot, list[torch.Tensor]]:
         """A donor's slow weights then momentum, validated in full."""

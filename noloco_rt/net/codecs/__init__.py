@@ -1,0 +1,29 @@
+"""Snapshot codec families behind one interface (codecs.base.Codec), looked up by name
+(in the order of codec_names.CODECS, which the config validates against).
+
+lossless: raw, zstd, shuffle-zstd; bf16: bf16-shuffle-zstd; quantized: int8-zstd and
+int4-zstd (blockwise scales, stochastic rounding). A new codec is a new class here.
+"""
+
+from __future__ import annotations
+
+from noloco_rt.net.codec_names import CODECS
+from noloco_rt.net.codecs.base import Codec, CodecError
+from noloco_rt.net.codecs.bf16 import Bf16ShuffleZstdCodec
+from noloco_rt.net.codecs.lossless import RawCodec, ShuffleZstdCodec, ZstdCodec
+from noloco_rt.net.codecs.quantized import Int4ZstdCodec, Int8ZstdCodec
+
+FAMILIES: dict[str, Codec] = {codec.name: codec for codec in (
+    RawCodec(), ZstdCodec(), ShuffleZstdCodec(), Bf16ShuffleZstdCodec(), Int8ZstdCodec(), Int4ZstdCodec())}
+
+
+def codec_named(name: str) -> Codec:
+    """The codec called `name`; CodecError for an unknown one."""
+    if not isinstance(name, str) or name not in FAMILIES:
+        raise CodecError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
+    return FAMILIES[name]
+
+
+def is_lossless(name: str) -> bool:
+    """Whether `name` gives back every tensor bit for bit."""
+    return codec_named(name).lossless
