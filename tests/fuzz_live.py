@@ -29,7 +29,6 @@ import torch
 import zmq
 import zstandard
 
-from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.config import load_config
 from noloco_rt.model import build_stage
 from noloco_rt.net import messages
@@ -84,12 +83,12 @@ def _zstd_bombs() -> tuple[bytes, bytes]:
     return bombs[0], bombs[1]
 
 
-def _snapshot_request(payload: bytes, *, specs: list | None = None, digest: str | None = None,
+def _snapshot_push(payload: bytes, *, specs: list | None = None, digest: str | None = None,
                       codec: str = "shuffle-zstd", parts: str = "fast", **fields: Any) -> Frames:
     specs = specs if specs is not None else [[list(s), "float32"] for s in _stage_shapes()]
     extra = {"codec": codec, "parts": parts, "specs": specs,
              "checksum": digest if digest is not None else checksum(payload), "counters": {}}
-    header = _header("snapshot_request", stage=TARGET_STAGE, outer_step=1,
+    header = _header("snapshot_push", stage=TARGET_STAGE, outer_step=1,
                      tensors=[{"shape": [len(payload)], "dtype": "uint8", "nbytes": len(payload)}], extra=extra)
     header.update(fields)
     return [_pack(header), payload]
@@ -160,7 +159,7 @@ def _data_header_mutation(rng: random.Random) -> Frames:
     if choice == 1:
         header["tensors"][1]["dtype"] = rng.choice(["float64", "object", "", "complex64"])
     elif choice == 2:
-        header["kind"] = rng.choice(["forwardx", "snapshot_request", "error", "bootstrap_reply"])
+        header["kind"] = rng.choice(["forwardx", "snapshot_push", "error", "bootstrap_reply"])
     elif choice == 3:
         header[rng.choice(["evil", "tensors2"])] = 1
     elif choice == 4:
@@ -177,17 +176,17 @@ DATA_MUTATIONS: list[Callable[[random.Random], Frames]] = [
 # -- exchange-socket mutations ----------------------------------------------------------------
 
 def _ex_zstd_bomb(rng: random.Random) -> Frames:
-    return _snapshot_request(rng.choice(_zstd_bombs()))
+    return _snapshot_push(rng.choice(_zstd_bombs()))
 
 
 def _ex_non_finite(rng: random.Random) -> Frames:
-    return _snapshot_request(_honest_payload(nan=True))
+    return _snapshot_push(_honest_payload(nan=True))
 
 
 def _ex_snapshot_mutation(rng: random.Random) -> Frames:
     codec = rng.choice(FUZZ_CODECS)
     payload = _honest_payload(codec=codec, seed=rng.getrandbits(63))
-    request = functools.partial(_snapshot_request, codec=codec)
+    request = functools.partial(_snapshot_push, codec=codec)
     choice = rng.randrange(8)
     if choice == 0:
         return request(_flip(payload, rng), digest=checksum(payload))  # checksum
@@ -206,7 +205,7 @@ def _ex_snapshot_mutation(rng: random.Random) -> Frames:
     if choice == 6:
         return request(payload, stage=rng.choice([0, 7, -1]))
     claimed = [c for c in ("lz4", "raw", "bf16-shuffle-zstd", *FUZZ_CODECS) if c != codec]
-    return _snapshot_request(payload, codec=rng.choice(claimed))
+    return _snapshot_push(payload, codec=rng.choice(claimed))
 
 
 def _ex_bad_quantised_body(rng: random.Random) -> Frames:
@@ -221,15 +220,15 @@ def _ex_bad_quantised_body(rng: random.Random) -> Frames:
     else:
         at = scale_bytes + rng.randrange(math.prod(first) // 2)
         body[at] = 0x80 if codec == "int8-zstd" else body[at] & 0xF0  # code -128, or nibble 0 (code -8)
-    return _snapshot_request(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)), codec=codec)
+    return _snapshot_push(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)), codec=codec)
 
 
 def _ex_wire(rng: random.Random) -> Frames:
     frames = rng.choice(DATA_MUTATIONS)(rng)
     if rng.random() < 0.2:  # well formed, but not a kind the exchange server answers
-        return [_pack(_header(rng.choice(["forward", "backward", "error", "snapshot_reply"]), stage=TARGET_STAGE))]
+        return [_pack(_header(rng.choice(["forward", "backward", "error", "snapshot_ack"]), stage=TARGET_STAGE))]
     if rng.random() < 0.3:
-        header = _header("snapshot_request", stage=TARGET_STAGE,
+        header = _header("snapshot_push", stage=TARGET_STAGE,
                          tensors=[{"shape": [1 << 40], "dtype": "uint8", "nbytes": 1 << 40}])
         frames = [_pack(header), b"tiny"]
     return frames
@@ -257,14 +256,12 @@ def predict_data(frames: Frames) -> str | None:
 
 
 class ExchangePredictor:
-    """A SnapshotService like the worker's, answering locally; its own contribution is far in
-    the future so a (never sent) valid request would not wait."""
+    """A SnapshotService like the worker's, answering locally."""
 
     def __init__(self) -> None:
         cfg = load_config(environ={}, overrides=[{"pipeline": {"stages": 2}}])
         self.service = SnapshotService(cfg, TARGET_STAGE, "predictor", metrics=WorkerMetrics(), log=_QuietLog(),
                                        expected_shapes=_stage_shapes())
-        self.service.publish_contribution(PeerOuterState(fast=[torch.zeros(s) for s in _stage_shapes()]), 2**40)
 
     def predict(self, frames: Frames) -> str | None:
         before = dict(self.service.rejects)

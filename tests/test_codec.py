@@ -474,3 +474,10 @@ def test_every_codec_name_has_one_family():
     assert tuple(FAMILIES) == CODECS
     assert {name for name in CODECS if is_lossless(name)} == set(LOSSLESS)
     assert all(isinstance(family, Codec) and family.name == name for name, family in FAMILIES.items())
+
+
+def test_the_lossless_list_that_bootstraps_use_agrees_with_the_codecs():
+    from noloco_rt.net.codec_names import CODECS, LOSSLESS_CODECS
+    from noloco_rt.net.codecs import is_lossless
+
+    assert set(LOSSLESS_CODECS) == {name for name in CODECS if is_lossless(name)}

@@ -34,7 +34,7 @@ def _weights(seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(s, generator=gen) for s in SHAPES]
 
 
-def _frames(tensors, parts: PartsKind, *, codec: str = "shuffle-zstd", kind=MessageKind.SNAPSHOT_REQUEST,
+def _frames(tensors, parts: PartsKind, *, codec: str = "shuffle-zstd", kind=MessageKind.SNAPSHOT_PUSH,
             counters=None, step: int = 3) -> list:
     snapshot = encode_snapshot(tensors, codec, step, parts, counters)
     return snapshot_message(kind, run_id=RUN, stage=1, sender="peer", snapshot=snapshot)
@@ -122,7 +122,7 @@ def test_a_quantised_snapshot_with_a_corrupted_scale_is_refused(reader, codec, s
 
 
 def test_wire_rejects_keep_the_wire_reason(reader):
-    other_run = snapshot_message(MessageKind.SNAPSHOT_REQUEST, run_id="other", stage=1, sender="x")
+    other_run = snapshot_message(MessageKind.SNAPSHOT_PUSH, run_id="other", stage=1, sender="x")
     with pytest.raises(SnapshotRejected) as info:
         reader.message(other_run)
     assert info.value.reason == "wrong_run"
@@ -132,12 +132,12 @@ def test_a_reply_of_another_kind_holds_no_snapshot(reader):
     error = reader.message(snapshot_message(MessageKind.ERROR, run_id=RUN, stage=1, sender="x"))
     assert error.header.outer_step == -1
     with pytest.raises(SnapshotRejected) as info:
-        require_kind(error, MessageKind.SNAPSHOT_REPLY)
+        require_kind(error, MessageKind.SNAPSHOT_ACK)
     assert info.value.reason == "no_snapshot"
 
 
 def test_empty_snapshot(reader):
-    assert _reason(reader, snapshot_message(MessageKind.SNAPSHOT_REQUEST, run_id=RUN, stage=1, sender="x")) \
+    assert _reason(reader, snapshot_message(MessageKind.SNAPSHOT_PUSH, run_id=RUN, stage=1, sender="x")) \
         == "empty_snapshot"
 
 
