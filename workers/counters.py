@@ -25,6 +25,8 @@ class Counters:
     """Microbatches this worker originated (first attempts only; retries are counted in `retried`)."""
     retried: int = 0
     dropped: int = 0
+    outer_blocked_s: float = 0.0
+    """Seconds the training thread spent in outer steps (waiting for partners when blocking)."""
     routed_to: collections.Counter = field(default_factory=collections.Counter)
     """Successful sends by peer (short id)."""
 
@@ -32,6 +34,7 @@ class Counters:
         """Every count by name, for the worker_summary log line."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["routed_to"] = dict(self.routed_to)
+        values["outer_blocked_s"] = round(self.outer_blocked_s, 3)
         return values
 
     def progress(self, *, queue_depth: int, loss: float | None, tokens_per_s: float) -> WorkerProgress:

@@ -11,6 +11,7 @@ that runs in the hub. Everything here shells out to `ip`, `tc` and `iptables` (r
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -86,6 +87,13 @@ def shape(workers: int, link: LinkSpec) -> None:
              *_tbf_args(link.rate_mbit))
         _run("ip", "netns", "exec", HUB, "tc", "qdisc", "replace", "dev", f"{PREFIX}-h{rank}", "root",
              *_tbf_args(link.rate_mbit))
+    if link.delay_s <= 0:
+        if shutil.which("iptables"):
+            _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
+        return
+    if not shutil.which("iptables"):
+        raise SystemExit("benchmarks.sync: a link with delay needs iptables (apt install iptables); "
+                         "links without delay (--quick) do not")
     _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
     if link.delay_s > 0:
         # Only worker-to-worker TCP; the relay's own outgoing connections are not PREROUTING.

@@ -4,8 +4,10 @@
 
 For every trial of the plan, all ranks meet at a gloo barrier, rank 0 broadcasts a
 wall-clock start (one machine, one clock), and each rank then times, from that instant:
-  noloco-<codec>: optional compute sleep, SnapshotService.publish_contribution (compress)
-      and workers.exchange.exchange_with_peer against a random peer (the runtime's path);
+  noloco-<codec>: optional compute sleep, then the runtime's outer round
+      (workers.outer.exchanger.OuterExchanger): compress once, push to the rank's matched
+      partner (the seeded partition of all ranks, as workers compute it) while receiving
+      its push, both directions at once;
   allreduce: optional compute sleep, flatten into one buffer (a DDP bucket),
       dist.all_reduce over gloo, divide, unflatten.
 Each rank appends one JSON line per trial to <results_dir>/rank<r>.jsonl.
@@ -14,7 +16,6 @@ Each rank appends one JSON line per trial to <results_dir>/rank<r>.jsonl.
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,13 +26,14 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from noloco_rt.algo.matching import matched_partners
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.config import Config, load_config
 from noloco_rt.membership.peers import Blacklist
-from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.model import build_model
 from noloco_rt.net.transport import ExchangeServer
-from workers.outer.exchange import exchange_with_peer
+from workers.outer.exchanger import OuterExchanger, OuterRound
+from workers.outer.partners import Partner
 from workers.outer.service import SnapshotService
 
 EXCHANGE_PORT = 6100  # + rank, so the loopback fallback needs no namespaces
@@ -54,17 +56,17 @@ class _Null:
 
 
 class StaticPeers:
-    """The two methods of noloco_rt.membership.peers.PeerView that exchange_with_peer uses, over a fixed list."""
+    """What the exchanger asks of noloco_rt.membership.peers.PeerView: a blacklist."""
 
-    def __init__(self, members: list[MemberRecord], own_id: str, rng: random.Random) -> None:
-        self.members = [m for m in members if m.worker_id != own_id]
-        self.rng = rng
+    def __init__(self) -> None:
         self.blacklist = Blacklist()
 
-    def random_peers(self, stage: int) -> list[MemberRecord]:
-        peers = [m for m in self.members if m.stage == stage and not self.blacklist.blocked(m.worker_id)]
-        self.rng.shuffle(peers)
-        return peers
+
+def partners_of(rank: int, world: int, step: int, addrs: list[str]) -> list[Partner]:
+    """The rank's group at this outer step in the seeded partition of all ranks."""
+    ids = [f"rank{r}" for r in range(world)]
+    chosen = matched_partners(ids, f"rank{rank}", seed=0, stage=0, outer_step=step, group_size=2)
+    return [Partner(i, addrs[int(i.removeprefix("rank"))], step) for i in chosen]
 
 
 def parameter_set(size: str, rank: int) -> list[torch.Tensor]:
@@ -118,9 +120,7 @@ def run(plan: dict[str, Any]) -> None:
     server = ExchangeServer(ctx, bind_host=plan["ips"][rank], port=EXCHANGE_PORT + rank, advertise_host="",
                             handler=holder.handle)
     server.start()
-    members = [MemberRecord(worker_id=f"rank{r}", run_id="syncbench", stage=0, data_addr="",
-                            exchange_addr=f"tcp://{ip}:{EXCHANGE_PORT + r}", state=WorkerState.ONLINE)
-               for r, ip in enumerate(plan["ips"])]
+    addrs = [f"tcp://{ip}:{EXCHANGE_PORT + r}" for r, ip in enumerate(plan["ips"])]
     out = Path(plan["results_dir"]) / f"rank{rank}.jsonl"
     margin_s = plan["start_margin_s"]
     cache: dict[str, list[torch.Tensor]] = {}
@@ -133,28 +133,26 @@ def run(plan: dict[str, Any]) -> None:
         compute_s = trial.get("compute_s", 0.0) * (trial.get("straggler_factor", 1.0)
                                                    if rank == trial.get("straggler_rank", -1) else 1.0)
         steps = trial.get("outer_steps", 1)
-        service = None
+        service = exchanger = None
         if method.startswith("noloco-"):
             cfg = _config(method.removeprefix("noloco-"), plan["exchange_timeout_s"])
-            log = _Null()
-            service = SnapshotService(cfg, 0, f"rank{rank}", metrics=_Null(), log=log,
+            service = SnapshotService(cfg, 0, f"rank{rank}", metrics=_Null(), log=_Null(),
                                       expected_shapes=[tuple(t.shape) for t in tensors])
             holder.service = service
-            peers = StaticPeers(members, f"rank{rank}", random.Random(trial_index * 1000 + rank))
+            exchanger = OuterExchanger(ctx, service, StaticPeers(), collect_s=plan["exchange_timeout_s"], log=_Null())
         for step in range(1, steps + 1):
             start = _start_together(margin_s)
             record: dict[str, Any] = {"rank": rank, "world": world, "trial": trial_index, "step": step, **trial}
             if step == steps and compute_s:
                 time.sleep(compute_s)
-            if service is not None:
-                snapshot = service.publish_contribution(PeerOuterState(fast=tensors), step)
-                published = time.time()
-                state = exchange_with_peer(ctx, peers, 0, service, step, attempts=3,
-                                           timeout_s=plan["exchange_timeout_s"])
+            if exchanger is not None:
+                partners = partners_of(rank, world, step, addrs)
+                exchanger.begin(OuterRound(step, PeerOuterState(fast=tensors), partners))
+                result = exchanger.result(step, wait_s=3 * plan["exchange_timeout_s"])
                 done = time.time()
-                record.update(encode_s=published - start - (compute_s if step == steps else 0.0),
-                              wire_bytes=snapshot.encoded.wire_bytes, raw_bytes=snapshot.encoded.raw_bytes,
-                              peer_ok=state is not None, via=log.last.get("via"), peer=log.last.get("peer"))
+                record.update(wire_bytes=result.sent_wire_bytes if result else 0,
+                              raw_bytes=result.sent_raw_bytes if result else 0, peer_ok=bool(result and result.used),
+                              partners=len(partners), peer=",".join(result.used) if result else "")
             else:
                 flat = torch.cat([t.reshape(-1) for t in tensors])  # one bucket, as DDP does
                 dist.all_reduce(flat)
@@ -165,6 +163,8 @@ def run(plan: dict[str, Any]) -> None:
             record.update(start=start, done=done, elapsed_s=done - start)
             with out.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
+        if exchanger is not None:
+            exchanger.close()
         if rank == 0:
             print(f"  trial {trial_index + 1}/{len(plan['trials'])} {size} {method} done", flush=True)
     dist.barrier()  # nobody closes its server while a peer may still ask it

@@ -55,7 +55,11 @@ class RoundResult:
     missing: dict[str, str] = field(default_factory=dict)
     """Partner id -> why its state is not used (no_push, push_failed, too_far, cancelled)."""
     wire_bytes: int = 0
+    """Snapshot bytes both ways with the partners used."""
     raw_bytes: int = 0
+    sent_wire_bytes: int = 0
+    """Our snapshot's size on the wire (what each push carries)."""
+    sent_raw_bytes: int = 0
     seconds: float = 0.0
 
 
@@ -135,7 +139,8 @@ class OuterExchanger:
         arrived = self.service.inbox.wait_for(
             step, ids, timeout_s=self.collect_s,
             stop=lambda here: self._is_cancelled(step) or _all_settled(pushes, here))
-        result = RoundResult(step, partners=ids, pairing=pairing)
+        result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=snapshot.encoded.wire_bytes,
+                             sent_raw_bytes=snapshot.encoded.raw_bytes)
         for partner_id in ids:
             why = self._why_unusable(partner_id, arrived, pushes[partner_id])
             taken = self.service.inbox.take(step, partner_id) if why is None else None

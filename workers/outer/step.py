@@ -99,7 +99,9 @@ class OuterStep:
             self.pending = PendingRound(outer_step, own, self.counters.inner_steps, [p.worker_id for p in partners])
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
-        self.metrics.outer_blocked_seconds.inc(time.monotonic() - started)
+        blocked = time.monotonic() - started
+        self.counters.outer_blocked_s += blocked
+        self.metrics.outer_blocked_seconds.inc(blocked)
 
     def ready_window_s(self) -> float:
         """How long to wait in the readiness queue: with overlap, the inner steps a correction
