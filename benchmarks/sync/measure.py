@@ -35,7 +35,7 @@ from benchmarks.sync import netns
 from benchmarks.sync.netns import LinkSpec
 
 SIZES = ("tiny", "small", "synthetic100mb")
-METHODS = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd", "allreduce")
+METHODS = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd", "noloco-int8-zstd", "allreduce")
 GLOO_PORT = 29650
 
 

@@ -21,7 +21,7 @@ from benchmarks.table import markdown_table
 
 NOMINAL_WAN = ("100 Mbit/s, RTT 50 ms", Link(alpha_s=0.025, beta_bytes_per_s=100e6 / 8))
 EXTRAPOLATE_N = (2, 8, 32, 128, 512, 1024)
-NOLOCO = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd")
+NOLOCO = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd", "noloco-int8-zstd")
 
 
 def preset_bytes(preset: str) -> int:
