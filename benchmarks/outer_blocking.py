@@ -38,7 +38,7 @@ def _seconds(stamp: str) -> float:
 
 def worker_figures(log: Path) -> dict[str, Any] | None:
     """One worker's blocked seconds, training seconds, retries and outer-step kinds."""
-    events = read_json_lines(log)
+    events, _ = read_json_lines(log)
     progress = [e for e in events if e.get("event") == "train_progress"]
     summary = next((e for e in reversed(events) if e.get("event") == "worker_summary"), None)
     if len(progress) < 2 or summary is None:
