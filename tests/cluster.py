@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,3 +140,12 @@ class LocalCluster:
                 worker.process.kill()
                 worker.process.wait(5)
         self.redis.stop()
+
+
+def one_sided_share(used: dict[str, list[str]]) -> float:
+    """Uses of a partner's snapshot not matched by that partner using ours, over all uses."""
+    uses = Counter((me, peer) for me, peers in used.items() for peer in peers)
+    total = sum(uses.values())
+    lopsided = sum(abs(n - uses.get((b, a), 0)) for (a, b), n in uses.items() if a < b)
+    lopsided += sum(n for (a, b), n in uses.items() if a > b and (b, a) not in uses)
+    return lopsided / total if total else 0.0

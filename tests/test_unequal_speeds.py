@@ -8,18 +8,9 @@ from collections import Counter
 
 import pytest
 
-from tests.cluster import LocalCluster
+from tests.cluster import LocalCluster, one_sided_share
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def one_sided_share(used: dict[str, list[str]]) -> float:
-    """Uses of a partner's snapshot not matched by that partner using ours, over all uses."""
-    uses = Counter((me, peer) for me, peers in used.items() for peer in peers)
-    total = sum(uses.values())
-    lopsided = sum(abs(n - uses.get((b, a), 0)) for (a, b), n in uses.items() if a < b)
-    lopsided += sum(n for (a, b), n in uses.items() if a > b and (b, a) not in uses)
-    return lopsided / total if total else 0.0
 
 
 def test_one_sided_share_counts_unreturned_uses():

@@ -131,6 +131,9 @@ class OuterExchanger:
     def _exchange(self, outer_round: OuterRound) -> RoundResult:
         started = time.monotonic()
         step = outer_round.outer_step
+        if self._is_cancelled(step):  # given up before it began (a backlog): push nothing, use nothing
+            return RoundResult(step, partners=[p.worker_id for p in outer_round.partners],
+                               missing={p.worker_id: "cancelled" for p in outer_round.partners})
         snapshot = self.service.encode_contribution(outer_round.own, step)  # before any waiting: ready to push
         partners, pairing = self._partners(outer_round)
         pushes = {p.worker_id: self._pushers.submit(self._push, p, self.service.push_message(snapshot, p.outer_step))
@@ -142,7 +145,7 @@ class OuterExchanger:
         result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=snapshot.encoded.wire_bytes,
                              sent_raw_bytes=snapshot.encoded.raw_bytes)
         for partner_id in ids:
-            why = self._why_unusable(partner_id, arrived, pushes[partner_id])
+            why = self._why_unusable(partner_id, arrived, pushes[partner_id], cancelled=self._is_cancelled(step))
             taken = self.service.inbox.take(step, partner_id) if why is None else None
             if why is None and taken is None:
                 why = "no_push"
@@ -164,9 +167,12 @@ class OuterExchanger:
         with self._done:
             return outer_step in self._cancelled
 
-    def _why_unusable(self, partner_id: str, arrived: set[str], push: Future[bool]) -> str | None:
+    def _why_unusable(self, partner_id: str, arrived: set[str], push: Future[bool], *,
+                      cancelled: bool) -> str | None:
         if partner_id not in arrived:
             return "no_push"
+        if cancelled and not push.done():
+            return "cancelled"  # the training thread gave up: the next round must not wait behind this one
         # Their push is here: give ours a moment to be acknowledged (it left at the same time).
         try:
             acked = push.result(timeout=self.collect_s)
@@ -185,6 +191,9 @@ class OuterExchanger:
                              blacklisted_s=avoid_s, ratios=_rounded(check.ratios))
             return "too_far"
         self.peers.blacklist.succeed(partner_id)
+        self.log.info("peer_exchange_done", peer=partner_id[:8], outer_step=result.outer_step,
+                      peer_outer_step=theirs.outer_step, wire_bytes=theirs.encoded.wire_bytes,
+                      raw_bytes=theirs.encoded.raw_bytes, distance_ratios=_rounded(check.ratios))
         result.states.append(state)
         result.used.append(partner_id)
         result.wire_bytes += theirs.encoded.wire_bytes + mine.encoded.wire_bytes

@@ -46,15 +46,18 @@ class SnapshotInbox:
 
     def keep(self, sender: str, for_step: int, snapshot: Snapshot, state: PeerOuterState) -> bool:
         """Remember a sender's contribution for our outer step `for_step`, evicting stale
-        entries, then the oldest; False (not kept) when that step is already behind us."""
+        entries, then those for the furthest step; False (not kept) when that step is
+        already behind us."""
         with self._arrived:
             if for_step < self.floor:
                 return False
             self._evict()
             key = (sender, for_step)
             self._entries.pop(key, None)
-            while len(self._entries) >= self.max_size:  # oldest first (dicts keep insertion order)
-                del self._entries[next(iter(self._entries))]
+            if len(self._entries) >= self.max_size and for_step > max(k[1] for k in self._entries):
+                return False  # full of nearer steps: this one would be needed last
+            while len(self._entries) >= self.max_size:  # the furthest step first: needed last, if ever
+                del self._entries[max(self._entries, key=lambda k: (k[1], -self._entries[k][0]))]
             self._entries[key] = (self.clock(), snapshot, state)
             self._arrived.notify_all()
             return True

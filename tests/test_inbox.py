@@ -1,0 +1,61 @@
+"""The bounded inbox of partners' pushes (workers/outer/inbox.py): keyed by (sender, our
+step), refusing steps we are past, evicting the furthest step when full."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.net.snapshot import PartsKind, encode_snapshot
+from workers.outer.inbox import SnapshotInbox
+
+
+def push(step: int):
+    tensors = [torch.full((2,), float(step))]
+    return encode_snapshot(tensors, "shuffle-zstd", step, PartsKind.FAST), PeerOuterState(fast=tensors)
+
+
+def test_pushes_are_kept_per_sender_and_step_and_taken_once():
+    inbox = SnapshotInbox(fresh_s=60)
+    assert inbox.keep("a", 3, *push(3)) and inbox.keep("a", 4, *push(4))
+    assert inbox.take(4, "b") is None
+    snapshot, state = inbox.take(3, "a")
+    assert snapshot.outer_step == 3 and float(state.fast[0][0]) == 3.0
+    assert inbox.take(3, "a") is None and len(inbox) == 1
+
+
+def test_steps_we_are_past_are_refused_and_forgotten():
+    inbox = SnapshotInbox(fresh_s=60)
+    inbox.keep("a", 5, *push(5))
+    inbox.advance(6)
+    assert len(inbox) == 0
+    assert not inbox.keep("b", 5, *push(5))
+    assert inbox.keep("b", 6, *push(6))
+
+
+def test_a_full_inbox_drops_the_furthest_step_first():
+    inbox = SnapshotInbox(fresh_s=60, max_size=3)
+    for sender, step in (("a", 2), ("b", 9), ("c", 3)):
+        assert inbox.keep(sender, step, *push(step))
+    assert not inbox.keep("d", 10, *push(10))  # full of nearer steps
+    assert inbox.keep("e", 1, *push(1))  # nearer than b's 9: b goes
+    assert inbox.take(9, "b") is None and inbox.take(1, "e") is not None
+
+
+def test_stale_pushes_expire():
+    now = [0.0]
+    inbox = SnapshotInbox(fresh_s=10, clock=lambda: now[0])
+    inbox.keep("a", 1, *push(1))
+    now[0] = 11.0
+    assert inbox.take(1, "a") is None
+
+
+def test_wait_for_returns_when_the_partners_are_in_or_stop_says_so():
+    inbox = SnapshotInbox(fresh_s=60)
+    arrive = threading.Timer(0.05, lambda: inbox.keep("a", 2, *push(2)))
+    arrive.start()
+    assert inbox.wait_for(2, ["a"], timeout_s=10) == {"a"}
+    assert inbox.wait_for(2, ["a", "b"], timeout_s=10, stop=lambda here: "a" in here) == {"a"}
+    assert inbox.wait_for(2, ["b"], timeout_s=0.05) == set()
