@@ -26,10 +26,10 @@ def corpus():
     return load_corpus(load_config(environ={}).data)
 
 
-def _config(method: str, **run):
+def _config(method: str, replicas: int = 3, **run):
     return load_config(environ={}, overrides=[{
         "outer": {"method": method, "h": 20},
-        "pipeline": {"stages": 2, "replicas": 3},
+        "pipeline": {"stages": 2, "replicas": replicas},
         "run": {"steps": 150, "eval_every": 50, "eval_batches": 4, **run},
         "optim": {"warmup_steps": 20},
     }])
@@ -37,7 +37,7 @@ def _config(method: str, **run):
 
 @pytest.mark.parametrize("method", ["noloco", "diloco", "local", "ddp", "adam"])
 def test_every_method_learns(method, corpus, tmp_path):
-    records = run_simulation(_config(method), tmp_path, corpus=corpus)
+    records = run_simulation(_config(method, replicas=2), tmp_path, corpus=corpus)
     assert records[0].step == 0 and records[-1].step == 150
     assert records[0].val_loss > 5.0  # untrained: near ln 256
     assert records[-1].val_loss < LOSS_THRESHOLD_NATS, f"{method} ended at {records[-1].val_loss:.3f} nats"

@@ -183,7 +183,8 @@ class OuterStep:
         view = {r.worker_id: r for r in self.peers.views.view(self.stage)}
         ids = matched_partners([*view, self.worker_id], self.worker_id, seed=self.cfg.run.seed, stage=self.stage,
                                outer_step=outer_step, group_size=self.settings.group_size)
-        return [view[i] for i in ids]
+        # A partner we recently failed to reach (stopped, gone) is not waited for again: a local step.
+        return [view[i] for i in ids if not self.peers.blacklist.blocked(i)]
 
 
 def correction_sums(correction: list[torch.Tensor]) -> tuple[float, float]:
