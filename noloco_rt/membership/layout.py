@@ -10,6 +10,8 @@ stage cost what the stage holds and nothing more (DESIGN §5):
     <prefix>:<run>:stage:<k>:log        stream, one entry {id} per change of :members
     <prefix>:<run>:stages               set of the stages that ever had a member
     <prefix>:<run>:finished:<k>         "a worker of stage k finished" (workers/finish.py)
+    <prefix>:<run>:stage:<k>:ready      zset  workers waiting for an outer-step partner (pairing.py)
+    <prefix>:<run>:stage:<k>:paired     hash  waiter id -> the worker that took it (pairing.py)
 
 A reader keeps a stage's view by reading the log past its cursor and fetching only the
 members that changed; heartbeats touch the worker hash and the beats zset, never the log.
@@ -50,3 +52,9 @@ class TableKeys:
 
     def finished(self, stage: int) -> str:
         return f"{self.base}:finished:{stage}"
+
+    def ready(self, stage: int) -> str:
+        return f"{self.base}:stage:{stage}:ready"
+
+    def paired(self, stage: int) -> str:
+        return f"{self.base}:stage:{stage}:paired"

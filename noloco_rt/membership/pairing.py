@@ -5,10 +5,9 @@ Discovery of who is free now, not a collective: a worker at its outer step takes
 longest-waiting other worker of its stage, or enters the queue until a deadline on
 Redis' clock. Each operation is one atomic script, so a waiter is taken by at most one
 worker, and a waiter that gives up either leaves the queue untaken or learns who took
-it: both sides of a pair always know each other, whatever the timing.
-
-    <base>:stage:<k>:ready    zset  "<id>|<outer step>|<exchange addr>" -> deadline (ms)
-    <base>:stage:<k>:paired   hash  waiter id -> the taker's entry
+it: both sides of a pair always know each other, whatever the timing. Keys (layout.py):
+the stage's `ready` zset of "<id>|<outer step>|<exchange addr>" -> deadline (ms), and its
+`paired` hash of waiter id -> the taker's entry.
 """
 
 from __future__ import annotations
@@ -74,15 +73,11 @@ class ReadyEntry:
         return cls(worker_id, int(step), addr)
 
 
-def ready_keys(keys: TableKeys, stage: int) -> list[str]:
-    return [f"{keys.base}:stage:{stage}:ready", f"{keys.base}:stage:{stage}:paired"]
-
-
 class PairingQueue:
     """One stage's readiness queue; every call is one round trip (raises redis.RedisError)."""
 
     def __init__(self, client: redis.Redis, keys: TableKeys, stage: int) -> None:
-        self.keys = ready_keys(keys, stage)
+        self.keys = [keys.ready(stage), keys.paired(stage)]
         self._offer = client.register_script(_OFFER)
         self._withdraw = client.register_script(_WITHDRAW)
         self._taken = client.register_script(_TAKEN)

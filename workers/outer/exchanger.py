@@ -146,11 +146,10 @@ class OuterExchanger:
                              sent_raw_bytes=snapshot.encoded.raw_bytes)
         for partner_id in ids:
             why = self._why_unusable(partner_id, arrived, pushes[partner_id], cancelled=self._is_cancelled(step))
-            taken = self.service.inbox.take(step, partner_id) if why is None else None
-            if why is None and taken is None:
-                why = "no_push"
-            if why is None and taken is not None:
-                why = self._use(result, partner_id, snapshot, *taken, own=outer_round.own)
+            if why is None:
+                taken = self.service.inbox.take(step, partner_id)
+                why = "no_push" if taken is None else self._use(result, partner_id, snapshot, *taken,
+                                                                 own=outer_round.own)
             if why is not None:
                 result.missing[partner_id] = why
         result.seconds = time.monotonic() - started
