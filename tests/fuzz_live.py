@@ -83,10 +83,18 @@ def _zstd_bombs() -> tuple[bytes, bytes]:
     return bombs[0], bombs[1]
 
 
+def _whole_pieces() -> list[list[int]]:
+    """A one-chunk push: every tensor whole, as its 1-D piece."""
+    return [[i, 0, math.prod(s)] for i, s in enumerate(_stage_shapes())]
+
+
 def _snapshot_push(payload: bytes, *, specs: list | None = None, digest: str | None = None,
-                      codec: str = "shuffle-zstd", parts: str = "fast", **fields: Any) -> Frames:
-    specs = specs if specs is not None else [[list(s), "float32"] for s in _stage_shapes()]
-    extra = {"codec": codec, "parts": parts, "specs": specs,
+                      codec: str = "shuffle-zstd", parts: str = "fast", chunk: Any = (0, 1),
+                      pieces: Any = None, **fields: Any) -> Frames:
+    pieces = pieces if pieces is not None else _whole_pieces()
+    specs = specs if specs is not None else [[[count], "float32"] for _, _, count in _whole_pieces()]
+    extra = {"codec": codec, "parts": parts, "specs": specs, "chunk": list(chunk) if chunk else chunk,
+             "pieces": pieces, "for_step": 1 << 30,  # never a step the target is past
              "checksum": digest if digest is not None else checksum(payload), "counters": {}}
     header = _header("snapshot_push", stage=TARGET_STAGE, outer_step=1,
                      tensors=[{"shape": [len(payload)], "dtype": "uint8", "nbytes": len(payload)}], extra=extra)
@@ -187,7 +195,7 @@ def _ex_snapshot_mutation(rng: random.Random) -> Frames:
     codec = rng.choice(FUZZ_CODECS)
     payload = _honest_payload(codec=codec, seed=rng.getrandbits(63))
     request = functools.partial(_snapshot_push, codec=codec)
-    choice = rng.randrange(8)
+    choice = rng.randrange(9)
     if choice == 0:
         return request(_flip(payload, rng), digest=checksum(payload))  # checksum
     if choice == 1:
@@ -195,9 +203,18 @@ def _ex_snapshot_mutation(rng: random.Random) -> Frames:
     if choice == 2:
         return request(payload[:rng.randrange(len(payload))])
     if choice == 3:
-        specs = [[list(s), "float32"] for s in _stage_shapes()]
+        specs = [[[count], "float32"] for _, _, count in _whole_pieces()]
         specs[rng.randrange(len(specs))][0] = [rng.randint(1, 10**6)]
         return request(payload, specs=specs)
+    if choice == 7:  # a chunk that lies about its place in the snapshot: malformed_chunk
+        pieces = _whole_pieces()
+        lie = rng.randrange(4)
+        if lie == 0:
+            pieces[rng.randrange(len(pieces))][2] += rng.randint(1, 10**6)
+        elif lie == 1:
+            pieces[0][0] = rng.choice([-1, len(pieces) + rng.randrange(5), True])
+        return request(payload, pieces=pieces if lie < 2 else None,
+                       chunk=[(0, 1), (3, 2), (0, 1 << 20), None][lie])
     if choice == 4:
         return request(payload, specs=[["x", None]] if rng.random() < 0.5 else "junk")
     if choice == 5:
@@ -269,6 +286,7 @@ class ExchangePredictor:
         after = self.service.rejects
         changed = [k for k in after if after[k] != before.get(k, 0)]
         self.service.inbox.clear()  # a predicted-valid one would sit there
+        self.service.assemblies.clear()
         return changed[0] if changed else None
 
 

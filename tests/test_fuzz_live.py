@@ -32,7 +32,7 @@ def test_live_worker_survives_fuzzing_and_counts_every_reject(tmp_path):
         # Counted exactly as predicted, reason by reason (TCP on loopback loses nothing; the
         # wait above allows for messages still queued).
         assert report.counted == dict(report.sent), (report.counted, report.sent)
-        assert {"codec", "non_finite", "wrong_run", "unknown_version", "frame_too_large"} <= set(report.sent)
+        assert {"codec", "non_finite", "wrong_run", "unknown_version", "frame_too_large", "malformed_chunk"} <= set(report.sent)
         growth_kb = report.rss_after_kb - report.rss_before_kb
         assert growth_kb < MAX_RSS_GROWTH_KB, (report.rss_before_kb, report.rss_after_kb)
         after = report.inner_after_fuzz

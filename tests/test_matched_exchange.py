@@ -16,10 +16,11 @@ from tests.cluster import LocalCluster, one_sided_share
                          ids=["blocking", "overlap-ready"])
 def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path, overlap, pairing):
     # Lossless: with a lossy codec each side averages with a rounded copy of the other, and the
-    # mean is kept only in expectation.
+    # mean is kept only in expectation. Small chunks: every snapshot streams in about 20.
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": overlap,
                                                          "outer.max_delay_steps": 3, "outer.pairing": pairing,
-                                                         "worker.snapshot_codec": "shuffle-zstd"})
+                                                         "worker.snapshot_codec": "shuffle-zstd",
+                                                         "worker.snapshot_chunk_mb": 0.05})
     try:
         workers = [cluster.start_worker(0, f"w{i}", steps=60) for i in range(4)]
         for worker in workers:

@@ -63,6 +63,11 @@ class WorkerConfig:
     """Compression of outer-step snapshots: lossless raw, zstd, shuffle-zstd, or lossy
     bf16-shuffle-zstd, int8-zstd (default: 3.9x fewer bytes, no measured ppl cost), int4-zstd
     (blockwise, stochastic rounding). Bootstraps always travel lossless."""
+    snapshot_chunk_mb: float = 4.0
+    """Outer-step snapshots stream in chunks of about this many raw MB, each compressed and
+    sent on its own, so compressing, sending and decoding overlap."""
+    snapshot_encode_threads: int = 2
+    """Threads compressing a snapshot's chunks at once (off the training thread)."""
     max_retries: int = 3
     """Re-sends of a microbatch to other workers before it is dropped."""
     deadline_floor_s: float = 2.0
@@ -95,6 +100,10 @@ class WorkerConfig:
                  self.deadline_ceiling_s, "must be >= worker.deadline_floor_s")
         require(self.view_refresh_s >= 0, "worker", "view_refresh_s", self.view_refresh_s, "must be >= 0 (0: auto)")
         require_choice("worker", "snapshot_codec", self.snapshot_codec, CODECS)
+        require(math.isfinite(self.snapshot_chunk_mb) and self.snapshot_chunk_mb >= 0.01, "worker",
+                "snapshot_chunk_mb", self.snapshot_chunk_mb, "must be >= 0.01")
+        require(1 <= self.snapshot_encode_threads <= 64, "worker", "snapshot_encode_threads",
+                self.snapshot_encode_threads, "must be between 1 and 64")
         require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
         require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
         require(self.max_peer_distance_ratio > 0, "worker", "max_peer_distance_ratio",

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.net.chunks import ChunkError, Piece, parse_chunk_position, parse_pieces
 from noloco_rt.net.codec import (
     CodecError,
     EncodedTensors,
@@ -81,6 +82,18 @@ class Snapshot:
     counters: dict[str, int]
 
 
+@dataclass(frozen=True)
+class ReceivedChunk:
+    """A validated chunk of a streamed contribution, decoded."""
+
+    index: int
+    total: int
+    pieces: list[Piece]
+    snapshot: Snapshot
+    """The chunk's own payload (specs: one 1-D spec per piece)."""
+    values: list[torch.Tensor]
+
+
 def encode_snapshot(tensors: Sequence[torch.Tensor], codec: str, outer_step: int, parts_kind: PartsKind,
                     counters: dict[str, int] | None = None, *,
                     generator: torch.Generator | None = None) -> Snapshot:
@@ -128,6 +141,15 @@ def snapshot_message(kind: MessageKind, *, run_id: str, stage: int, sender: str,
     return encode_message(header, [payload])
 
 
+def chunk_message(kind: MessageKind, *, run_id: str, stage: int, sender: str, chunk: Snapshot, index: int,
+                  total: int, pieces: Sequence[Piece], for_step: int) -> list[Any]:
+    """Wire frames of chunk `index` of `total` of a streamed contribution (its pieces encoded
+    as one snapshot), for a receiver whose outer step is `for_step`."""
+    return snapshot_message(kind, run_id=run_id, stage=stage, sender=sender, snapshot=chunk,
+                            extra={"for_step": for_step, "chunk": [index, total],
+                                   "pieces": [p.as_wire() for p in pieces]})
+
+
 def push_target_step(decoded: DecodedMessage) -> int:
     """The receiver's outer step a push is for (its `for_step`; the sender's own step when
     absent: seeded groups pair equal steps). Raises SnapshotRejected when malformed."""
@@ -165,6 +187,10 @@ class SnapshotReader:
 
     def snapshot(self, decoded: DecodedMessage) -> Snapshot:
         """Rebuild a Snapshot from a decoded message, verifying size, checksum, specs and shapes."""
+        return self._snapshot(decoded, lambda parts_kind: self.expected_shapes * parts_kind.copies)
+
+    def _snapshot(self, decoded: DecodedMessage,
+                  expected_shapes: Callable[[PartsKind], Sequence[tuple[int, ...]]]) -> Snapshot:
         header = decoded.header
         extra = header.extra
         if not decoded.tensors or "specs" not in extra:
@@ -180,13 +206,31 @@ class SnapshotReader:
             raise SnapshotRejected("malformed_specs") from None
         parts_kind = str(extra.get("parts", ""))
         if parts_kind not in tuple(PartsKind) or \
-                [s.shape for s in specs] != self.expected_shapes * PartsKind(parts_kind).copies:
+                [s.shape for s in specs] != list(expected_shapes(PartsKind(parts_kind))):
             raise SnapshotRejected("shape_mismatch")
         encoded = EncodedTensors(codec=str(extra.get("codec")), specs=specs, payload=payload,
                                  raw_bytes=sum(4 * s.numel for s in specs), wire_bytes=len(payload))
         counters = extra.get("counters") or {}
         return Snapshot(header.outer_step, parts_kind, encoded, str(extra["checksum"]),
                         {str(k): int(v) for k, v in counters.items()})
+
+    def chunk(self, decoded: DecodedMessage) -> ReceivedChunk:
+        """One chunk of a partner's streamed contribution, validated in full: its place in
+        the stage's tensors, then the same checks as a whole snapshot on its pieces."""
+        extra = decoded.header.extra
+        parts_kind = str(extra.get("parts", ""))
+        if parts_kind == PartsKind.SLOW_MOMENTUM:
+            raise SnapshotRejected("wrong_parts")
+        if parts_kind not in tuple(PartsKind):
+            raise SnapshotRejected("shape_mismatch")
+        numels = [math.prod(s) for s in self.expected_shapes] * PartsKind(parts_kind).copies
+        try:
+            index, total = parse_chunk_position(extra.get("chunk"))
+            pieces = parse_pieces(extra.get("pieces"), numels)
+        except ChunkError:
+            raise SnapshotRejected("malformed_chunk") from None
+        snapshot = self._snapshot(decoded, lambda _: [(p.count,) for p in pieces])
+        return ReceivedChunk(index, total, pieces, snapshot, self.tensors(snapshot))
 
     def tensors(self, snapshot: Snapshot) -> list[torch.Tensor]:
         """The snapshot's tensors, decompressed within the bound and all finite."""

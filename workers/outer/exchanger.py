@@ -25,9 +25,9 @@ import zmq
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.peer_checks import check_peer_distance
 from noloco_rt.net.snapshot import Snapshot, SnapshotRejected
-from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
 from workers.outer.partners import Partner, ReadinessPairing
+from workers.outer.pusher import ChunkFeed, EncodedChunk, PushRefused, push_stream, start_encoding
 from workers.outer.service import SnapshotService
 
 
@@ -80,6 +80,8 @@ class OuterExchanger:
         self._done = threading.Condition()
         self._cancelled: set[int] = set()
         self._pushers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="outer-push")
+        self._encoders = ThreadPoolExecutor(max_workers=service.cfg.worker.snapshot_encode_threads,
+                                            thread_name_prefix="outer-encode")
         self._thread = threading.Thread(target=self._run, name="outer-exchanger", daemon=True)
         self._thread.start()
 
@@ -111,6 +113,7 @@ class OuterExchanger:
         self.service.inbox.wake()
         self._thread.join(timeout=self.collect_s + 2.0)
         self._pushers.shutdown(wait=False, cancel_futures=True)
+        self._encoders.shutdown(wait=False, cancel_futures=True)
 
     # -- exchanger thread ---------------------------------------------------------------------
 
@@ -134,26 +137,35 @@ class OuterExchanger:
         if self._is_cancelled(step):  # given up before it began (a backlog): push nothing, use nothing
             return RoundResult(step, partners=[p.worker_id for p in outer_round.partners],
                                missing={p.worker_id: "cancelled" for p in outer_round.partners})
-        snapshot = self.service.encode_contribution(outer_round.own, step)  # before any waiting: ready to push
+        feed = self._start_encoding(outer_round)  # before any waiting: chunks ready to push
         partners, pairing = self._partners(outer_round)
-        pushes = {p.worker_id: self._pushers.submit(self._push, p, self.service.push_message(snapshot, p.outer_step))
-                  for p in partners}
+        pushes = {p.worker_id: self._pushers.submit(self._push, p, feed) for p in partners}
         ids = list(pushes)
         arrived = self.service.inbox.wait_for(
             step, ids, timeout_s=self.collect_s,
             stop=lambda here: self._is_cancelled(step) or _all_settled(pushes, here))
-        result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=snapshot.encoded.wire_bytes,
-                             sent_raw_bytes=snapshot.encoded.raw_bytes)
+        if feed.wait_closed(self.collect_s) and feed.error is not None:
+            raise feed.error
+        wire, raw = feed.bytes()
+        result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=wire, sent_raw_bytes=raw)
         for partner_id in ids:
             why = self._why_unusable(partner_id, arrived, pushes[partner_id], cancelled=self._is_cancelled(step))
             if why is None:
                 taken = self.service.inbox.take(step, partner_id)
-                why = "no_push" if taken is None else self._use(result, partner_id, snapshot, *taken,
-                                                                 own=outer_round.own)
+                why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=outer_round.own)
             if why is not None:
                 result.missing[partner_id] = why
         result.seconds = time.monotonic() - started
         return result
+
+    def _start_encoding(self, outer_round: OuterRound) -> ChunkFeed:
+        """Our contribution's chunks, compressing in the background into a feed the pushers read."""
+        parts, parts_kind, plan = self.service.plan_contribution(outer_round.own)
+        feed = ChunkFeed(total=len(plan))
+        step = outer_round.outer_step
+        start_encoding(feed, lambda pieces: self.service.encode_chunk(parts, pieces, step, parts_kind), plan,
+                       self._encoders)
+        return feed
 
     def _partners(self, outer_round: OuterRound) -> tuple[list[Partner], str]:
         if not outer_round.by_readiness or self.readiness is None:
@@ -179,8 +191,8 @@ class OuterExchanger:
             acked = False
         return None if acked else "push_failed"
 
-    def _use(self, result: RoundResult, partner_id: str, mine: Snapshot, theirs: Snapshot,
-             state: PeerOuterState, *, own: PeerOuterState) -> str | None:
+    def _use(self, result: RoundResult, partner_id: str, theirs: Snapshot, state: PeerOuterState, *,
+             own: PeerOuterState) -> str | None:
         max_ratio = self.service.cfg.worker.max_peer_distance_ratio
         check = check_peer_distance(state, own, max_ratio=max_ratio)
         if not check.ok:
@@ -195,26 +207,32 @@ class OuterExchanger:
                       raw_bytes=theirs.encoded.raw_bytes, distance_ratios=_rounded(check.ratios))
         result.states.append(state)
         result.used.append(partner_id)
-        result.wire_bytes += theirs.encoded.wire_bytes + mine.encoded.wire_bytes
-        result.raw_bytes += theirs.encoded.raw_bytes + mine.encoded.raw_bytes
+        result.wire_bytes += theirs.encoded.wire_bytes + result.sent_wire_bytes
+        result.raw_bytes += theirs.encoded.raw_bytes + result.sent_raw_bytes
         return None
 
-    def _push(self, partner: Partner, frames: list[Any]) -> bool:
-        """Our snapshot to one partner; True once it acknowledged (validated and kept) it."""
-        reply = request(self.ctx, partner.exchange_addr, frames, timeout_s=self.collect_s)
-        if reply is None:
+    def _push(self, partner: Partner, feed: ChunkFeed) -> bool:
+        """Our snapshot streamed to one partner; True once it acknowledged (validated and
+        placed) every chunk."""
+        def message(chunk: EncodedChunk) -> list[Any]:
+            return self.service.chunk_push_message(chunk.snapshot, chunk.index, feed.total, chunk.pieces,
+                                                   partner.outer_step)
+        try:
+            acked = push_stream(self.ctx, partner.exchange_addr, feed, message, self._is_ack, stall_s=self.collect_s)
+        except PushRefused:
+            self.log.info("snapshot_push_refused", peer=partner.worker_id[:8])
+            return False
+        if not acked and feed.error is None:
             avoid_s = self.peers.blacklist.fail(partner.worker_id)
             self.log.warning("snapshot_push_timeout", peer=partner.worker_id[:8], timeout_s=self.collect_s,
                              blacklisted_s=avoid_s)
-            return False
+        return acked
+
+    def _is_ack(self, reply: list[zmq.Frame]) -> bool:
         try:
-            kind = MessageKind(self.service.reader.message(reply).header.kind)
+            return MessageKind(self.service.reader.message(reply).header.kind) == MessageKind.SNAPSHOT_ACK
         except (SnapshotRejected, ValueError):
-            kind = MessageKind.ERROR
-        if kind != MessageKind.SNAPSHOT_ACK:
-            self.log.info("snapshot_push_refused", peer=partner.worker_id[:8])
             return False
-        return True
 
 
 def _all_settled(pushes: dict[str, Future[bool]], here: set[str]) -> bool:

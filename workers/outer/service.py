@@ -20,19 +20,22 @@ from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.membership.peers import Blacklist
+from noloco_rt.net.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
 from noloco_rt.net.codec_names import LOSSLESS_CODECS
 from noloco_rt.net.snapshot import (
     PartsKind,
     Snapshot,
     SnapshotReader,
     SnapshotRejected,
+    chunk_message,
     contribution_parts,
     encode_snapshot,
     push_target_step,
     snapshot_message,
 )
-from noloco_rt.net.wire import Header, MessageKind
+from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
 from workers.metrics import RejectCounter
+from workers.outer.assembly import PushAssemblies
 from workers.outer.faults import inject_snapshot_faults
 from workers.outer.inbox import SnapshotInbox
 
@@ -50,6 +53,8 @@ class SnapshotService:
         self.log = log
         self.reader = SnapshotReader(cfg.run.run_id, expected_shapes)
         self.inbox = SnapshotInbox(fresh_s=max(60.0, 6 * cfg.worker.exchange_timeout_s))
+        self.assemblies = PushAssemblies(expected_shapes, stale_s=max(60.0, 6 * cfg.worker.exchange_timeout_s))
+        """Partners' pushes still arriving chunk by chunk (server thread only)."""
         self.rejected = RejectCounter(metrics.rejected)
         self.blacklist = blacklist or Blacklist()
         """Senders of refused contributions (shared with the worker's peer view)."""
@@ -67,16 +72,25 @@ class SnapshotService:
 
     # -- encoding ---------------------------------------------------------------------------
 
-    def encode_contribution(self, state: PeerOuterState, outer_step: int) -> Snapshot:
-        """Our contribution for `outer_step`, compressed once (fault injection applies here)."""
+    def plan_contribution(self, state: PeerOuterState) -> tuple[list[torch.Tensor], PartsKind, list[list[Piece]]]:
+        """Our contribution's tensors (fault injection applies here), what they are, and the
+        pieces of each chunk they stream in."""
         parts, parts_kind = contribution_parts(state)
-        return encode_snapshot(inject_snapshot_faults(parts, self.cfg), self.cfg.worker.snapshot_codec,
-                               outer_step, parts_kind)
+        parts = [t.detach().float().cpu().contiguous() for t in inject_snapshot_faults(parts, self.cfg)]
+        chunk_elems = max(ALIGN, int(self.cfg.worker.snapshot_chunk_mb * (1 << 20)) // 4)
+        return parts, parts_kind, plan_chunks([t.numel() for t in parts], chunk_elems)
 
-    def push_message(self, snapshot: Snapshot, for_step: int) -> list[Any]:
-        """Our snapshot for a partner whose own outer step is `for_step`."""
-        return snapshot_message(MessageKind.SNAPSHOT_PUSH, run_id=self.cfg.run.run_id, stage=self.stage,
-                                sender=self.worker_id, snapshot=snapshot, extra={"for_step": for_step})
+    def encode_chunk(self, parts: list[torch.Tensor], pieces: list[Piece], outer_step: int,
+                     parts_kind: PartsKind) -> Snapshot:
+        """One chunk of our contribution, compressed (any thread: it only reads `parts`)."""
+        return encode_snapshot(piece_views(parts, pieces), self.cfg.worker.snapshot_codec, outer_step, parts_kind)
+
+    def chunk_push_message(self, chunk: Snapshot, index: int, total: int, pieces: list[Piece],
+                           for_step: int) -> list[Any]:
+        """Chunk `index` of `total` of our contribution, for a partner at its outer step `for_step`."""
+        return chunk_message(MessageKind.SNAPSHOT_PUSH, run_id=self.cfg.run.run_id, stage=self.stage,
+                             sender=self.worker_id, chunk=chunk, index=index, total=total, pieces=pieces,
+                             for_step=for_step)
 
     def publish_bootstrap(self, replica: StageReplica, inner_steps: int, outer_steps: int) -> None:
         """Copy our slow weights and momentum for joiners (training thread: a copy, no encoding)."""
@@ -117,18 +131,30 @@ class SnapshotService:
             if kind != MessageKind.SNAPSHOT_PUSH:
                 raise SnapshotRejected("unexpected_kind")
             for_step = push_target_step(decoded)
-            try:
-                theirs, their_state = self.reader.contribution(decoded)
-            except SnapshotRejected as rejected:
-                self._blame(header.sender, rejected.reason)
-                raise
+            if for_step < self.inbox.floor:
+                return self._message(MessageKind.ERROR)  # a step we are past: the pusher learns it is late
+            whole = self._place_chunk(header.sender, for_step, decoded)
         except SnapshotRejected as rejected:
             self.count_reject(rejected.reason)
             return self._message(MessageKind.ERROR)
-        if not self.inbox.keep(header.sender, for_step, theirs, their_state):
-            return self._message(MessageKind.ERROR)  # a step we are past: the pusher learns it is late
+        if whole is not None and not self.inbox.keep(header.sender, for_step, *whole):
+            return self._message(MessageKind.ERROR)
         return snapshot_message(MessageKind.SNAPSHOT_ACK, run_id=self.cfg.run.run_id, stage=self.stage,
-                                sender=self.worker_id, outer_step=theirs.outer_step)
+                                sender=self.worker_id, outer_step=header.outer_step)
+
+    def _place_chunk(self, sender: str, for_step: int,
+                     decoded: DecodedMessage) -> tuple[Snapshot, PeerOuterState] | None:
+        """Validate one chunk of a partner's push and place it; the whole contribution once
+        complete. A bad chunk blacklists its sender and raises SnapshotRejected."""
+        try:
+            chunk = self.reader.chunk(decoded)
+            return self.assemblies.add(sender, for_step, chunk, floor=self.inbox.floor)
+        except SnapshotRejected as rejected:
+            self._blame(sender, rejected.reason)
+            raise
+        except ChunkError:
+            self._blame(sender, "malformed_chunk")
+            raise SnapshotRejected("malformed_chunk") from None
 
     def _blame(self, sender: str, reason: str) -> None:
         """A well-addressed push with a bad payload: blacklist its sender, and say so unless it
