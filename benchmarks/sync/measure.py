@@ -64,10 +64,11 @@ def straggler_trials(size: str, compute_s: float, codec: str = "shuffle-zstd",
                      repeats: int = 1) -> list[dict[str, Any]]:
     # Two outer steps: the first (no compute) warms up and leaves every rank a published
     # snapshot; the second has everyone compute, rank 0 twice as long. Repeats alternate the
-    # methods, so slow phases of a noisy machine hit both alike.
+    # methods, so slow phases of a noisy machine hit all alike. noloco-overlap-*: the worker's
+    # overlapped step (provisional local step, next inner phase at once).
     return [{"kind": "straggler", "size": size, "method": method, "outer_steps": 2, "compute_s": compute_s,
              "straggler_rank": 0, "straggler_factor": 2.0, "repeat": repeat}
-            for repeat in range(repeats) for method in (f"noloco-{codec}", "allreduce")]
+            for repeat in range(repeats) for method in (f"noloco-{codec}", f"noloco-overlap-{codec}", "allreduce")]
 
 
 def run_group(world: int, link: LinkSpec | None, trials: list[dict[str, Any]], timeout_s: float) -> list[dict]:

@@ -111,6 +111,25 @@ def _start_together(margin_s: float) -> float:
     return float(start.item())
 
 
+def _overlapped_step(exchanger: OuterExchanger, rank: int, world: int, step: int, addrs: list[str],
+                     tensors: list[torch.Tensor], compute_s: float) -> dict[str, Any]:
+    """The overlapped outer step (DESIGN §4) as a worker takes it: the inner phase up to the
+    outer step, the round handed to the exchanger (the provisional local step), then the
+    next inner phase at once. Times the span between the two outer steps; the round's
+    result is collected afterwards (a correction at the next inner-step boundary)."""
+    time.sleep(compute_s)  # the inner phase that ends at this outer step (GPU work: no CPU)
+    reached = time.time()
+    partners = partners_of(rank, world, step, addrs)
+    exchanger.begin(OuterRound(step, PeerOuterState(fast=tensors), partners))
+    time.sleep(compute_s)  # the next inner phase, on the provisional weights
+    done = time.time()
+    result = exchanger.result(step, wait_s=3 * exchanger.collect_s)
+    return {"done": done, "elapsed_s": done - reached, "round_s": result.seconds if result else None,
+            "wire_bytes": result.sent_wire_bytes if result else 0, "raw_bytes": result.sent_raw_bytes if result else 0,
+            "peer_ok": bool(result and result.used), "partners": len(partners),
+            "peer": ",".join(result.used) if result else ""}
+
+
 def run(plan: dict[str, Any]) -> None:
     rank, world = plan["rank"], plan["world"]
     torch.set_num_threads(1)  # N processes share 2 cores: threads would only fight
@@ -135,7 +154,7 @@ def run(plan: dict[str, Any]) -> None:
         steps = trial.get("outer_steps", 1)
         service = exchanger = None
         if method.startswith("noloco-"):
-            cfg = _config(method.removeprefix("noloco-"), plan["exchange_timeout_s"])
+            cfg = _config(method.removeprefix("noloco-").removeprefix("overlap-"), plan["exchange_timeout_s"])
             service = SnapshotService(cfg, 0, f"rank{rank}", metrics=_Null(), log=_Null(),
                                       expected_shapes=[tuple(t.shape) for t in tensors])
             holder.service = service
@@ -143,8 +162,14 @@ def run(plan: dict[str, Any]) -> None:
         for step in range(1, steps + 1):
             start = _start_together(margin_s)
             record: dict[str, Any] = {"rank": rank, "world": world, "trial": trial_index, "step": step, **trial}
-            if step == steps and compute_s:
-                time.sleep(compute_s)
+            timed_compute_s = compute_s if step == steps else 0.0
+            if method.startswith("noloco-overlap-"):
+                record.update(_overlapped_step(exchanger, rank, world, step, addrs, tensors, timed_compute_s))
+                with out.open("a") as handle:
+                    handle.write(json.dumps({**record, "start": start}) + "\n")
+                continue
+            if timed_compute_s:
+                time.sleep(timed_compute_s)
             if exchanger is not None:
                 partners = partners_of(rank, world, step, addrs)
                 exchanger.begin(OuterRound(step, PeerOuterState(fast=tensors), partners))

@@ -109,10 +109,12 @@ def straggler_section(straggler: list[dict[str, Any]], extra: dict[str, Any]) ->
         key = row.pop()
         ar = medians.get((*key[:4], "allreduce"))
         ratio = f"{medians[key] / ar:.2f}" if ar and key[4] != "allreduce" else "—"
-        rows_out.append([*row, ratio])
+        rows_out.append([*row, f"{medians[key] / key[3]:.3f}" if key[3] else "—", ratio])
     command = extra.get("straggler_command")
     note = ("\nTime from the common start of the timed outer step to its end on each worker (that step "
-            "includes the compute). Cells: median (range) over repeats. Partners: ranks whose exchange "
+            "includes the compute); noloco-overlap: from reaching the outer step to reaching the next one "
+            "(the round runs in the background meanwhile). ÷ own compute: non-straggler mean over the "
+            "nominal compute (1.0: never waits). Cells: median (range) over repeats. Partners: ranks whose exchange "
             "ended with the straggler ([n] = how many over all repeats); others: every other non-straggler "
             "rank, min / mean / max within a trial, each summarised over repeats. Ratio: median "
             "non-straggler mean, NoLoCo / all-reduce.")
@@ -122,7 +124,7 @@ def straggler_section(straggler: list[dict[str, Any]], extra: dict[str, Any]) ->
     return markdown_table(
         "## Straggler: one worker computes 2× the nominal inner phase, then sync",
         ["link", "N", "size", "nominal compute s", "method", "repeats", "straggler s", "partners s",
-         "others min s", "others mean s", "others max s", "non-straggler mean s",
+         "others min s", "others mean s", "others max s", "non-straggler mean s", "÷ own compute",
          "ratio vs all-reduce (non-straggler mean)"], rows_out) + note + "\n\n"
 
 
