@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(400)
 def test_short_chaos_run_keeps_every_invariant(tmp_path):
     out = tmp_path / "chaos"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "chaos", "--steps", "60", "--every", "3",
+    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "chaos", "--steps", "40", "--every", "2",
                              "--seed", "1", "--baseline", "--out", str(out), "--timeout", "150",
                              "--net-loss", "0.02", "--net-delay-ms", "1"],
                             env=env, capture_output=True, text=True, timeout=380)
@@ -44,5 +44,5 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
     # Data-path messages were lost and delayed on purpose; the accounting above still held.
     assert faulty["network_faults"]["lost"] > 0 and faulty["network_faults"]["delayed"] > 0
     assert abs(checks["final_loss"]["ratio"] - 1.0) <= 0.10
-    assert all(steps >= 60 for steps in faulty["reached"].values())
+    assert all(steps >= 40 for steps in faulty["reached"].values())
     assert "all invariants hold" in result.stdout

@@ -20,8 +20,10 @@ def test_one_sided_share_counts_unreturned_uses():
 
 
 def test_a_worker_slowed_twice_still_pairs_symmetrically(tmp_path):
+    # Lossless, so that every pair's corrections cancel exactly (the check at the end).
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": "true",
-                                                         "outer.pairing": "ready", "outer.max_delay_steps": 4})
+                                                         "outer.pairing": "ready", "outer.max_delay_steps": 4,
+                                                         "worker.snapshot_codec": "shuffle-zstd"})
     try:
         fast = [cluster.start_worker(0, f"fast{i}", steps=60) for i in range(3)]
         slow = cluster.start_worker(0, "slow", steps=30, **{"worker.fault_slowdown": 2.0})
@@ -43,9 +45,15 @@ def test_a_worker_slowed_twice_still_pairs_symmetrically(tmp_path):
     print(f"outer steps by kind: {dict(kinds)}; one-sided share {share:.3f}; slow paired with "
           f"{Counter(used['slow'])}; outer-step drift at the fast workers' end {drift}")
     assert sum(len(evs) for evs in events.values()) == 3 * 12 + 6
-    # The issue's target is 90 %; measured 81 % (34/42): a waiter whose window passes before
-    # the next worker arrives steps alone, and the first and last steps have nobody to pair.
-    # The seeded matching measured 57 % here (the slow worker never paired): drift defeats it.
+    # The issue's target is 90 %; measured 81 %, 90 % and 90 % (38/42) in three runs: a waiter
+    # whose window passes before the next worker arrives steps alone, and the first and last
+    # steps have nobody to pair. The seeded matching measured 57 % here (the slow worker never
+    # paired): drift defeats it.
     assert kinds["matched"] >= 0.75 * total, kinds
     assert share <= 0.05, used
     assert used["slow"], "the slow worker never paired"
+    # Partners at different steps still return every use: over all applied corrections, Σ c = 0
+    # (the replicas' mean is kept).
+    applied = [e for evs in events.values() for e in evs if "correction_sum" in e]
+    assert applied and abs(sum(e["correction_sum"] for e in applied)) <= 1e-4 * sum(
+        e["correction_abs"] for e in applied)
