@@ -65,7 +65,7 @@ def _send(mode: str, address: str, size_mib: int, count: int, done) -> None:
     dim = size_mib * (1 << 20) // 4 // (8 * seq)
     activations = torch.randn(8, seq, dim)
     targets = torch.zeros(8, seq, dtype=torch.int64)
-    outgoing = messages.forward(RUN, "sender", 0, 0, "tcp://127.0.0.1:1", activations, targets)
+    outgoing = messages.forward(RUN, "sender", 0, 0, "tcp://127.0.0.1:1", [activations], targets)
     if mode == "runtime":
         sock = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="", high_water_mark=8)
         for _ in range(count):

@@ -177,8 +177,27 @@ def _data_header_mutation(rng: random.Random) -> Frames:
     return [_pack(header), *frames]
 
 
+def _data_bad_packing(rng: random.Random) -> Frames:
+    """A forward in a wire dtype (pipeline.wire_dtype) whose packing does not hold together:
+    int8 codes without their scales, scales of the wrong shape, or the frames out of order."""
+    acts = torch.randint(-127, 128, (BATCH, SEQ, DIM), dtype=torch.int8)
+    scales = torch.rand(BATCH, SEQ, 1)
+    targets = torch.randint(0, 256, (BATCH, SEQ))
+    choice = rng.randrange(4)
+    if choice == 1:
+        scales = torch.rand(BATCH, SEQ, rng.randint(2, 4))
+    tensors = {0: [acts, targets], 1: [acts, scales, targets], 2: [scales, acts, targets],
+               3: [acts.to(torch.bfloat16), scales, targets]}[choice]
+    specs = [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+              "nbytes": t.numel() * t.element_size()} for t in tensors]
+    return [_pack(_header(tensors=specs, extra={"reply_to": "tcp://127.0.0.1:1"})),
+            *(t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
+              for t in tensors)]
+
+
 DATA_MUTATIONS: list[Callable[[random.Random], Frames]] = [
-    _data_random, _data_truncated, _data_lying_shape, _data_huge, _data_wrong_run_or_version, _data_header_mutation]
+    _data_random, _data_truncated, _data_lying_shape, _data_huge, _data_wrong_run_or_version, _data_header_mutation,
+    _data_bad_packing]
 
 
 # -- exchange-socket mutations ----------------------------------------------------------------

@@ -230,7 +230,7 @@ def _metric(port: int, name: str) -> float:
 def _other_run_forward(index: int) -> list:
     """A well-formed forward message of another run (shapes of the tiny preset)."""
     message = messages.forward("another-run", "intruder", 0, index, "tcp://127.0.0.1:1",
-                               torch.zeros(8, 64, 64), torch.zeros(8, 64, dtype=torch.long))
+                               [torch.zeros(8, 64, 64)], torch.zeros(8, 64, dtype=torch.long))
     return list(message.parts())
 
 

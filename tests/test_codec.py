@@ -168,7 +168,7 @@ def test_unknown_codec_and_dtype():
         decode_tensors(replaced(good, specs=[TensorSpec((1,), "complex64")]), max_decompressed_bytes=BOUND)
     with pytest.raises(CodecError, match="non-negative ints"):
         decode_tensors(replaced(good, specs=[TensorSpec((-1, -8), "float32")]), max_decompressed_bytes=BOUND)
-    assert set(ALLOWED_DTYPES) == {"float32", "bfloat16", "float16", "int64", "int32", "uint8"}
+    assert set(ALLOWED_DTYPES) == {"float32", "bfloat16", "float16", "int64", "int32", "uint8", "int8"}
 
 
 # -- compression --------------------------------------------------------------------------

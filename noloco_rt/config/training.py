@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from noloco_rt.config.errors import require, require_choice
+from noloco_rt.net.codec_names import WIRE_DTYPES
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
@@ -215,8 +216,12 @@ class PipelineConfig:
     """Replicas per stage (the simulator; live workers decide it in a real run)."""
     max_inflight: int = 4
     """B: forwards a worker accepts before it waits for their gradients and steps."""
+    wire_dtype: str = "float32"
+    """How activations and gradients travel between stages: float32 (exact), bfloat16,
+    float16, or int8 (activations: int8 with a per-token scale; gradients: bfloat16)."""
 
     def __post_init__(self) -> None:
+        require_choice("pipeline", "wire_dtype", self.wire_dtype, WIRE_DTYPES)
         require(self.stages >= 1, "pipeline", "stages", self.stages, "must be >= 1")
         require(self.replicas >= 1, "pipeline", "replicas", self.replicas, "must be >= 1")
         require(self.max_inflight >= 1, "pipeline", "max_inflight", self.max_inflight, "must be >= 1")

@@ -1,4 +1,4 @@
-"""The snapshot codecs by name, apart from their implementation.
+"""The snapshot codecs and the data path's wire dtypes by name, apart from their implementation.
 
 The config validates worker.snapshot_codec against this list, and the config is read by
 every command; keeping the names here spares that path numpy, torch and zstandard.
@@ -8,3 +8,6 @@ CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd", "int8-zstd", "int4
 
 LOSSLESS_CODECS = ("raw", "zstd", "shuffle-zstd")
 """Those that give back exactly the bits sent: the only ones a joiner's bootstrap may use."""
+
+WIRE_DTYPES = ("float32", "bfloat16", "float16", "int8")
+"""How activations and gradients may travel (pipeline.wire_dtype; noloco_rt.net.wire_dtype)."""

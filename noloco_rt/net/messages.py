@@ -19,6 +19,10 @@ from noloco_rt.net.wire import (
     decode_message,
     encode_message,
 )
+from noloco_rt.net.wire_dtype import WireDtypeError, frames_of, unpack
+
+# What follows the packed activation or gradient (noloco_rt.net.wire_dtype) in each kind.
+_AFTER_PACKED = {MessageKind.FORWARD: [torch.int64], MessageKind.BACKWARD: []}
 
 # Activations of a 7b stage at batch 8 × 4096 tokens are 512 MiB in float32: bound the frames there.
 DATA_LIMITS = WireLimits(max_frame_bytes=1 << 30, max_message_bytes=(1 << 30) + (1 << 20))
@@ -55,7 +59,8 @@ def _tensor_frames(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], l
         tensor = tensor.detach().contiguous().cpu()
         specs.append({"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
                       "nbytes": tensor.numel() * tensor.element_size()})
-        frames.append(memoryview(tensor.numpy()).cast("B"))  # no copy: ZeroMQ sends the tensor's memory
+        # No copy: ZeroMQ sends the tensor's memory (viewed as bytes: numpy has no bfloat16).
+        frames.append(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B"))
     return specs, frames
 
 
@@ -68,16 +73,18 @@ def _message(kind: MessageKind, run_id: str, sender: str, stage: int, microbatch
     return Outgoing(header, frames)
 
 
-def forward(run_id: str, sender: str, stage: int, microbatch_id: int, reply_to: str, activations: torch.Tensor,
-            targets: torch.Tensor) -> Outgoing:
-    """Stage output (B, T, C) float32 and the targets (B, T) int64 that travel to the last stage."""
-    return _message(MessageKind.FORWARD, run_id, sender, stage, microbatch_id, 0, [activations, targets], reply_to)
+def forward(run_id: str, sender: str, stage: int, microbatch_id: int, reply_to: str,
+            activations: list[torch.Tensor], targets: torch.Tensor) -> Outgoing:
+    """Stage output (B, T, C) packed in the wire dtype (noloco_rt.net.wire_dtype.pack) and the
+    targets (B, T) int64 that travel to the last stage."""
+    return _message(MessageKind.FORWARD, run_id, sender, stage, microbatch_id, 0, [*activations, targets], reply_to)
 
 
 def backward(run_id: str, sender: str, stage: int, microbatch_id: int, attempt: int,
-             grad: torch.Tensor) -> Outgoing:
-    """Gradient of the loss with respect to the forward's activations, for (microbatch_id, attempt)."""
-    return _message(MessageKind.BACKWARD, run_id, sender, stage, microbatch_id, attempt, [grad])
+             grad: list[torch.Tensor]) -> Outgoing:
+    """Gradient of the loss with respect to the forward's activations, packed in the wire
+    dtype, for (microbatch_id, attempt)."""
+    return _message(MessageKind.BACKWARD, run_id, sender, stage, microbatch_id, attempt, grad)
 
 
 def with_attempt(message: Outgoing, attempt: int) -> Outgoing:
@@ -91,10 +98,17 @@ def decode(parts: list[Any], *, run_id: str) -> DataMessage:
     decoded: DecodedMessage = decode_message(parts, expected_run_id=run_id, limits=DATA_LIMITS,
                                              check_finite=False, copy=False)
     header = decoded.header
-    expected = {MessageKind.FORWARD: [torch.float32, torch.int64], MessageKind.BACKWARD: [torch.float32]}
-    wanted = expected.get(MessageKind(header.kind))
-    if wanted is None or [t.dtype for t in decoded.tensors] != wanted:
-        raise WireReject(RejectReason.FRAME_COUNT_MISMATCH, f"{header.kind} needs tensors of {wanted}")
-    return DataMessage(kind=MessageKind(header.kind), sender=header.sender, stage=header.stage,
-                       microbatch_id=header.microbatch_id, attempt=header.attempt,
-                       reply_to=str(header.extra.get("reply_to", "")), tensors=list(decoded.tensors))
+    kind = MessageKind(header.kind)
+    if kind not in _AFTER_PACKED:
+        raise WireReject(RejectReason.FRAME_COUNT_MISMATCH, f"{header.kind} is not a data-path message")
+    tensors = list(decoded.tensors)
+    try:
+        packed = frames_of([t.dtype for t in tensors])
+        if [t.dtype for t in tensors[packed:]] != _AFTER_PACKED[kind]:
+            raise WireDtypeError(f"{kind.value} carries one packed tensor then {_AFTER_PACKED[kind]}")
+        value = unpack(tensors[:packed])
+    except WireDtypeError as exc:
+        raise WireReject(RejectReason.FRAME_COUNT_MISMATCH, f"{header.kind}: {exc}") from None
+    return DataMessage(kind=kind, sender=header.sender, stage=header.stage, microbatch_id=header.microbatch_id,
+                       attempt=header.attempt, reply_to=str(header.extra.get("reply_to", "")),
+                       tensors=[value, *tensors[packed:]])

@@ -24,6 +24,7 @@ ALLOWED_DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
     "int32": torch.int32,
     "uint8": torch.uint8,
+    "int8": torch.int8,
 }
 
 

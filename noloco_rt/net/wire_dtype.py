@@ -1,0 +1,75 @@
+"""How activations and gradients travel between pipeline stages (`pipeline.wire_dtype`), pure.
+
+Over a slow link the data path, not the outer exchange, carries most bytes: a 125m
+microbatch's activations are 25 MB per hop in float32. A sender packs a float32 tensor
+into the wire dtype; the receiver checks what arrived and unpacks it back to float32, so
+the stage's compute never sees the wire form.
+
+- float32: as computed (exact).
+- bfloat16 / float16: a cast (relative error at most 2^-8 / 2^-11 per element; float16
+  overflows to inf beyond 65504, which the inner step's finite check then refuses).
+- int8: activations as int8 codes with one float32 scale per token (the last dimension's
+  largest magnitude / 127, as SWARM compresses its activations): absolute error at most
+  scale / 2 per element. Gradients travel in bfloat16 (their per-token range is too wide
+  for 8 bits to carry well).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from noloco_rt.net.codec_names import WIRE_DTYPES
+
+_CASTS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_FLOATS = frozenset(_CASTS.values())
+INT8_LEVELS = 127
+
+
+class WireDtypeError(ValueError):
+    """Received tensors that are not a valid packing of one tensor."""
+
+
+def gradient_wire_dtype(wire_dtype: str) -> str:
+    """The dtype gradients travel in when activations travel in `wire_dtype`."""
+    return "bfloat16" if wire_dtype == "int8" else wire_dtype
+
+
+def pack(tensor: torch.Tensor, wire_dtype: str) -> list[torch.Tensor]:
+    """The frames of one float tensor in the wire dtype (on the tensor's device: cast before
+    the host copy, so fewer bytes cross PCIe too)."""
+    tensor = tensor.detach()
+    if wire_dtype in _CASTS:
+        return [tensor.to(_CASTS[wire_dtype]).contiguous()]
+    if wire_dtype != "int8":
+        raise ValueError(f"unknown wire dtype {wire_dtype!r}; one of {', '.join(WIRE_DTYPES)}")
+    values = tensor.float()
+    scale = values.abs().amax(dim=-1, keepdim=True).div_(INT8_LEVELS)
+    codes = values.div(scale.clamp_min(torch.finfo(torch.float32).tiny)).round_().clamp_(-INT8_LEVELS, INT8_LEVELS)
+    return [codes.to(torch.int8).contiguous(), scale.contiguous()]
+
+
+def frames_of(dtypes: Sequence[torch.dtype]) -> int:
+    """How many received tensors the first packed tensor takes (1, or 2 for int8 + scale);
+    raises WireDtypeError for a dtype that starts no packing."""
+    if not dtypes:
+        raise WireDtypeError("no tensors")
+    if dtypes[0] in _FLOATS:
+        return 1
+    if dtypes[0] == torch.int8 and len(dtypes) >= 2 and dtypes[1] == torch.float32:
+        return 2
+    raise WireDtypeError(f"tensors of {[str(d) for d in dtypes]} are not a wire packing")
+
+
+def unpack(frames: Sequence[torch.Tensor]) -> torch.Tensor:
+    """float32 back from one packing (one float tensor, or int8 codes and their per-token
+    scales, whose shape must be the codes' with a last dimension of 1)."""
+    if len(frames) == 1 and frames[0].dtype in _FLOATS:
+        return frames[0].float()
+    if len(frames) != 2 or frames[0].dtype != torch.int8 or frames[1].dtype != torch.float32:
+        raise WireDtypeError("not a wire packing")
+    codes, scale = frames
+    if codes.dim() == 0 or tuple(scale.shape) != (*codes.shape[:-1], 1):
+        raise WireDtypeError(f"scales {tuple(scale.shape)} do not fit codes {tuple(codes.shape)}")
+    return codes.float().mul_(scale)
