@@ -55,6 +55,12 @@ def test_int8_sends_a_quarter_of_the_bytes_and_gradients_go_in_bfloat16():
     assert received.tensors[0].dtype == torch.float32 and len(received.tensors) == 1
 
 
+def test_float16_saturates_instead_of_overflowing():
+    acts = torch.tensor([[1e6, -1e6, 3.0]])
+    got = unpack(pack(acts, "float16"))
+    assert torch.equal(got, torch.tensor([[65504.0, -65504.0, 3.0]]))
+
+
 def test_an_all_zero_token_stays_zero_in_int8():
     acts = torch.zeros(2, 3, 8)
     acts[0, 0] = torch.arange(8.0)

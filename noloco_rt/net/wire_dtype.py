@@ -7,7 +7,7 @@ the stage's compute never sees the wire form.
 
 - float32: as computed (exact).
 - bfloat16 / float16: a cast (relative error at most 2^-8 / 2^-11 per element; float16
-  overflows to inf beyond 65504, which the inner step's finite check then refuses).
+  saturates at ±65504 instead of overflowing to inf, and flushes magnitudes below 2^-24).
 - int8: activations as int8 codes with one float32 scale per token (the last dimension's
   largest magnitude / 127, as SWARM compresses its activations): absolute error at most
   scale / 2 per element. Gradients travel in bfloat16 (their per-token range is too wide
@@ -40,6 +40,9 @@ def pack(tensor: torch.Tensor, wire_dtype: str) -> list[torch.Tensor]:
     """The frames of one float tensor in the wire dtype (on the tensor's device: cast before
     the host copy, so fewer bytes cross PCIe too)."""
     tensor = tensor.detach()
+    if wire_dtype == "float16":  # saturate: one outlier must not turn a whole microbatch into inf
+        limit = torch.finfo(torch.float16).max
+        return [tensor.clamp(-limit, limit).to(torch.float16).contiguous()]
     if wire_dtype in _CASTS:
         return [tensor.to(_CASTS[wire_dtype]).contiguous()]
     if wire_dtype != "int8":
