@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_a_killed_partner_leaves_local_steps_and_a_joiner_enters_groups_only(tmp_path):
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": "true",
-                                                         "outer.max_delay_steps": 3,
+                                                         "outer.max_delay_steps": 4,
                                                          "worker.exchange_timeout_s": 2.0})
     try:
         survivor = cluster.start_worker(0, "survivor", steps=150)
@@ -38,7 +38,10 @@ def test_a_killed_partner_leaves_local_steps_and_a_joiner_enters_groups_only(tmp
     print(f"survivor's steps with the dead partner in its group: {[(e['kind'], e['delay']) for e in after_kill]}")
     assert after_kill and kinds <= {"local", "dropped_late"}, after_kill
     # Training went on while each of those waited for the dead partner: a local step, not a stall.
-    assert len(events) == 30 and events[-1]["outer_step"] == 30
+    # Every outer step is logged once, up to the last; the survivor's first is 1, or 2 when it
+    # came up after the victim and bootstrapped from it.
+    steps = [e["outer_step"] for e in events]
+    assert steps == list(range(steps[0], 31)) and steps[0] <= 2, steps
     for worker in (survivor, joiner):
         for event in worker.events("outer_step_done"):
             assert set(event["used"]) <= set(event["group"]), event
