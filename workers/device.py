@@ -12,6 +12,13 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The dtype the stage's forward autocasts to for `model.precision`, or None (float32)."""
+    if precision == "bfloat16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
 class HostStaging:
     """Device <-> host copies for the wire; on CUDA through pinned buffers reused per shape."""
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from noloco_rt.config.errors import require, require_choice
 from noloco_rt.net.codec_names import WIRE_DTYPES
 
+PRECISIONS = ("auto", "float32", "bfloat16")
+
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
 ROUTING_POLICIES = ("p2c", "random")
@@ -49,10 +51,15 @@ class ModelConfig:
     """Tokens per sequence."""
     vocab_size: int = 256
     """256 for the byte-level tokenizer; larger for pre-tokenized data."""
+    precision: str = "auto"
+    """Workers' forward and backward: auto (bfloat16 autocast on CUDA, float32 on CPU),
+    float32, or bfloat16 (autocast on any device). Weights, optimizer states and the outer
+    step stay float32 either way."""
 
     def __post_init__(self) -> None:
         from noloco_rt.model import PRESETS  # local: model imports torch
 
+        require_choice("model", "precision", self.precision, PRECISIONS)
         require_choice("model", "preset", self.preset, tuple(PRESETS))
         require(self.seq_len >= 2, "model", "seq_len", self.seq_len, "must be >= 2")
         require(self.vocab_size >= 2, "model", "vocab_size", self.vocab_size, "must be >= 2")

@@ -6,12 +6,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.membership.peers import PeerView
 from noloco_rt.net.transport import DataSocket
 from workers.counters import Counters, TokenRate
-from workers.device import HostStaging
+from workers.device import HostStaging, autocast_dtype
 from workers.metrics import RejectCounter, WorkerMetrics
 
 
@@ -33,10 +35,21 @@ class DataContext:
     tokens: TokenRate = field(init=False)
     rejected: RejectCounter = field(init=False)
     """Data-path rejects (the exchange counts its own)."""
+    autocast: torch.dtype | None = field(init=False)
+    """The forward's autocast dtype (None: float32)."""
 
     def __post_init__(self) -> None:
         self.tokens = TokenRate(self.metrics)
         self.rejected = RejectCounter(self.metrics.rejected)
+        self.autocast = autocast_dtype(self.cfg.model.precision, self.staging.device)
+
+    def run_stage(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The stage's forward (with its graph), under autocast when model.precision asks for
+        it: its matmuls run in bfloat16, the weights and their gradients stay float32."""
+        if self.autocast is None:
+            return self.replica.module(inputs)
+        with torch.autocast(device_type=self.staging.device.type, dtype=self.autocast):
+            return self.replica.module(inputs)
 
     @property
     def budget(self) -> int:

@@ -84,7 +84,7 @@ class Role:
     def _train_on(self, output: torch.Tensor, targets: torch.Tensor) -> None:
         """Loss of `output` (B, T, vocab) against `targets` (B, T), backward at once."""
         ctx = self.ctx
-        loss = lm_loss(output, targets.to(ctx.staging.device))
+        loss = lm_loss(output.float(), targets.to(ctx.staging.device))  # float32 loss under autocast too
         loss.backward()
         ctx.replica.record_microbatch()
         self._losses.append(loss.item())

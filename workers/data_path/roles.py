@@ -46,8 +46,8 @@ class SendsDownstream(Role):
         if entry is None:
             ctx.discard("late_or_duplicate")
             return
-        grad = ctx.staging.to_device(message.tensors[0])
         sent: SentForward = entry.context
+        grad = ctx.staging.to_device(message.tensors[0]).to(sent.output.dtype)  # the output's own dtype, whatever autocast made it
         if grad.shape != sent.output.shape:
             ctx.rejected.count("gradient_shape")
             ctx.drop(message.microbatch_id, "gradient_shape")
@@ -75,7 +75,7 @@ class Alone(ReadsData):
     def tick(self) -> None:
         inputs, targets = self.next_batch()
         self.accepted_this_step += 1
-        self._train_on(self.ctx.replica.module(inputs.to(self.ctx.staging.device)), targets)
+        self._train_on(self.ctx.run_stage(inputs.to(self.ctx.staging.device)), targets)
 
 
 class First(ReadsData, SendsDownstream):
@@ -97,7 +97,7 @@ class First(ReadsData, SendsDownstream):
             self.ctx.peers.refresh_soon()
             return
         inputs, targets = self.next_batch()
-        output = self.ctx.replica.module(inputs.to(self.ctx.staging.device))  # (B, T, C) with its graph
+        output = self.ctx.run_stage(inputs.to(self.ctx.staging.device))  # (B, T, C) with its graph
         self.sent_this_step += 1
         self.downstream.forward(output, targets, SentForward(output), peer)
 
@@ -115,7 +115,7 @@ class Middle(TakesForwards, SendsDownstream):
         self.downstream.retry_expired()
 
     def on_forward(self, message: messages.DataMessage, hidden_in: torch.Tensor) -> None:
-        output = self.ctx.replica.module(hidden_in)
+        output = self.ctx.run_stage(hidden_in)
         self.downstream.forward(output, message.tensors[1], SentForward(output, hidden_in, message),
                                 self.downstream.choose())
 
@@ -126,7 +126,7 @@ class Middle(TakesForwards, SendsDownstream):
 
 class Last(TakesForwards):
     def on_forward(self, message: messages.DataMessage, hidden_in: torch.Tensor) -> None:
-        self._train_on(self.ctx.replica.module(hidden_in), message.tensors[1])
+        self._train_on(self.ctx.run_stage(hidden_in), message.tensors[1])
         self._reply_gradient(message, hidden_in.grad)
         self.ctx.counters.microbatches += 1
 
