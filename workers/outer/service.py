@@ -52,8 +52,9 @@ class SnapshotService:
         self.metrics = metrics
         self.log = log
         self.reader = SnapshotReader(cfg.run.run_id, expected_shapes)
-        self.inbox = SnapshotInbox(fresh_s=max(60.0, 6 * cfg.worker.exchange_timeout_s))
-        self.assemblies = PushAssemblies(expected_shapes, stale_s=max(60.0, 6 * cfg.worker.exchange_timeout_s))
+        fresh_s = max(60.0, 6 * cfg.worker.exchange_timeout_s)  # a push older than this is of no use
+        self.inbox = SnapshotInbox(fresh_s=fresh_s)
+        self.assemblies = PushAssemblies(expected_shapes, stale_s=fresh_s)
         """Partners' pushes still arriving chunk by chunk (server thread only)."""
         self.rejected = RejectCounter(metrics.rejected)
         self.blacklist = blacklist or Blacklist()
