@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import statistics
 import time
 from pathlib import Path
 
@@ -104,17 +105,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mib", default="1,4,16,64")
     parser.add_argument("--total-mib", type=int, default=1024, help="data sent per size and mode")
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per cell")
+    parser.add_argument("--repeats", type=int, default=3, help="side-by-side runs per row (median and range)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     rows = []
     for size in (int(s) for s in args.sizes_mib.split(",")):
         count = max(8, args.total_mib // size)
-        best = {mode: max(measure(mode, size, count) for _ in range(args.repeats)) for mode in ("raw", "runtime")}
-        rows.append([size, count, f"{best['raw']:.0f}", f"{best['runtime']:.0f}",
-                     f"{best['runtime'] / best['raw']:.2f}"])
-    title = ("Activation transfer between two processes on 127.0.0.1, best of "
-             f"{args.repeats} (`python -m benchmarks.transfer`)")
+        runs = [(measure("raw", size, count), measure("runtime", size, count)) for _ in range(args.repeats)]
+        ratios = [runtime / raw for raw, runtime in runs]
+        rows.append([size, count, f"{statistics.median(r for r, _ in runs):.0f}",
+                     f"{statistics.median(t for _, t in runs):.0f}",
+                     f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"])
+    title = ("Activation transfer between two processes on 127.0.0.1, median (range) of "
+             f"{args.repeats} side-by-side runs (`python -m benchmarks.transfer`)")
     emit(markdown_table(title, ["MiB per message", "messages", "raw pyzmq MiB/s", "runtime MiB/s",
                                 "ratio (target >= 0.9)"], rows), args.out)
 
