@@ -11,6 +11,7 @@ import torch
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.membership.peers import PeerView
+from noloco_rt.net import wire_dtype
 from noloco_rt.net.transport import DataSocket
 from workers.counters import Counters, TokenRate
 from workers.device import HostStaging, autocast_dtype
@@ -42,6 +43,13 @@ class DataContext:
         self.tokens = TokenRate(self.metrics)
         self.rejected = RejectCounter(self.metrics.rejected)
         self.autocast = autocast_dtype(self.cfg.model.precision, self.staging.device)
+
+    def to_wire(self, tensor: torch.Tensor, *, gradient: bool = False) -> list[torch.Tensor]:
+        """Host frames of an activation (or a gradient) packed in pipeline.wire_dtype: packed on
+        the device first, so fewer bytes cross to the host too."""
+        wire = self.cfg.pipeline.wire_dtype
+        packed = wire_dtype.pack(tensor, wire_dtype.gradient_wire_dtype(wire) if gradient else wire)
+        return [self.staging.to_host(t) for t in packed]
 
     def run_stage(self, inputs: torch.Tensor) -> torch.Tensor:
         """The stage's forward (with its graph), under autocast when model.precision asks for

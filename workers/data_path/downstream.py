@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from noloco_rt.membership.records import MemberRecord
-from noloco_rt.net import messages, wire_dtype
+from noloco_rt.net import messages
 from workers.data_path.context import DataContext
 from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
 from workers.data_path.inflight import InflightEntry, InflightTable
@@ -55,9 +55,8 @@ class Downstream:
         worker) and keep `context` until the gradient comes back."""
         ctx = self.ctx
         mb_id = next(self._microbatch_ids)
-        packed = [ctx.staging.to_host(t) for t in wire_dtype.pack(output, ctx.cfg.pipeline.wire_dtype)]
-        frames = messages.forward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, mb_id, ctx.data.address, packed,
-                                  targets)
+        frames = messages.forward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, mb_id, ctx.data.address,
+                                  ctx.to_wire(output), targets)
         self.inflight.add(mb_id, peer=peer.worker_id if peer else "", now=self.clock(),
                           deadline_s=self.latency.deadline_s(), payload=frames, context=context)
         ctx.counters.sent += 1

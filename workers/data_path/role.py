@@ -15,7 +15,7 @@ import torch
 from noloco_rt.data import DataCursor, ShardedBatches, load_corpus
 from noloco_rt.membership.table import Membership
 from noloco_rt.model import lm_loss
-from noloco_rt.net import messages, wire_dtype
+from noloco_rt.net import messages
 from workers.data_path.context import DataContext
 from workers.data_path.downstream import SEND_TIMEOUT_S
 from workers.data_path.receiver import ForwardIntake, Receiver
@@ -94,9 +94,8 @@ class Role:
     def _reply_gradient(self, upstream: messages.DataMessage, grad: torch.Tensor) -> None:
         """Send the input gradient back to the exact worker that sent the forward."""
         ctx = self.ctx
-        packed = wire_dtype.pack(grad, wire_dtype.gradient_wire_dtype(ctx.cfg.pipeline.wire_dtype))
         reply = messages.backward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, upstream.microbatch_id,
-                                  upstream.attempt, [ctx.staging.to_host(t) for t in packed])
+                                  upstream.attempt, ctx.to_wire(grad, gradient=True))
         if not ctx.data.send(upstream.reply_to, reply.parts(), timeout_s=SEND_TIMEOUT_S):
             # The origin died or is unreachable: its microbatch is lost with it.
             ctx.data.forget(upstream.reply_to)
