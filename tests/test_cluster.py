@@ -47,7 +47,18 @@ def _val_loss(stage_weights: list[list[torch.Tensor]] | None) -> float:
     return sum(losses) / len(losses)
 
 
-def test_two_by_two_trains_exchanges_and_routes_to_every_peer(cluster, tmp_path):
+def test_two_by_two_trains_exchanges_and_routes_to_every_peer(tmp_path):
+    # Stage-1 workers step when their microbatches are in, so their step counts drift; a wider
+    # collection window lets the one behind (fed alone while its partner waits) catch up to
+    # the seeded pair's step even while stage 0 is itself in a blocking exchange.
+    cluster = LocalCluster(tmp_path, settings={"worker.exchange_timeout_s": 8.0})
+    try:
+        _two_by_two(cluster, tmp_path)
+    finally:
+        cluster.close()
+
+
+def _two_by_two(cluster: LocalCluster, tmp_path) -> None:
     first = [cluster.start_worker(0, f"a{r}", steps=30) for r in range(2)]
     last = [cluster.start_worker(1, f"b{r}") for r in range(2)]
     port = cluster.wait_event(last[0], "metrics_serving", timeout_s=60)["port"]
