@@ -45,12 +45,9 @@ class SilentSocket:
     def __init__(self) -> None:
         self.sent_to: list[str] = []
 
-    def send(self, address, parts, *, timeout_s):
+    def send(self, address, parts, *, ready=None, on_failure=None):
         self.sent_to.append(address)
-        return True
-
-    def forget(self, address):
-        pass
+        self.on_failure = on_failure
 
 
 class QuietLog:
@@ -122,3 +119,25 @@ def test_leaving_releases_what_is_in_flight_without_blaming_the_peer():
     clock.now += 10.0
     # a, never measured, is explored at the best measured round trip: no penalty for our leaving.
     assert "a" in {downstream.choose().worker_id for _ in range(20)}
+
+
+def test_a_send_the_link_reports_failed_goes_to_another_peer_unless_its_deadline_moved_on_first():
+    clock = Clock()
+    downstream, data, counters = _downstream(clock)
+    peers = downstream.ctx.peers
+    output = torch.zeros(2, 3, 4)
+    targets = torch.zeros(2, 3, dtype=torch.long)
+    downstream.forward(output, targets, output, downstream.choose(exclude={"b"}))
+    assert data.sent_to == ["tcp://a:1"] and peers.local_load("a") == 1
+    data.on_failure()  # the link could not send to a: a is blacklisted, its load released, b gets it
+    assert data.sent_to == ["tcp://a:1", "tcp://b:1"] and counters.retried == 1
+    assert peers.blacklist.blocked("a") and (peers.local_load("a"), peers.local_load("b")) == (0, 1)
+    assert downstream.resolve(0, 1) is not None
+    # A failure reported after the deadline already re-sent the microbatch changes nothing more.
+    downstream.forward(output, targets, output, downstream.choose(exclude={"a"}))
+    failed_first_send = data.on_failure
+    clock.now += 100.0
+    downstream.retry_expired()
+    assert data.sent_to[-2:] == ["tcp://b:1", "tcp://a:1"] and counters.retried == 2
+    failed_first_send()
+    assert len(data.sent_to) == 4 and counters.retried == 2 and len(downstream) == 1

@@ -35,10 +35,12 @@ from noloco_rt.membership.progress import WorkerProgress
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
+from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from workers.cluster.faults import DataFaults
 from workers.counters import Counters
 from workers.data_path.context import DataContext
+from workers.data_path.receiver import decoder
 from workers.data_path.roles import data_path_for
 from workers.device import HostStaging, pick_device
 from workers.inner_step import InnerStep
@@ -52,6 +54,9 @@ from workers.outer.service import SnapshotService
 from workers.outer.step import OuterStep
 
 __all__ = ["StageWorker", "default_worker_name", "install_signal_handlers", "pick_device"]
+
+LINK_FLUSH_S = 2.0
+"""On close, how long the data link may go on sending what it accepted (gradient replies of a leaving worker)."""
 
 
 class StageWorker:
@@ -76,13 +81,14 @@ class StageWorker:
         self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
         self.peers = PeerView(self.views, own_id=self.worker_id)
-        self.data = DataSocket(ctx, bind_host=cfg.network.bind_host, port=cfg.network.data_port,
-                               advertise_host=cfg.network.advertise_host,
-                               faults=data_faults)
+        staging = HostStaging(device)
+        self.data = DataLink(DataSocket(ctx, bind_host=cfg.network.bind_host, port=cfg.network.data_port,
+                                        advertise_host=cfg.network.advertise_host, faults=data_faults),
+                             decode=decoder(cfg.run.run_id, staging))
         self.data_faults = data_faults
         """Chaos testing only: data-path messages this worker loses or delays on purpose."""
         self.data_path = data_path_for(DataContext(
-            cfg=cfg, stage=stage, worker_id=self.worker_id, replica=self.replica, staging=HostStaging(device),
+            cfg=cfg, stage=stage, worker_id=self.worker_id, replica=self.replica, staging=staging,
             data=self.data, peers=self.peers, counters=self.counters, metrics=metrics, log=self.log,
             leave_requested=self.leave_requested), cfg.pipeline.stages)
         self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps)
@@ -138,6 +144,7 @@ class StageWorker:
 
     def start(self) -> None:
         self.exchange_server.start()
+        self.data.start()
         self.membership.register(self.record(WorkerState.JOINING))
         self.heartbeat = HeartbeatThread(self.membership, lambda: asdict(self.progress()),
                                          leave_event=self.leave_requested)
@@ -207,9 +214,9 @@ class StageWorker:
             self.heartbeat.stop()
         self.exchanger.close()
         self.exchange_server.stop()
-        self.data.close()
+        link = self.data.close(flush_s=LINK_FLUSH_S)
         faults = self.data_faults
-        self.log.info("worker_summary", **self.counters.summary(),
+        self.log.info("worker_summary", **self.counters.summary(), link=asdict(link),
                       rejected=merged_counts(self.data_path.ctx.rejected, self.snapshots.rejected),
                       **({"injected_lost": faults.dropped, "injected_delayed": faults.delayed} if faults else {}))
 

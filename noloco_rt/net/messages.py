@@ -3,6 +3,7 @@ noloco_rt.net.wire, which validates everything received."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +46,8 @@ class Outgoing:
 
     header: Header
     frames: list[Any]
+    ready: Callable[[], None] | None = None
+    """Wait for this before the frames are read (their device-to-host copy may be running)."""
     _parts: list[Any] | None = None
 
     def parts(self) -> list[Any]:
@@ -74,21 +77,27 @@ def _message(kind: MessageKind, run_id: str, sender: str, stage: int, microbatch
 
 
 def forward(run_id: str, sender: str, stage: int, microbatch_id: int, reply_to: str,
-            activations: list[torch.Tensor], targets: torch.Tensor) -> Outgoing:
+            activations: list[torch.Tensor], targets: torch.Tensor, *,
+            ready: Callable[[], None] | None = None) -> Outgoing:
     """Stage output (B, T, C) packed in the wire dtype (noloco_rt.net.wire_dtype.pack) and the
-    targets (B, T) int64 that travel to the last stage."""
-    return _message(MessageKind.FORWARD, run_id, sender, stage, microbatch_id, 0, [*activations, targets], reply_to)
+    targets (B, T) int64 that travel to the last stage; `ready`: see Outgoing."""
+    message = _message(MessageKind.FORWARD, run_id, sender, stage, microbatch_id, 0, [*activations, targets],
+                       reply_to)
+    message.ready = ready
+    return message
 
 
 def backward(run_id: str, sender: str, stage: int, microbatch_id: int, attempt: int,
-             grad: list[torch.Tensor]) -> Outgoing:
+             grad: list[torch.Tensor], *, ready: Callable[[], None] | None = None) -> Outgoing:
     """Gradient of the loss with respect to the forward's activations, packed in the wire
-    dtype, for (microbatch_id, attempt)."""
-    return _message(MessageKind.BACKWARD, run_id, sender, stage, microbatch_id, attempt, grad)
+    dtype, for (microbatch_id, attempt); `ready`: see Outgoing."""
+    message = _message(MessageKind.BACKWARD, run_id, sender, stage, microbatch_id, attempt, grad)
+    message.ready = ready
+    return message
 
 
 def with_attempt(message: Outgoing, attempt: int) -> Outgoing:
-    return Outgoing(replace(message.header, attempt=attempt), message.frames)
+    return Outgoing(replace(message.header, attempt=attempt), message.frames, message.ready)
 
 
 def decode(parts: list[Any], *, run_id: str) -> DataMessage:

@@ -162,18 +162,28 @@ class DataSocket:
             self._outbound[address] = sock
         return sock
 
-    def send(self, address: str, frames: Frames, *, timeout_s: float) -> bool:
-        """Queue a multipart message to `address`; False if no live connection took it in time."""
+    def offer(self, address: str, frames: Frames) -> bool:
+        """Queue a multipart message to `address` without waiting; False if no live connection
+        has room for it now (poll `outbound(address)` for POLLOUT and offer again)."""
         if self.faults is not None:
             if self.faults.should_drop():
                 return True  # lost on the way: the sender finds out only by its deadline
             self.faults.hold()
-        sock = self._socket_to(address)
-        try:  # the common case: room in the queue, no poll syscall needed
-            sock.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
+        try:
+            self._socket_to(address).send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
-            pass
+            return False
+
+    def outbound(self, address: str) -> zmq.Socket:
+        """The PUSH socket to `address` (made on first use), for polling."""
+        return self._socket_to(address)
+
+    def send(self, address: str, frames: Frames, *, timeout_s: float) -> bool:
+        """Queue a multipart message to `address`; False if no live connection took it in time."""
+        if self.offer(address, frames):  # the common case: room in the queue, no poll syscall needed
+            return True
+        sock = self._socket_to(address)
         if not sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
         try:
@@ -197,9 +207,12 @@ class DataSocket:
         if sock is not None:
             sock.close(linger=0)
 
-    def close(self) -> None:
-        for address in list(self._outbound):
-            self.forget(address)
+    def close(self, *, linger_ms: int = 0) -> None:
+        """Close every socket; ZeroMQ goes on delivering what it has queued to live peers for
+        up to `linger_ms` (the context's term() waits that long at most)."""
+        for address, sock in list(self._outbound.items()):
+            sock.close(linger=max(0, linger_ms))
+            del self._outbound[address]
         self.inbound.close(linger=0)
 
 

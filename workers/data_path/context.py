@@ -12,9 +12,9 @@ from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.membership.peers import PeerView
 from noloco_rt.net import wire_dtype
-from noloco_rt.net.transport import DataSocket
+from noloco_rt.net.data_link import DataLink
 from workers.counters import Counters, TokenRate
-from workers.device import HostStaging, autocast_dtype
+from workers.device import HostCopy, HostStaging, autocast_dtype
 from workers.metrics import RejectCounter, WorkerMetrics
 
 
@@ -27,7 +27,7 @@ class DataContext:
     worker_id: str
     replica: StageReplica
     staging: HostStaging
-    data: DataSocket
+    data: DataLink
     peers: PeerView
     counters: Counters
     metrics: WorkerMetrics
@@ -44,12 +44,12 @@ class DataContext:
         self.rejected = RejectCounter(self.metrics.rejected)
         self.autocast = autocast_dtype(self.cfg.model.precision, self.staging.device)
 
-    def to_wire(self, tensor: torch.Tensor, *, gradient: bool = False) -> list[torch.Tensor]:
+    def to_wire(self, tensor: torch.Tensor, *, gradient: bool = False) -> HostCopy:
         """Host frames of an activation (or a gradient) packed in pipeline.wire_dtype: packed on
-        the device first, so fewer bytes cross to the host too."""
+        the device first, so fewer bytes cross to the host too (on CUDA the copy may still be
+        running: the sending thread waits for it)."""
         wire = self.cfg.pipeline.wire_dtype
-        packed = wire_dtype.pack(tensor, wire_dtype.gradient_wire_dtype(wire) if gradient else wire)
-        return [self.staging.to_host(t) for t in packed]
+        return self.staging.to_host(wire_dtype.pack(tensor, wire_dtype.gradient_wire_dtype(wire) if gradient else wire))
 
     def run_stage(self, inputs: torch.Tensor) -> torch.Tensor:
         """The stage's forward (with its graph), under autocast when model.precision asks for

@@ -6,6 +6,10 @@ up, feeds the routing's view of that worker. A forward whose send fails or whose
 is re-sent with a new attempt id to a worker that has not failed it yet; once
 worker.max_retries attempts have failed, or every live worker has failed it, it is
 dropped and counted. Deadlines derive from observed round trips.
+
+Sends never wait: the data link (noloco_rt/net/data_link.py) sends on its own thread and
+reports a send that no connection took in time back to this thread, which then treats it
+as a failed attempt.
 """
 
 from __future__ import annotations
@@ -22,9 +26,6 @@ from noloco_rt.net import messages
 from workers.data_path.context import DataContext
 from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
 from workers.data_path.inflight import InflightEntry, InflightTable
-
-SEND_TIMEOUT_S = 1.0
-
 
 def deadline_policy(floor_s: float, ceiling_s: float) -> DeadlinePolicy:
     """The configured bounds; before any round trip is seen, 10 s within them (start-up includes warm-up)."""
@@ -55,46 +56,54 @@ class Downstream:
         worker) and keep `context` until the gradient comes back."""
         ctx = self.ctx
         mb_id = next(self._microbatch_ids)
+        host = ctx.to_wire(output)
         frames = messages.forward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, mb_id, ctx.data.address,
-                                  ctx.to_wire(output), targets)
+                                  host.tensors, targets, ready=host.ready)
         self.inflight.add(mb_id, peer=peer.worker_id if peer else "", now=self.clock(),
                           deadline_s=self.latency.deadline_s(), payload=frames, context=context)
         ctx.counters.sent += 1
         ctx.tokens.add(targets.numel())
-        if peer is None or not self._send(peer, frames, mb_id):
+        if peer is None:
             self.resend(mb_id)
+        else:
+            self._send(peer, frames, mb_id, attempt=0)
 
-    def _send(self, peer: MemberRecord, message: messages.Outgoing, mb_id: int) -> bool:
+    def _send(self, peer: MemberRecord, message: messages.Outgoing, mb_id: int, *, attempt: int) -> None:
         ctx = self.ctx
-        if ctx.data.send(peer.data_addr, message.parts(), timeout_s=SEND_TIMEOUT_S):
-            ctx.counters.routed_to[peer.worker_id[:8]] += 1
-            ctx.peers.sent_to(peer.worker_id)
-            ctx.metrics.forwarded.inc()
-            return True
+        ctx.data.send(peer.data_addr, message.parts(), ready=message.ready,
+                      on_failure=lambda: self._send_failed(peer, mb_id, attempt))
+        ctx.counters.routed_to[peer.worker_id[:8]] += 1
+        ctx.peers.sent_to(peer.worker_id)
+        ctx.metrics.forwarded.inc()
+
+    def _send_failed(self, peer: MemberRecord, mb_id: int, attempt: int) -> None:
+        """No connection to `peer` took the attempt in time (reported by the data link): the peer
+        is blacklisted and the microbatch, if this is still its live attempt, goes elsewhere."""
+        ctx = self.ctx
         ctx.log.warning("send_failed", peer=peer.worker_id[:8], microbatch=mb_id)
         ctx.peers.blacklist.fail(peer.worker_id)
-        ctx.data.forget(peer.data_addr)
-        return False
+        ctx.peers.returned_from(peer.worker_id)  # it never went: nothing to learn, the load is released
+        entry = self.inflight.get(mb_id)
+        if entry is not None and entry.attempt == attempt:
+            self.resend(mb_id)
 
     def resend(self, mb_id: int) -> None:
         """Re-send microbatch mb_id (new attempt id) to a live worker that has not failed it
         yet; drop it once max_retries attempts have failed or no such worker is left.
-        The failed attempt's peer has already been released (see _give_up)."""
+        The failed attempt's peer has already been released (see _give_up, _send_failed)."""
         entry = self.inflight.get(mb_id)
         if entry is None:
             return
         ctx = self.ctx
-        while entry.attempt < ctx.cfg.worker.max_retries:
-            peer = self.choose(exclude=set(entry.tried))
-            if peer is None:
-                break
+        peer = self.choose(exclude=set(entry.tried)) if entry.attempt < ctx.cfg.worker.max_retries else None
+        if peer is not None:
             self.inflight.retry(mb_id, peer=peer.worker_id, now=self.clock(), deadline_s=self.latency.deadline_s())
             entry.payload = messages.with_attempt(entry.payload, entry.attempt)
             ctx.counters.retried += 1
             ctx.metrics.retried.inc()
             ctx.log.info("microbatch_retried", microbatch=mb_id, attempt=entry.attempt, peer=peer.worker_id[:8])
-            if self._send(peer, entry.payload, mb_id):
-                return
+            self._send(peer, entry.payload, mb_id, attempt=entry.attempt)
+            return
         self.inflight.abandon(mb_id)
         ctx.drop(mb_id, "retries_exhausted")
 

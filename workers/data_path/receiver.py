@@ -1,22 +1,44 @@
-"""Taking messages off the data socket: decoded, deduplicated, then handed on by kind.
+"""Taking messages off the data link: decoded, deduplicated, then handed on by kind.
 
 Everything received is untrusted: a message that fails wire validation, a forward of
 the wrong stage or shape, or a kind this worker does not take is rejected and counted.
-A (sender, microbatch, attempt) seen before is a duplicate and ignored.
+A (sender, microbatch, attempt) seen before is a duplicate and ignored. Decoding runs on
+the link's thread (`decoder`), off the training thread; so do the copies into pinned
+memory that a CUDA device needs. Sends the link could not make come back here too.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import zmq
 
 from noloco_rt.net import messages
+from noloco_rt.net.data_link import SendFailed
 from noloco_rt.net.wire import MessageKind, WireReject
 from workers.data_path.context import DataContext
+from workers.device import HostStaging
 
 RECEIVE_POLL_S = 0.05
 SEEN_MEMORY = 4096
 """Message keys remembered for deduplication."""
+
+
+def decoder(run_id: str, staging: HostStaging) -> Callable[[list[zmq.Frame]], messages.DataMessage | WireReject]:
+    """What the data link runs on each message it receives: the decoded message, its tensors
+    pinned for a CUDA device, or the rejection (never raised: the link thread serves on)."""
+
+    def decode(frames: list[zmq.Frame]) -> messages.DataMessage | WireReject:
+        try:
+            message = messages.decode(frames, run_id=run_id)
+        except WireReject as reject:
+            return reject
+        return replace(message, tensors=[staging.pinned(t) for t in message.tensors])
+
+    return decode
 
 
 class ForwardIntake:
@@ -71,14 +93,16 @@ class Receiver:
 
     def poll(self, *, accept_forwards: bool) -> None:
         """Handle at most one message, waiting up to RECEIVE_POLL_S for it."""
-        frames = self.ctx.data.receive(RECEIVE_POLL_S)
-        if frames is None:
+        item: Any = self.ctx.data.receive(RECEIVE_POLL_S)
+        if item is None:
             return
-        try:
-            message = messages.decode(frames, run_id=self.ctx.cfg.run.run_id)
-        except WireReject as reject:
-            self.ctx.rejected.count(reject.reason)
+        if isinstance(item, SendFailed):
+            item.handle()
             return
+        if isinstance(item, WireReject):
+            self.ctx.rejected.count(item.reason)
+            return
+        message: messages.DataMessage = item
         if self._duplicate(message):
             self.ctx.discard("duplicate")
             return

@@ -17,7 +17,6 @@ from noloco_rt.membership.table import Membership
 from noloco_rt.model import lm_loss
 from noloco_rt.net import messages
 from workers.data_path.context import DataContext
-from workers.data_path.downstream import SEND_TIMEOUT_S
 from workers.data_path.receiver import ForwardIntake, Receiver
 from workers.finish import FinishRule, StepLimit, UpstreamFinished
 
@@ -94,12 +93,12 @@ class Role:
     def _reply_gradient(self, upstream: messages.DataMessage, grad: torch.Tensor) -> None:
         """Send the input gradient back to the exact worker that sent the forward."""
         ctx = self.ctx
+        host = ctx.to_wire(grad, gradient=True)
         reply = messages.backward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, upstream.microbatch_id,
-                                  upstream.attempt, ctx.to_wire(grad, gradient=True))
-        if not ctx.data.send(upstream.reply_to, reply.parts(), timeout_s=SEND_TIMEOUT_S):
-            # The origin died or is unreachable: its microbatch is lost with it.
-            ctx.data.forget(upstream.reply_to)
-            ctx.drop(upstream.microbatch_id, "origin_unreachable")
+                                  upstream.attempt, host.tensors, ready=host.ready)
+        # If no connection takes it, the origin died or is unreachable: its microbatch is lost with it.
+        ctx.data.send(upstream.reply_to, reply.parts(), ready=reply.ready,
+                      on_failure=lambda: ctx.drop(upstream.microbatch_id, "origin_unreachable"))
 
 
 class ReadsData(Role):
