@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up demo test lint bench-convergence chaos clean
+.PHONY: up demo test lint bench-convergence chaos gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ bench-convergence: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# On a machine with an NVIDIA GPU and a CUDA build of torch (the pinned wheel is CPU-only):
+# `up` with the small and 125m presets, then tokens/s, peak GPU memory and MFU per worker.
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check --out benchmarks/results/gpu_check.md
 
 # Several minutes: a fault-free baseline, then the same cluster under a fault every 4 s.
 chaos: $(STAMP)

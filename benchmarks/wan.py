@@ -2,21 +2,28 @@
 
     sudo .venv/bin/python -m benchmarks.wan --out benchmarks/results/wan.md
     sudo .venv/bin/python -m benchmarks.wan --quick          # 2 x 2, tiny, 100 Mbit/s only
+    sudo .venv/bin/python -m benchmarks.wan --rtt-ms 50 --baseline-tree /path/to/old/checkout
 
 Each run is S x R real `noloco-rt worker` processes and one redis-server. With links, every
 worker sits in its own network namespace behind `tbf` links of the given rate in both
 directions (benchmarks/sync/netns.py; Redis in the hub), so activations, gradients and
-snapshots all cross an emulated access link; an RTT needs the delaying relay of
-benchmarks/sync, which needs iptables. The loopback run is the same command on 127.0.0.1.
-Per run: stage 0's tokens/s (tokens trained / the span from the first progress line to the
-last worker done) and the val loss of the consensus of the final checkpoints. Ratios are
-against loopback with the same layout, preset and wire dtype.
+snapshots all cross an emulated access link. An RTT comes from the delaying relay of
+benchmarks/sync in routed mode: each worker binds fixed ports and advertises the hub's
+address on its link, where the relay listens and forwards to it after the delay (every
+worker-to-worker connection crosses it once; Redis is not delayed). The loopback run is the
+same command on 127.0.0.1. Per run: stage 0's tokens/s (tokens trained / the span from the
+first progress line to the last worker done) and the val loss of the consensus of the final
+checkpoints. Ratios are against loopback with the same layout, preset and wire dtype.
+
+--baseline-tree runs float32 once more per layout and link with the worker code of another
+checkout (an older commit: "today's path" for a before/after comparison).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +40,8 @@ from benchmarks.table import emit, markdown_table
 from noloco_rt.logs import read_json_lines
 
 REDIS_PORT = 16390
+DATA_PORT_BASE, EXCHANGE_PORT_BASE = 17000, 17200
+"""Fixed ports per worker when a relay adds an RTT (worker i: base + i)."""
 
 
 @dataclass(frozen=True)
@@ -44,30 +53,59 @@ class Trial:
     link: LinkSpec | None
     """None: loopback."""
     steps: int
+    tree: Path | None = None
+    """Run the workers from this checkout instead of this one (None: this one)."""
+    overlap: bool = False
+    """outer.overlap on (the outer exchange off the training path)."""
 
     @property
     def label(self) -> str:
         return self.link.label if self.link else "loopback"
+
+    @property
+    def code(self) -> str:
+        """The wire dtype column: which data path ran."""
+        code = f"{self.wire_dtype} ({self.tree.name})" if self.tree else self.wire_dtype
+        return f"{code} + overlap" if self.overlap else code
 
 
 def missing_tools(links: list[LinkSpec]) -> str | None:
     """One line naming the package to install, or None when every tool is here."""
     if not shutil.which("ip") or not shutil.which("tc"):
         return "benchmarks.wan needs `ip` and `tc` (install iproute2) and root"
-    if any(link.delay_s > 0 for link in links) and not shutil.which("iptables"):
-        return "benchmarks.wan: a link with an RTT needs iptables (install iptables); drop --rtt-ms to run without"
     return None
 
 
-def _settings(trial: Trial, out: Path) -> list[str]:
-    pairs = {"pipeline.stages": trial.stages, "pipeline.wire_dtype": trial.wire_dtype, "model.preset": trial.preset,
-             "paths.checkpoint_dir": out / "checkpoints", "run.run_id": "wan", "worker.leave_grace_s": 5}
+def _settings(trial: Trial, out: Path, index: int) -> list[str]:
+    pairs: dict[str, Any] = {"pipeline.stages": trial.stages, "model.preset": trial.preset,
+                             "paths.checkpoint_dir": out / "checkpoints", "run.run_id": "wan", "worker.leave_grace_s": 5}
+    if trial.tree is None:  # an older checkout may not know the setting; its data path is float32
+        pairs["pipeline.wire_dtype"] = trial.wire_dtype
+    if trial.overlap:
+        pairs["outer.overlap"] = "true"
+    if _relayed(trial):
+        pairs |= {"network.data_port": DATA_PORT_BASE + index, "network.exchange_port": EXCHANGE_PORT_BASE + index}
     return [arg for key, value in pairs.items() for arg in ("--set", f"{key}={value}")]
+
+
+def _relayed(trial: Trial) -> bool:
+    return trial.link is not None and trial.link.delay_s > 0
+
+
+def _start_relay(trial: Trial, workers: int) -> subprocess.Popen[bytes] | None:
+    """The routed relay in the hub (the RTT): hub_ip(i):port -> worker_ip(i):port for both ports."""
+    if not _relayed(trial):
+        return None
+    assert trial.link is not None
+    routes = [f"--route={base + i}={netns.worker_ip(i)}:{base + i}"
+              for i in range(workers) for base in (DATA_PORT_BASE, EXCHANGE_PORT_BASE)]
+    return subprocess.Popen([*netns.hub_prefix(), sys.executable, "-m", "benchmarks.sync.relay",
+                             "--delay-s", str(trial.link.delay_s), *routes], stdout=subprocess.DEVNULL)
 
 
 def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
     """One training; its throughput and final val loss."""
-    out = root / f"{trial.label}-{trial.stages}x{trial.replicas}-{trial.preset}-{trial.wire_dtype}".replace(" ", "")
+    out = root / f"{trial.label}-{trial.stages}x{trial.replicas}-{trial.preset}-{trial.code}".replace(" ", "")
     (out / "logs").mkdir(parents=True)
     workers = trial.stages * trial.replicas
     shaped = trial.link is not None
@@ -75,18 +113,14 @@ def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         if shaped:
-            netns.shape(workers, trial.link)
+            netns.shape(workers, trial.link, redirect=False)
         procs.append(_start_redis(redis_host, shaped))
+        relay = _start_relay(trial, workers)
         for index in range(workers):
-            stage, replica = divmod(index, trial.replicas)
-            host = netns.worker_ip(index) if shaped else "127.0.0.1"
-            args = [*(netns.exec_prefix(index) if shaped else []), sys.executable, "-m", "noloco_rt.cli", "worker",
-                    "--stage", str(stage), "--name", f"s{stage}-r{replica}", "--steps", str(trial.steps),
-                    "--redis-url", f"redis://{redis_host}:{REDIS_PORT}/0", "--bind-host", host,
-                    "--advertise-host", host, "--metrics-port", "0", *_settings(trial, out)]
-            with (out / "logs" / f"s{stage}-r{replica}.log").open("wb") as log:
-                procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
-        for proc in procs[1:]:
+            procs.append(_start_worker(trial, out, index, redis_host))
+        if relay is not None:
+            procs.insert(1, relay)  # stopped with the others, never waited for
+        for proc in procs[2 if relay else 1:]:
             if proc.wait(timeout=1800) != 0:
                 raise SystemExit(f"{trial}: a worker exited {proc.returncode}; logs in {out / 'logs'}")
     finally:
@@ -94,7 +128,26 @@ def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return {**_throughput(out / "logs", trial), "val_loss": _val_loss(out, trial)}
+    try:
+        val_loss = _val_loss(out, trial)
+    except Exception as exc:  # noqa: BLE001 - an older checkout's checkpoints may not load here; keep the speed
+        print(f"  val loss not scored: {exc!r}", flush=True)
+        val_loss = float("nan")
+    return {**_throughput(out / "logs", trial), "val_loss": val_loss}
+
+
+def _start_worker(trial: Trial, out: Path, index: int, redis_host: str) -> subprocess.Popen[bytes]:
+    stage, replica = divmod(index, trial.replicas)
+    shaped = trial.link is not None
+    host = netns.worker_ip(index) if shaped else "127.0.0.1"
+    advertise = netns.hub_ip(index) if _relayed(trial) else host
+    args = [*(netns.exec_prefix(index) if shaped else []), sys.executable, "-m", "noloco_rt.cli", "worker",
+            "--stage", str(stage), "--name", f"s{stage}-r{replica}", "--steps", str(trial.steps),
+            "--redis-url", f"redis://{redis_host}:{REDIS_PORT}/0", "--bind-host", host,
+            "--advertise-host", advertise, "--metrics-port", "0", *_settings(trial, out, index)]
+    env = {**os.environ, "PYTHONPATH": str(trial.tree)} if trial.tree else None
+    with (out / "logs" / f"s{stage}-r{replica}.log").open("wb") as log:  # -m imports from the cwd first
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=trial.tree)
 
 
 def _start_redis(host: str, shaped: bool) -> subprocess.Popen[bytes]:
@@ -146,10 +199,16 @@ def main() -> None:
                         "holds slow weights after steps // 50 outer steps)")
     parser.add_argument("--wire-dtypes", default="float32,float16,int8")
     parser.add_argument("--layouts", default="2x2:tiny,2x2:small,2x4:tiny", help="STAGESxREPLICAS:PRESET, comma-separated")
-    parser.add_argument("--rtt-ms", type=float, default=0.0, help="needs iptables")
+    parser.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added by a relay in the hub")
+    parser.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated")
+    parser.add_argument("--no-loopback", action="store_true", help="links only (ratios to loopback need it)")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="also run float32 with the workers of this checkout (an older commit)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="also run the first wire dtype with outer.overlap on")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    rates = [100] if args.quick else [100, 1000]
+    rates = [100] if args.quick else [int(rate) for rate in args.rates.split(",")]
     links = [LinkSpec(rate, args.rtt_ms / 2000) for rate in rates]
     if (why := missing_tools(links)) is not None:
         raise SystemExit(why)
@@ -162,10 +221,13 @@ def main() -> None:
         try:
             netns.create(max(s * r for s, r, _ in layouts))
             for stages, replicas, preset in layouts:
-                for wire in wires:
-                    for link in (None, *links):
-                        trial = Trial(stages, replicas, preset, wire, link, args.steps)
-                        print(f"[{time.monotonic() - began:6.0f}s] {stages}x{replicas} {preset} {wire} "
+                codes = [(wire, None, False) for wire in wires]
+                codes += [("float32", args.baseline_tree.resolve(), False)] if args.baseline_tree else []
+                codes += [(wires[0], None, True)] if args.overlap else []
+                for wire, tree, overlap in codes:
+                    for link in ([] if args.no_loopback else [None]) + links:
+                        trial = Trial(stages, replicas, preset, wire, link, args.steps, tree, overlap)
+                        print(f"[{time.monotonic() - began:6.0f}s] {stages}x{replicas} {preset} {trial.code} "
                               f"{trial.label} ...", flush=True)
                         results.append((trial, run_trial(trial, Path(tmp))))
         finally:
@@ -183,20 +245,24 @@ def _layout(text: str) -> tuple[int, int, str]:
 
 
 def report(results: list[tuple[Trial, dict[str, Any]]], args: argparse.Namespace) -> str:
-    loopback = {(t.stages, t.replicas, t.preset, t.wire_dtype): r for t, r in results if t.link is None}
-    float32 = {(t.stages, t.replicas, t.preset, t.label): r for t, r in results if t.wire_dtype == "float32"}
+    loopback = {(t.stages, t.replicas, t.preset, t.code): r for t, r in results if t.link is None}
+    float32 = {(t.stages, t.replicas, t.preset, t.label): r for t, r in results if t.code == "float32"}
+    before = {(t.stages, t.replicas, t.preset, t.label): r for t, r in results if t.tree is not None}
+
+    def ratio(r: dict[str, Any], base: dict[str, Any] | None) -> str:
+        return f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}" if base else "—"
+
     rows = []
     for t, r in results:
-        base = loopback[(t.stages, t.replicas, t.preset, t.wire_dtype)]
-        f32 = float32.get((t.stages, t.replicas, t.preset, t.label))
-        rows.append([f"{t.stages} × {t.replicas}", t.preset, t.label, t.wire_dtype, f"{r['tokens_per_s']:.0f}",
-                     f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}",
-                     f"{r['tokens_per_s'] / f32['tokens_per_s']:.2f}" if f32 else "—", f"{r['val_loss']:.4f}"])
+        same_link = (t.stages, t.replicas, t.preset, t.label)
+        rows.append([f"{t.stages} × {t.replicas}", t.preset, t.label, t.code, f"{r['tokens_per_s']:.0f}",
+                     ratio(r, loopback.get((t.stages, t.replicas, t.preset, t.code))), ratio(r, float32.get(same_link)),
+                     ratio(r, before.get(same_link)), f"{r['val_loss']:.4f}"])
     title = (f"Training over emulated links, {args.steps} steps per run (`python -m benchmarks.wan"
              f"{' --quick' if args.quick else ''}`): stage 0 tokens/s, ratios against loopback (same layout, "
-             "preset and wire dtype) and against float32 (same link)")
+             "preset and data path), against float32 and against the baseline checkout's float32 (same link)")
     return markdown_table(title, ["layout", "preset", "link", "wire dtype", "tokens/s", "÷ loopback",
-                                  "÷ float32", "val loss"], rows)
+                                  "÷ float32", "÷ before", "val loss"], rows)
 
 
 if __name__ == "__main__":

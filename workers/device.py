@@ -22,6 +22,13 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def memory_fields(device: torch.device) -> dict[str, float]:
+    """Peak accelerator memory allocated so far, for progress lines (nothing on CPU)."""
+    if device.type != "cuda":
+        return {}
+    return {"gpu_peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)}
+
+
 @dataclass(frozen=True)
 class HostCopy:
     """Tensors on the host for the wire; on CUDA their copy may still be running."""

@@ -10,6 +10,7 @@ from typing import Any
 from noloco_rt.algo.replica import StageReplica
 from workers.counters import Counters, TokenRate
 from workers.data_path.role import Role
+from workers.device import memory_fields
 from workers.metrics import WorkerMetrics
 from workers.outer.step import OuterStep
 
@@ -60,6 +61,7 @@ class InnerStep:
         self.outer.after_inner_step()  # an overlapped outer step's correction, if its partners' states are in
         if step % PROGRESS_LOG_EVERY == 0 or step == 1:
             fields = {"loss": round(self.last_loss, 4)} if losses and self.last_loss is not None else {}
+            fields |= memory_fields(self.replica.parameters[0].device)
             self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1), **fields)
         if self.outer.due(step):
             self.outer.take()

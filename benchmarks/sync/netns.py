@@ -4,9 +4,11 @@
 
 Each worker's veth is rate-limited with tbf on both ends (its uplink inside its namespace,
 its downlink on the hub side), so a worker has a full-duplex access link of `rate`, as on a
-WAN. The kernel has no netem, so delay comes from relay.py: with `delay_s > 0` every TCP
-connection that crosses the hub is redirected (iptables REDIRECT) into the delaying relay
-that runs in the hub. Everything here shells out to `ip`, `tc` and `iptables` (root only).
+WAN. The kernel has no netem, so delay comes from relay.py, which runs in the hub: with
+`delay_s > 0` every TCP connection that crosses the hub is redirected (iptables REDIRECT)
+into it, or, where the peers can be told to advertise the hub's address (benchmarks/wan),
+the relay listens there and forwards to fixed destinations, with no iptables. Everything
+here shells out to `ip`, `tc` and, for the redirect, `iptables` (root only).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def ns_name(rank: int) -> str:
 
 def worker_ip(rank: int) -> str:
     return f"10.77.{rank}.2"
+
+
+def hub_ip(rank: int) -> str:
+    """The hub's address on worker `rank`'s link (a routed relay listens there)."""
+    return f"10.77.{rank}.1"
 
 
 def worker_ifname(rank: int) -> str:
@@ -80,14 +87,15 @@ def create(workers: int) -> None:
         _run("ip", "netns", "exec", HUB, "ip", "link", "set", outer, "up")
 
 
-def shape(workers: int, link: LinkSpec) -> None:
-    """(Re)apply tbf on both ends of every worker's link and the relay redirect if delayed."""
+def shape(workers: int, link: LinkSpec, *, redirect: bool = True) -> None:
+    """(Re)apply tbf on both ends of every worker's link and, if delayed and `redirect`, the
+    transparent relay's redirect (a caller with a routed relay passes redirect=False)."""
     for rank in range(workers):
         _run("ip", "netns", "exec", ns_name(rank), "tc", "qdisc", "replace", "dev", worker_ifname(rank), "root",
              *_tbf_args(link.rate_mbit))
         _run("ip", "netns", "exec", HUB, "tc", "qdisc", "replace", "dev", f"{PREFIX}-h{rank}", "root",
              *_tbf_args(link.rate_mbit))
-    if link.delay_s <= 0:
+    if link.delay_s <= 0 or not redirect:
         if shutil.which("iptables"):
             _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
         return

@@ -1,10 +1,13 @@
-"""A transparent delaying TCP relay: the stand-in for netem, which this kernel lacks.
+"""A delaying TCP relay: the stand-in for netem, which this kernel lacks.
 
-    python -m benchmarks.sync.relay --port 15001 --delay-s 0.025
+    python -m benchmarks.sync.relay --port 15001 --delay-s 0.025          # transparent
+    python -m benchmarks.sync.relay --delay-s 0.025 --route 17000=10.77.0.2:17000 ...
 
-Runs in the hub namespace behind an iptables REDIRECT. For each redirected connection it
-reads the original destination (SO_ORIGINAL_DST), connects there, and forwards every
-chunk in both directions `delay_s` after it arrived, in order: one-way propagation delay,
+Transparent: runs in the hub namespace behind an iptables REDIRECT and reads each
+connection's original destination (SO_ORIGINAL_DST). Routed (no iptables needed): listens
+on each --route port and connects to its fixed destination; the peers then advertise the
+hub's address for those ports. Either way it forwards every chunk in both directions
+`delay_s` after it arrived, in order: one-way propagation delay,
 so a request/reply round trip gains 2·delay_s. What it does not emulate: the endpoints'
 TCP sees a short RTT to the relay, so slow start and window growth run at LAN RTT instead
 of the WAN RTT (the relay buffers in between); no loss, no jitter.
@@ -56,9 +59,9 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
         delivering.cancel()
 
 
-async def _handle(delay_s: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    host, port = original_destination(sock)
+async def _handle(delay_s: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  destination: tuple[str, int] | None = None) -> None:
+    host, port = destination or original_destination(writer.get_extra_info("socket"))
     try:
         up_reader, up_writer = await asyncio.open_connection(host, port)
     except OSError:
@@ -80,12 +83,33 @@ async def serve(port: int, delay_s: float) -> None:
         await server.serve_forever()
 
 
+async def serve_routes(routes: dict[int, tuple[str, int]], delay_s: float) -> None:
+    """Listen on every route's port (all addresses) and relay to its destination."""
+    servers = [await asyncio.start_server(lambda r, w, dest=dest: _handle(delay_s, r, w, dest), "0.0.0.0", port,
+                                          limit=CHUNK_BYTES, backlog=512) for port, dest in routes.items()]
+    print(f"relay listening routes={len(servers)} delay_s={delay_s}", flush=True)
+    await asyncio.gather(*(server.serve_forever() for server in servers))
+
+
+def parse_route(text: str) -> tuple[int, tuple[str, int]]:
+    """PORT=HOST:PORT"""
+    port, _, destination = text.partition("=")
+    host, _, dest_port = destination.rpartition(":")
+    return int(port), (host, int(dest_port))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, help="transparent mode: the REDIRECT target port")
+    parser.add_argument("--route", action="append", default=[], help="routed mode: PORT=HOST:PORT, repeated")
     parser.add_argument("--delay-s", type=float, required=True)
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.delay_s))
+    if args.route:
+        asyncio.run(serve_routes(dict(parse_route(r) for r in args.route), args.delay_s))
+    elif args.port is not None:
+        asyncio.run(serve(args.port, args.delay_s))
+    else:
+        parser.error("give --port (transparent) or --route (routed)")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from workers.data_path.context import DataContext
 from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
 from workers.data_path.inflight import InflightEntry, InflightTable
 
+
 def deadline_policy(floor_s: float, ceiling_s: float) -> DeadlinePolicy:
     """The configured bounds; before any round trip is seen, 10 s within them (start-up includes warm-up)."""
     return DeadlinePolicy(floor_s=floor_s, ceiling_s=ceiling_s, initial_s=min(max(10.0, floor_s), ceiling_s))
