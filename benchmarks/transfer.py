@@ -2,9 +2,10 @@
 
     python -m benchmarks.transfer [--sizes-mib 1,4,16,64] [--out benchmarks/results/transfer.md]
 
-runtime: the worker's path, DataSocket.send of a wire-encoded forward message (header +
-activations + targets, copy=False) and, on the receiver, DataSocket.receive plus full
-validation and decoding into tensors (wire.decode_message, finite check included).
+runtime: the worker's path, a wire-encoded forward message (header + activations + targets,
+copy=False) queued on the sender's data link (noloco_rt/net/data_link.py, which sends on
+its own thread) and, on the receiver, the data link's thread receiving, validating and
+decoding it into tensors (messages.decode) and the main thread taking it.
 raw: PUSH/PULL of the same frames with pyzmq, nothing decoded. Throughput is measured at
 the receiver from the first to the last of N messages; the ratio is runtime / raw.
 """
@@ -26,13 +27,15 @@ def _receiver(mode: str, port_queue, result_queue, count: int, done) -> None:
     import zmq
 
     from noloco_rt.net import messages
+    from noloco_rt.net.data_link import DataLink
     from noloco_rt.net.transport import DataSocket
 
     ctx = zmq.Context()
     if mode == "runtime":
-        sock = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="", high_water_mark=8)
-        port_queue.put(sock.address)
-        receive = lambda: sock.receive(30.0)  # noqa: E731
+        link = DataLink(DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="", high_water_mark=8),
+                        decode=lambda frames: messages.decode(frames, run_id=RUN)).start()
+        port_queue.put(link.address)
+        receive = lambda: link.receive(30.0)  # noqa: E731
     else:
         pull = ctx.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, 8)
@@ -45,12 +48,13 @@ def _receiver(mode: str, port_queue, result_queue, count: int, done) -> None:
         if frames is None:
             raise RuntimeError(f"receiver timed out after {index} of {count} messages")
         if mode == "runtime":
-            decoded = messages.decode(frames, run_id=RUN)
-            assert decoded.tensors[0].numel() > 0
+            assert frames.tensors[0].numel() > 0  # decoded on the link's thread
         if index == 0:
             first = time.perf_counter()
     result_queue.put(time.perf_counter() - first)
     done.set()
+    if mode == "runtime":
+        link.close(flush_s=0)
     ctx.destroy(linger=0)
 
 
@@ -59,6 +63,7 @@ def _send(mode: str, address: str, size_mib: int, count: int, done) -> None:
     import zmq
 
     from noloco_rt.net import messages
+    from noloco_rt.net.data_link import DataLink
     from noloco_rt.net.transport import DataSocket
 
     ctx = zmq.Context()
@@ -68,12 +73,13 @@ def _send(mode: str, address: str, size_mib: int, count: int, done) -> None:
     targets = torch.zeros(8, seq, dtype=torch.int64)
     outgoing = messages.forward(RUN, "sender", 0, 0, "tcp://127.0.0.1:1", [activations], targets)
     if mode == "runtime":
-        sock = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="", high_water_mark=8)
+        link = DataLink(DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="", high_water_mark=8),
+                        send_timeout_s=30.0).start()
         for _ in range(count):
-            if not sock.send(address, outgoing.parts(), timeout_s=30.0):
-                raise RuntimeError("send timed out")
-        done.wait(120)  # the worker's sockets do not linger: close only once everything arrived
-        sock.close()
+            link.send(address, outgoing.parts())
+        done.wait(120)
+        if link.close(flush_s=5.0).failed:
+            raise RuntimeError("a send timed out")
     else:
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.SNDHWM, 8)
