@@ -26,6 +26,7 @@ from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import redact_url
 from noloco_rt.net import messages
 from noloco_rt.net.curve import CurveKeys, keys_from_dir, load_curve_keys, write_key_pair
+from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import (
     DataSocket,
     ExchangeServer,
@@ -162,11 +163,12 @@ def test_curve_sockets_admit_the_cluster_key_only():
     server_ctx, client_ctx, intruder_ctx = zmq.Context(), zmq.Context(), zmq.Context()
     enable_curve(server_ctx, keys)
     enable_curve(client_ctx, keys)
-    data = DataSocket(server_ctx, bind_host="127.0.0.1", port=0, advertise_host="")
+    data = DataLink(DataSocket(server_ctx, bind_host="127.0.0.1", port=0, advertise_host="")).start()
     server = ExchangeServer(server_ctx, bind_host="127.0.0.1", port=0, advertise_host="",
                             handler=lambda frames: [b"ok", *frames])
     server.start()
-    sender = DataSocket(client_ctx, bind_host="127.0.0.1", port=0, advertise_host="")
+    sender = DataLink(DataSocket(client_ctx, bind_host="127.0.0.1", port=0, advertise_host=""),
+                      send_timeout_s=5.0).start()
     opened: list[zmq.Socket] = []
     try:
         with structlog.testing.capture_logs() as seen:  # the ZAP handler logs each denial (bounded)
@@ -182,7 +184,7 @@ def test_curve_sockets_admit_the_cluster_key_only():
                 _try_send(dealer, [b"hello"])
                 assert request(intruder_ctx, server.address, [b"hi"], timeout_s=0.5, curve=intruder) is None, name
             # The authorised client gets through on both sockets; nothing the intruders sent ever arrived.
-            assert sender.send(data.address, [b"member"], timeout_s=5)
+            sender.send(data.address, [b"member"])
             assert [bytes(f) for f in data.receive(5)] == [b"member"]
             assert [bytes(f) for f in request(client_ctx, server.address, [b"x"], timeout_s=5)] == [b"ok", b"x"]
             assert data.receive(0.5) is None
@@ -246,7 +248,7 @@ def test_curve_cluster_trains_and_admits_only_key_holders(tmp_path):
     ctx, intruder_ctx = zmq.Context(), zmq.Context()  # intruder_ctx: no keys attached
     enable_curve(ctx, keys)
     opened: list[zmq.Socket] = []
-    member: DataSocket | None = None
+    member: DataLink | None = None
     try:
         workers = [cluster.start_worker(0, "a0"), cluster.start_worker(1, "b0"), cluster.start_worker(1, "b1")]
         cluster.wait_online(3)
@@ -267,10 +269,10 @@ def test_curve_cluster_trains_and_admits_only_key_holders(tmp_path):
             assert request(intruder_ctx, started["exchange_addr"], _other_run_forward(0), timeout_s=1.0,
                            curve=intruder) is None, name
         # A key holder's messages of another run get in and are rejected as wrong_run.
-        # (Closed only at the end: closing with linger 0 could discard a message still queued.)
-        member = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="")
+        # (Closed only at the end, where it flushes what it was given.)
+        member = DataLink(DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host=""), send_timeout_s=5.0).start()
         for index in range(3):
-            assert member.send(started["data_addr"], _other_run_forward(index), timeout_s=5)
+            member.send(started["data_addr"], _other_run_forward(index))
         assert request(ctx, started["exchange_addr"], _other_run_forward(0), timeout_s=5) is not None
         port = target.events("metrics_serving")[0]["port"]
         cluster.wait_for(lambda: _metric(port, 'noloco_messages_rejected_total{reason="wrong_run"}') >= 4,
@@ -286,7 +288,7 @@ def test_curve_cluster_trains_and_admits_only_key_holders(tmp_path):
         assert rejected == {"wrong_run": 4}, rejected
     finally:
         if member is not None:
-            member.close()
+            assert member.close(flush_s=5.0).failed == 0
         for sock in opened:
             sock.close(linger=0)
         disable_curve(ctx)

@@ -60,9 +60,10 @@ def test_a_dead_peer_fails_later_on_the_callers_thread_and_does_not_hold_up_a_li
     try:
         started = time.monotonic()
         a.send(DEAD, [b"lost"], on_failure=lambda: failed.append(threading.current_thread().name))
-        a.send(b.address, [b"kept"])
+        a.send(b.address, [b"kept", memoryview(bytearray(b"x" * 1_000_000))])
         assert time.monotonic() - started < 0.25  # the caller never waits on the network
-        assert _receive(b)[0].bytes == b"kept"
+        kept = _receive(b)
+        assert kept[0].bytes == b"kept" and len(kept[1].buffer) == 1_000_000
         assert time.monotonic() - started < 0.5  # before the dead peer's send even timed out
         item = _receive(a)
         assert isinstance(item, SendFailed) and item.address == DEAD and not failed

@@ -1,10 +1,12 @@
-"""The data-path faults of `noloco-rt chaos`: asked for by environment, injected into a real DataSocket."""
+"""The data-path faults of `noloco-rt chaos`: asked for by environment, injected into a real
+data socket behind its data link."""
 
 from __future__ import annotations
 
 import pytest
 import zmq
 
+from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket
 from workers.cluster.faults import (
     DATA_DELAY_ENV,
@@ -42,17 +44,18 @@ def test_the_driver_environment_reaches_the_worker_as_the_same_faults_seeded_by_
 def test_a_lost_message_is_reported_sent_and_never_arrives():
     ctx = zmq.Context()
     try:
-        receiver = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="")
-        lossy = DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="",
-                           faults=DataFaults(loss=0.5, seed=1))
-        sent = [lossy.send(receiver.address, [f"m{i}".encode()], timeout_s=2.0) for i in range(40)]
-        assert all(sent)  # the sender cannot tell: only its deadline will
+        receiver = DataLink(DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="")).start()
+        faults = DataFaults(loss=0.5, seed=1)
+        lossy = DataLink(DataSocket(ctx, bind_host="127.0.0.1", port=0, advertise_host="", faults=faults),
+                         send_timeout_s=2.0).start()
+        for i in range(40):
+            lossy.send(receiver.address, [f"m{i}".encode()])
         received = []
         while (frames := receiver.receive(1.0)) is not None:
             received.append(bytes(frames[0]))
-        assert len(received) == 40 - lossy.faults.dropped and 0 < lossy.faults.dropped < 40
+        assert len(received) == 40 - faults.dropped and 0 < faults.dropped < 40
+        assert lossy.close().failed == 0  # the sender cannot tell: only its deadline will
         receiver.close()
-        lossy.close()
     finally:
         ctx.term()
 

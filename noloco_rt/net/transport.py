@@ -2,9 +2,11 @@
 
 Data path: each worker binds one PULL socket and keeps one PUSH socket per peer it
 sends to. PUSH sockets use IMMEDIATE (nothing is queued for a peer that is not
-connected) and a high-water mark (a full queue pushes back on the sender), so a
-send either hands the message to a live connection within its timeout or fails and
-the caller routes elsewhere. Frames go out with copy=False.
+connected) and a high-water mark (a full queue pushes back on the sender): `offer` hands a
+message to a live connection with room now or says no. The data link
+(noloco_rt/net/data_link.py) drives these sockets from its own thread, waits for room up to
+its send timeout and reports failures, so the caller routes elsewhere. Frames go out with
+copy=False.
 
 Exchange path: a ROUTER socket served by a background thread answers requests with
 a handler; a request is one DEALER round trip with a deadline.
@@ -131,7 +133,8 @@ def bind_random_or_fixed(socket: zmq.Socket, host: str, port: int) -> int:
 
 
 class DataSocket:
-    """Receives everything addressed to this worker; sends to peers by address."""
+    """Receives everything addressed to this worker (`inbound`); sends to peers by address.
+    Used by one thread: the data link's."""
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
                  high_water_mark: int = 64, curve: CurveKeys | None = None,
@@ -178,28 +181,6 @@ class DataSocket:
     def outbound(self, address: str) -> zmq.Socket:
         """The PUSH socket to `address` (made on first use), for polling."""
         return self._socket_to(address)
-
-    def send(self, address: str, frames: Frames, *, timeout_s: float) -> bool:
-        """Queue a multipart message to `address`; False if no live connection took it in time."""
-        if self.offer(address, frames):  # the common case: room in the queue, no poll syscall needed
-            return True
-        sock = self._socket_to(address)
-        if not sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
-            return False
-        try:
-            sock.send_multipart(list(frames), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return False
-        return True
-
-    def receive(self, timeout_s: float) -> list[zmq.Frame] | None:
-        try:  # a message is usually waiting under load: skip the poll syscall
-            return self.inbound.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            pass
-        if not self.inbound.poll(int(timeout_s * 1000), zmq.POLLIN):
-            return None
-        return self.inbound.recv_multipart(copy=False)
 
     def forget(self, address: str) -> None:
         """Drop the connection to a peer that failed (pending messages to it are discarded)."""
