@@ -105,7 +105,8 @@ def _start_relay(trial: Trial, workers: int) -> subprocess.Popen[bytes] | None:
 
 def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
     """One training; its throughput and final val loss."""
-    out = root / f"{trial.label}-{trial.stages}x{trial.replicas}-{trial.preset}-{trial.code}".replace(" ", "")
+    name = f"{trial.label}-{trial.stages}x{trial.replicas}-{trial.preset}-{trial.code}"
+    out = root / "".join(c if c.isalnum() or c in "-." else "_" for c in name)
     (out / "logs").mkdir(parents=True)
     workers = trial.stages * trial.replicas
     shaped = trial.link is not None
@@ -145,7 +146,9 @@ def _start_worker(trial: Trial, out: Path, index: int, redis_host: str) -> subpr
             "--stage", str(stage), "--name", f"s{stage}-r{replica}", "--steps", str(trial.steps),
             "--redis-url", f"redis://{redis_host}:{REDIS_PORT}/0", "--bind-host", host,
             "--advertise-host", advertise, "--metrics-port", "0", *_settings(trial, out, index)]
-    env = {**os.environ, "PYTHONPATH": str(trial.tree)} if trial.tree else None
+    # One torch thread per worker, as `noloco-rt up` gives them: S x R processes share the cores,
+    # and OpenMP threads of several processes fighting over them made runs several times slower.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PYTHONPATH": str(trial.tree)} if trial.tree else {})}
     with (out / "logs" / f"s{stage}-r{replica}.log").open("wb") as log:  # -m imports from the cwd first
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=trial.tree)
 
