@@ -100,7 +100,8 @@ def _start_relay(trial: Trial, workers: int) -> subprocess.Popen[bytes] | None:
     routes = [f"--route={base + i}={netns.worker_ip(i)}:{base + i}"
               for i in range(workers) for base in (DATA_PORT_BASE, EXCHANGE_PORT_BASE)]
     return subprocess.Popen([*netns.hub_prefix(), sys.executable, "-m", "benchmarks.sync.relay",
-                             "--delay-s", str(trial.link.delay_s), *routes], stdout=subprocess.DEVNULL)
+                             "--delay-s", str(trial.link.delay_s), *routes],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # it is killed mid-transfer
 
 
 def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
