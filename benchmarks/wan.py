@@ -238,7 +238,8 @@ def main() -> None:
             netns.cleanup()
     emit(report(results, args), args.out)
     if args.out is not None:
-        rows = [{"trial": {**t.__dict__, "link": t.label}, **r} for t, r in results]
+        rows = [{"trial": {**t.__dict__, "link": t.label, "tree": str(t.tree) if t.tree else None}, **r}
+                for t, r in results]
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
 
 
