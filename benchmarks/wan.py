@@ -204,7 +204,7 @@ def main() -> None:
     parser.add_argument("--wire-dtypes", default="float32,float16,int8")
     parser.add_argument("--layouts", default="2x2:tiny,2x2:small,2x4:tiny", help="STAGESxREPLICAS:PRESET, comma-separated")
     parser.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added by a relay in the hub")
-    parser.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated")
+    parser.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated ('': loopback only)")
     parser.add_argument("--no-loopback", action="store_true", help="links only (ratios to loopback need it)")
     parser.add_argument("--baseline-tree", type=Path, default=None,
                         help="also run float32 with the workers of this checkout (an older commit)")
@@ -212,7 +212,7 @@ def main() -> None:
                         help="also run the first wire dtype with outer.overlap on")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    rates = [100] if args.quick else [int(rate) for rate in args.rates.split(",")]
+    rates = [100] if args.quick else [int(rate) for rate in args.rates.split(",") if rate.strip()]
     links = [LinkSpec(rate, args.rtt_ms / 2000) for rate in rates]
     if (why := missing_tools(links)) is not None:
         raise SystemExit(why)
