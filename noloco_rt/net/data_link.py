@@ -93,6 +93,10 @@ class DataLink:
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._closing = threading.Event()
+        self._sleeping = False
+        """The link thread is (about to be) in its poll; only then does a send need to wake it."""
+        self._poller = zmq.Poller()
+        self._polled_out: set[str] = set()
         self._flush_deadline = float("inf")
         self._thread = threading.Thread(target=self._run, name="data-link", daemon=True)
 
@@ -118,7 +122,8 @@ class DataLink:
             self._fail([item])
             return
         self._requests.append(item)
-        self._wake()
+        if self._sleeping:  # a busy link thread takes it on its next turn: no system call per send
+            self._wake()
 
     def receive(self, timeout_s: float) -> Any | None:
         """The next decoded message or SendFailed, waiting up to timeout_s; None if nothing came."""
@@ -193,6 +198,9 @@ class DataLink:
     def _fail_peer(self, address: str) -> None:
         """A peer that took nothing in time: its connection is closed, all it was owed fails."""
         self._fail(list(self._pending.pop(address, ())))
+        if address in self._polled_out:
+            self._poller.register(self.socket.outbound(address), 0)
+            self._polled_out.discard(address)
         self.socket.forget(address)
 
     def _fail(self, items: list[_Send]) -> None:
@@ -203,24 +211,38 @@ class DataLink:
     def _wait(self) -> None:
         """Until a message arrives (when the inbox has room), a waiting peer has room, a send is
         queued, or the nearest send deadline."""
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self._wake_read, zmq.POLLIN)
         room = self._events.qsize() < self.inbox_limit
-        if room and not self._closing.is_set():
-            poller.register(self.socket.inbound, zmq.POLLIN)
+        poller.register(self.socket.inbound, zmq.POLLIN if room and not self._closing.is_set() else 0)
         timeout_s = IDLE_POLL_S if room else 0.01  # a full inbox is re-checked soon
-        for address, waiting in self._pending.items():
-            poller.register(self.socket.outbound(address), zmq.POLLOUT)
+        self._poll_out_for(set(self._pending))
+        for waiting in self._pending.values():
             timeout_s = min(timeout_s, max(0.0, waiting[0].deadline - time.monotonic()))
         if self._closing.is_set():
             timeout_s = min(timeout_s, max(0.0, self._flush_deadline - time.monotonic()))
-        ready = dict(poller.poll(int(timeout_s * 1000)))
+        self._sleeping = True
+        try:
+            if self._requests:  # a send came in after this turn took them: no sleeping
+                timeout_s = 0.0
+            ready = dict(poller.poll(int(timeout_s * 1000)))
+        finally:
+            self._sleeping = False
         if self._wake_read in ready:
             try:
                 while os.read(self._wake_read, 4096):
                     pass
             except BlockingIOError:
                 pass
+
+    def _poll_out_for(self, addresses: set[str]) -> None:
+        """Poll exactly the peers with sends waiting for room."""
+        for address in self._polled_out - addresses:
+            if (sock := self.socket.outbound_if_open(address)) is not None:
+                self._poller.register(sock, 0)
+        for address in addresses - self._polled_out:
+            self._poller.register(self.socket.outbound(address), zmq.POLLOUT)
+        self._polled_out = set(addresses)
 
     def _receive_some(self) -> None:
         if self._closing.is_set():

@@ -182,6 +182,10 @@ class DataSocket:
         """The PUSH socket to `address` (made on first use), for polling."""
         return self._socket_to(address)
 
+    def outbound_if_open(self, address: str) -> zmq.Socket | None:
+        """The PUSH socket to `address` if there is one (never makes one)."""
+        return self._outbound.get(address)
+
     def forget(self, address: str) -> None:
         """Drop the connection to a peer that failed (pending messages to it are discarded)."""
         sock = self._outbound.pop(address, None)
