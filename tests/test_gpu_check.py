@@ -39,9 +39,8 @@ def test_worker_rates_leave_out_start_up_and_keep_the_peak_memory(tmp_path):
     assert (row.name, row.stage, row.tokens_per_s, row.gpu_peak_mib) == ("s0-r0", 0, 5000.0, 130.0)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the no-GPU answer cannot be checked here")
 def test_without_cuda_it_says_so_in_one_line_and_runs_nothing(monkeypatch):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: the no-GPU answer cannot be checked here")
     monkeypatch.setattr(sys, "argv", ["gpu_check"])
     with pytest.raises(SystemExit) as done:
         gpu_check.main()  # in this process: torch is imported already

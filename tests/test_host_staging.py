@@ -21,9 +21,9 @@ def test_on_cpu_the_wire_gets_the_tensors_themselves_ready_at_once():
     assert memory_fields(torch.device("cpu")) == {}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here: the side-stream copy is checked on GPU machines only")
 def test_on_cuda_copies_run_on_a_side_stream_into_pinned_memory_without_a_clone():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device here: the side-stream copy is checked on GPU machines only")
     device = torch.device("cuda", 0)
     staging = HostStaging(device)
     values = torch.randn(64, 1024, device=device)
