@@ -95,12 +95,21 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
     from noloco_rt.membership.table import Membership
 
     with EmbeddedRedis() as server:
-        Membership(connect(server.url), run_id="default").register(
+        Membership(connect(server.url), run_id="default", heartbeat_interval_s=30).register(
             MemberRecord("abcdef0123", "default", 1, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",
                          WorkerState.ONLINE, outer_step=3, queue_depth=2))
-        result = run_cli("status", "--redis-url", server.url, env={"COLUMNS": "200"})
+        # Piped at the default 80 columns: a plain table, nothing cut, one line per worker.
+        result = run_cli("status", "--redis-url", server.url, env={"COLUMNS": "80"})
         assert result.returncode == 0, result.stderr
-        assert "abcdef01" in result.stdout and "ONLINE" in result.stdout and "tcp://10.0.0.7:5000" in result.stdout
+        [row] = [line for line in result.stdout.splitlines() if " ONLINE " in line]
+        assert row.split()[:4] == ["1", "abcdef01", "-", "ONLINE"] and "tcp://10.0.0.7:5000" in row
+        assert "…" not in result.stdout
+        as_json = run_cli("status", "--json", "--redis-url", server.url)
+        assert as_json.returncode == 0, as_json.stderr
+        [member] = [json.loads(line) for line in as_json.stdout.splitlines()]
+        assert (member["worker_id"], member["state"], member["outer_step"], member["queue_depth"]) == (
+            "abcdef0123", "ONLINE", 3, 2)
+        assert member["loss"] is None and member["heartbeat_age_s"] >= 0
         url = server.url
     result = run_cli("status", "--redis-url", url)
     assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr

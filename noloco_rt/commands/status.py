@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import click
@@ -11,22 +12,23 @@ from noloco_rt.cli import config_options
 
 @click.command()
 @click.option("--redis-url", default=None, help="Membership table (default: network.redis_url).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per worker and line (for scripts).")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @config_options
-def status(redis_url: str | None, watch: bool, interval: float, config_path: str | None,
+def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
-    """Live workers per stage: state, addresses, progress (step, loss, tokens/s), queue depth, heartbeat age."""
+    """Live workers per stage: state, addresses, progress (step, loss, tokens/s), queue depth, heartbeat age.
+
+    On a terminal a table; piped or redirected a plain full-width table (grep-able);
+    with --json one object per worker and line."""
     from noloco_rt.commands import effective_config
 
     cfg = effective_config(config_path, assignments, {"network": {"redis_url": redis_url}})
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required")
 
-    from rich.console import Console
-    from rich.live import Live
-    from rich.table import Table
-
+    from noloco_rt.commands.status_rows import json_lines, plain_table
     from noloco_rt.membership.redis_access import check_access, connect, redact_url
     from noloco_rt.membership.table import Membership
 
@@ -35,29 +37,55 @@ def status(redis_url: str | None, watch: bool, interval: float, config_path: str
         raise click.ClickException(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
     membership = Membership(client, run_id=cfg.run.run_id)
 
-    def render() -> Table:
+    def members() -> list:
         records = membership.live_members(stage=None, states=None)
         if not membership.redis_available:
             raise click.ClickException(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
-        table = Table(title=f"run {cfg.run.run_id}: {len(records)} workers")
-        for column in ("stage", "worker", "name", "state", "data address", "exchange address", "step", "outer step",
-                       "loss", "tokens/s", "queue", "heartbeat age s"):
-            table.add_column(column)
+        return records
+
+    def title(records: list) -> str:
+        return f"run {cfg.run.run_id}: {len(records)} workers"
+
+    if as_json or not sys.stdout.isatty():
+        def render_text() -> str:
+            records = members()
+            return json_lines(records, time.time()) if as_json else plain_table(title(records), records, time.time())
+        _print_repeatedly(render_text, watch, interval)
+        return
+    _rich_status(members, title, watch, interval)
+
+
+def _print_repeatedly(render, watch: bool, interval: float) -> None:
+    # A log or a pipe: a new table (or batch of JSON lines) every interval, flushed at once.
+    while True:
+        click.echo(render(), nl=False)
+        sys.stdout.flush()
+        if not watch:
+            return
+        time.sleep(interval)
+
+
+def _rich_status(members, title, watch: bool, interval: float) -> None:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from noloco_rt.commands.status_rows import COLUMNS, sorted_members, text_row
+
+    def render() -> Table:
+        records = members()
+        table = Table(title=title(records))
+        for header, _ in COLUMNS:
+            table.add_column(header)
         now = time.time()
-        for r in sorted(records, key=lambda r: (r.stage, r.name, r.worker_id)):
-            table.add_row(str(r.stage), r.worker_id[:8], r.name or "-", r.state.value, r.data_addr, r.exchange_addr,
-                          str(r.inner_step), str(r.outer_step), "-" if r.loss is None else f"{r.loss:.3f}",
-                          f"{r.tokens_per_s:.0f}", str(r.queue_depth), f"{now - r.heartbeat_time:.1f}")
+        for record in sorted_members(records):
+            table.add_row(*text_row(record, now))
         return table
 
     console = Console()
     if not watch:
         console.print(render())
         return
-    if not console.is_terminal:  # a log or a pipe: a new table every interval, Live would print only the last
-        while True:
-            console.print(render())
-            time.sleep(interval)
     with Live(render(), console=console, refresh_per_second=4) as live:
         while True:
             time.sleep(interval)
