@@ -16,9 +16,11 @@ from noloco_rt.cli import config_options
 @click.option("--host", default=None, help="Interface for /status and /metrics (network.bind_host).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where the consensus checkpoint goes (paths.out_dir).")
+@click.option("--redis-wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Retry an unreachable Redis at start this long, then exit 2 (worker.redis_wait_s, default 120).")
 @config_options
 def coordinator(redis_url: str | None, status_port: int | None, host: str | None, out_dir: str | None,
-                config_path: str | None, assignments: tuple[str, ...]) -> None:
+                redis_wait: float | None, config_path: str | None, assignments: tuple[str, ...]) -> None:
     """Pull snapshots read-only, evaluate, measure replica spread and export a consensus
     checkpoint; serve /status and /metrics. Workers never depend on it."""
     from noloco_rt.commands import effective_config
@@ -27,6 +29,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         "network": {"redis_url": redis_url, "bind_host": host},
         "coordinator": {"status_port": status_port},
         "paths": {"out_dir": out_dir},
+        "worker": {"redis_wait_s": redis_wait},
     })
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: the coordinator finds workers there")
@@ -43,7 +46,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from noloco_rt.startup import process_startup
 
     # Snapshot pulls (DEALER requests) made from the context present the run's keys.
-    with process_startup(cfg) as started:
+    with process_startup(cfg, redis_wait=True) as started:
         log = get_logger(run=cfg.run.run_id, role="coordinator")
         out = Path(cfg.paths.out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,9 @@ import redis
 import zmq
 
 from noloco_rt.config import Config
-from noloco_rt.logs import configure_logging
+from noloco_rt.logs import configure_logging, get_logger
 from noloco_rt.membership.redis_access import check_access, connect
+from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.net.curve import CurveKeys, load_curve_keys
 from noloco_rt.net.transport import disable_curve, enable_curve
 from noloco_rt.process import set_parent_death_signal_from_env
@@ -47,21 +48,26 @@ class Started:
 
 
 @contextmanager
-def process_startup(cfg: Config, *, redis_check: bool = True, zmq_context: bool = True) -> Iterator[Started]:
+def process_startup(cfg: Config, *, redis_check: bool = True, redis_wait: bool = False,
+                    zmq_context: bool = True) -> Iterator[Started]:
     """Start a process of the run `cfg`; on exit, stop the context's ZAP handler and close it.
 
     Raises ConfigError (the CLI prints one line, exit 2) for a bad key file, and
-    RedisAccessError for a wrong password or ACL. A Redis that is merely unreachable is no
-    error: workers register once it is up (DESIGN §5). redis_check=False or no
+    RedisAccessError for a wrong password or ACL. With redis_wait, an unreachable Redis is
+    retried for worker.redis_wait_s (a warning every few seconds), then RedisUnreachable
+    (one line, exit 2); without it, merely unreachable is no error. redis_check=False or no
     network.redis_url: no client, no check.
     """
     set_parent_death_signal_from_env()
     curve = load_curve_keys(cfg.network)
+    configure_logging(cfg.run.log_format)
     client = None
     if redis_check and cfg.network.redis_url:
-        client = connect(cfg.network.redis_url)
-        check_access(client, cfg.network.redis_url)
-    configure_logging(cfg.run.log_format)
+        url = cfg.network.redis_url
+        client = connect(url)
+        if not check_access(client, url) and redis_wait:
+            wait_for_redis(lambda: check_access(client, url), url=url, wait_s=cfg.worker.redis_wait_s,
+                           log=get_logger(role="startup"))
     ctx = zmq.Context() if zmq_context else None
     if ctx is not None:
         enable_curve(ctx, curve)  # every socket made from ctx gets the run's keys (noloco_rt.net.transport)

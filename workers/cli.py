@@ -26,9 +26,11 @@ if TYPE_CHECKING:  # the command body imports these when it runs, so that `--hel
 @click.option("--bind-host", default=None, help="Interface to bind (network.bind_host).")
 @click.option("--advertise-host", default=None, help="Address peers use to reach us (network.advertise_host).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Prometheus port (0: free one).")
+@click.option("--redis-wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Retry an unreachable Redis at start this long, then exit 2 (worker.redis_wait_s, default 120).")
 @config_options
 def worker(stage: int, redis_url: str | None, name: str | None, steps: int | None, bind_host: str | None,
-           advertise_host: str | None, metrics_port: int | None, config_path: str | None,
+           advertise_host: str | None, metrics_port: int | None, redis_wait: float | None, config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
     from noloco_rt.commands import effective_config
@@ -37,6 +39,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
         "network": {"redis_url": redis_url, "bind_host": bind_host, "advertise_host": advertise_host,
                     "metrics_port": metrics_port},
         "run": {"steps": steps},
+        "worker": {"redis_wait_s": redis_wait},
     })
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
@@ -49,9 +52,9 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
                                  f"(pipeline.stages)", param_hint="--stage")
     from noloco_rt.startup import process_startup
 
-    # A bad key file or a refused password fails here, before anything starts. Merely
-    # unreachable Redis is no error: the heartbeat registers once it is up (DESIGN §5).
-    with process_startup(cfg) as started:
+    # A bad key file or a refused password fails here, before anything starts. An unreachable
+    # Redis is waited for (it may start after us), within worker.redis_wait_s.
+    with process_startup(cfg, redis_wait=True) as started:
         code = _run_worker(cfg, stage, name, started)
     sys.exit(code)
 

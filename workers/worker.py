@@ -33,6 +33,7 @@ from noloco_rt.membership.pairing import PairingQueue
 from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.progress import WorkerProgress
 from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.net.data_link import DataLink
@@ -145,7 +146,9 @@ class StageWorker:
     def start(self) -> None:
         self.exchange_server.start()
         self.data.start()
-        self.membership.register(self.record(WorkerState.JOINING))
+        if not self.membership.register(self.record(WorkerState.JOINING)):  # Redis went away since start-up
+            wait_for_redis(lambda: self.membership.register(self.record(WorkerState.JOINING)),
+                           url=self.cfg.network.redis_url, wait_s=self.cfg.worker.redis_wait_s, log=self.log)
         self.heartbeat = HeartbeatThread(self.membership, lambda: asdict(self.progress()),
                                          leave_event=self.leave_requested)
         self.heartbeat.start()

@@ -74,6 +74,10 @@ class WorkerConfig:
     deadline_ceiling_s: float = 30.0
     bootstrap_timeout_s: float = 60.0
     """How long a joiner looks for a peer to download its state from."""
+    redis_wait_s: float = 120.0
+    """At start, how long a worker (or the coordinator) retries an unreachable Redis, warning
+    every 5 s, before it exits 2 (on Kubernetes Redis may start after the workers). An outage
+    later in the run never stops training: workers use their cached view."""
     leave_grace_s: float = 20.0
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
     checkpoint_every: int = 1
@@ -98,6 +102,8 @@ class WorkerConfig:
             require(value > 0, "worker", name, value, "must be > 0")
         require(self.deadline_ceiling_s >= self.deadline_floor_s, "worker", "deadline_ceiling_s",
                  self.deadline_ceiling_s, "must be >= worker.deadline_floor_s")
+        require(math.isfinite(self.redis_wait_s) and self.redis_wait_s >= 0, "worker", "redis_wait_s",
+                self.redis_wait_s, "must be >= 0 seconds")
         require(self.view_refresh_s >= 0, "worker", "view_refresh_s", self.view_refresh_s, "must be >= 0 (0: auto)")
         require_choice("worker", "snapshot_codec", self.snapshot_codec, CODECS)
         require(math.isfinite(self.snapshot_chunk_mb) and self.snapshot_chunk_mb >= 0.01, "worker",
