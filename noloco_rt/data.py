@@ -199,6 +199,11 @@ class ShardedBatches:
             yield self.next_batch()
 
 
+def validation_capacity(tokens: np.ndarray, *, seq_len: int, batch_size: int) -> int:
+    """Batches of distinct windows the validation stream holds (more would repeat windows)."""
+    return ((len(tokens) - 1) // seq_len) // batch_size
+
+
 def validation_batches(tokens: np.ndarray, *, seq_len: int, batch_size: int,
                        count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed set of validation batches, evenly spaced over the stream (same for every caller)."""

@@ -14,6 +14,7 @@ file or the new one, never a torn one.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -39,7 +40,7 @@ from noloco_rt.logs import get_logger
 from noloco_rt.model import PRESETS, PipelineStage
 
 CONSENSUS_FORMAT = "noloco-consensus/1"
-RESERVED_METADATA = ("format", "config")
+RESERVED_METADATA = ("format", "config", "sha256")
 
 
 class ExportError(ValueError):
@@ -136,8 +137,19 @@ def save_consensus(path: Path, cfg: Config, stages: Sequence[Sequence[torch.Tens
         _check_tensors(tensors, expected, f"{path}: stage {stage}")
         for (name, _), tensor in zip(expected, tensors, strict=True):
             named[name] = tensor.detach().to("cpu").contiguous()
-    header = {**extra, "format": CONSENSUS_FORMAT, "config": config_to_toml(cfg)}
+    header = {**extra, "format": CONSENSUS_FORMAT, "config": config_to_toml(cfg), "sha256": tensors_sha256(named)}
     atomic_write_bytes(path, safetensors_bytes(named, metadata=header))
+
+
+def tensors_sha256(named: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes in name order: a flipped byte anywhere
+    in the data changes it (safetensors itself checks only the header's offsets)."""
+    digest = hashlib.sha256()
+    for name in sorted(named):
+        tensor = named[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -170,6 +182,19 @@ def _read_tensors(handle: Any, expected: dict[str, torch.Size], path: Path) -> d
     return tensors
 
 
+def _verify_contents(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], path: Path) -> None:
+    """Refuse a damaged file (checksum) and weights no model should hold (NaN or inf)."""
+    expected = metadata.get("sha256")
+    if expected is None:
+        raise ExportError(f"{path}: no checksum in its metadata (written before noloco-rt checked them); "
+                          "export it again from the run's checkpoints")
+    if tensors_sha256(tensors) != expected:
+        raise ExportError(f"{path}: checksum mismatch: the file is damaged")
+    for name, tensor in tensors.items():
+        if not bool(torch.isfinite(tensor).all()):
+            raise ExportError(f"{path}: tensor {name} holds NaN or infinite values")
+
+
 def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Config, PipelineStage, dict[str, str]]:
     """(config, whole model with the consensus weights, metadata) of a consensus file.
 
@@ -192,6 +217,7 @@ def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Conf
             model = _empty_stage(cfg, 0, 1)
             expected = {name: param.shape for name, param in model.named_parameters()}
             tensors = _read_tensors(handle, expected, path)
+            _verify_contents(tensors, metadata, path)
     except SafetensorError as exc:
         raise ExportError(f"{path}: not a readable safetensors file ({exc})") from None
     except OSError as exc:  # e.g. no permission to read it

@@ -172,12 +172,39 @@ def test_sample_with_temperature_is_reproducible_per_seed(trained, capsys):
     (["--prompt", "a", "--temperature", "nan"], "not a finite number"),
     (["--prompt", "a", "--top-k", "0"], "--top-k"),
     (["--prompt", "a", "--device", "nonsense"], "'nonsense' is not a torch device"),
+    (["--prompt", "\udcff"], "not valid UTF-8"),  # what `--prompt $'\xff'` becomes in Python's argv
+    (["--prompt", "a", "--seed", "99999999999999999999"], "--seed"),
+    (["--prompt", "a", "--seed", "-1"], "--seed"),
     ([], "Missing option '--prompt'"),
 ])
 def test_sample_rejects_bad_arguments(trained, capsys, args, fragment):
     code, out, err = run_main(capsys, "sample", str(trained[0]), *args)
     assert code == 2
     assert fragment in err and out == ""
+
+
+@pytest.mark.parametrize("batches", ["99999999999999999999", "100000"])
+def test_eval_refuses_more_batches_than_the_validation_split_holds(trained, capsys, batches):
+    code, out, err = run_main(capsys, "eval", str(trained[0]), "--batches", batches)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--batches" in err and "distinct batches" in err
+
+
+@pytest.mark.parametrize("command", ["eval", "sample"])
+def test_a_nan_weight_is_one_line_and_exit_2(tmp_path, capsys, trained, command):
+    cfg, model, _ = load_consensus(trained[0])
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    poisoned = tmp_path / "nan.safetensors"
+    save_consensus(poisoned, cfg, [_split(cfg, model, k) for k in range(cfg.pipeline.stages)])
+    code, out, err = run_main(capsys, command, str(poisoned), *(["--prompt", "x"] if command == "sample" else []))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "holds NaN or infinite values" in err
+
+
+def _split(cfg, model, stage):
+    named = dict(model.named_parameters())
+    return [named[name].detach() for name, _ in stage_parameter_shapes(cfg, stage)]
 
 
 @pytest.mark.parametrize("command", ["eval", "sample"])

@@ -134,6 +134,31 @@ def _truncate(tmp_path):
     return path
 
 
+def _flip_a_byte_mid_tensor(tmp_path):
+    path = _valid_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[len(data) - len(data) // 3] ^= 0x10  # in the tensor data, far from the header
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _nan_weight_with_a_matching_checksum(tmp_path):
+    from noloco_rt.export import tensors_sha256
+
+    def poison(tensors):
+        tensors["layers.1.ffn.w2.weight"][3, 4] = float("nan")
+
+    bad = _rewrite(tmp_path, edit_tensors=poison)
+    tensors = load_file(bad)
+    from safetensors import safe_open
+
+    with safe_open(str(bad), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+    metadata["sha256"] = tensors_sha256(tensors)  # a well-formed file that holds a NaN
+    save_file(tensors, bad, metadata=metadata)
+    return bad
+
+
 def _garbage(tmp_path):
     path = tmp_path / "garbage.safetensors"
     path.write_bytes(b"this is not a safetensors file at all" * 10)
@@ -147,6 +172,9 @@ def _garbage(tmp_path):
     (_truncate, "not a readable safetensors file"),
     (lambda tmp: _rewrite(tmp, edit_metadata=lambda m: m.update(format="pt")), "format is 'pt'"),
     (lambda tmp: _rewrite(tmp, edit_metadata=lambda m: m.pop("config")), "metadata has no config"),
+    (lambda tmp: _rewrite(tmp, edit_metadata=lambda m: m.pop("sha256")), "no checksum"),
+    (_flip_a_byte_mid_tensor, "checksum mismatch: the file is damaged"),
+    (_nan_weight_with_a_matching_checksum, "tensor layers.1.ffn.w2.weight holds NaN or infinite values"),
     (lambda tmp: _rewrite(tmp, edit_metadata=lambda m: m.update(config="[model]\npreset = 'huge'\n")),
      "embedded config is invalid: invalid model.preset = 'huge'"),
     (lambda tmp: _rewrite(tmp, edit_tensors=lambda t: t.update({"norm.weight": torch.ones(65)})),

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from noloco_rt.commands._consensus import (
+    UnusableCheckpoint,
     checkpoint_argument,
     device_option,
     load_for_command,
@@ -28,10 +29,16 @@ def eval_command(checkpoint: Path, batches: int | None, as_json: bool, device: s
     cfg, model, metadata = load_for_command(checkpoint, device)
 
     from noloco_rt.algo.diagnostics import perplexity
+    from noloco_rt.data import load_corpus, validation_capacity
     from noloco_rt.evaluation import load_validation_batches, validation_loss
     from noloco_rt.model import build_model
 
-    val_batches = load_validation_batches(cfg, batches=batches)  # loaded once, used for both models
+    corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
+    capacity = validation_capacity(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size)
+    if batches is not None and batches > capacity:  # more would repeat windows and count them twice
+        raise UnusableCheckpoint(f"--batches {batches}: the validation split holds {capacity} distinct batches "
+                                 f"of {cfg.data.batch_size}×{cfg.model.seq_len} tokens")
+    val_batches = load_validation_batches(cfg, batches=batches, corpus=corpus)  # loaded once, used for both models
     trained = validation_loss(model, cfg, device=device, val_batches=val_batches)
     untrained_model = build_model(cfg.model.preset, vocab_size=cfg.model.vocab_size, seed=cfg.run.seed,
                                   device=device)

@@ -23,15 +23,27 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
     return value
 
 
+def _utf8(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    # Bytes that are not UTF-8 reach us as lone surrogates (Python's surrogateescape).
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.BadParameter("is not valid UTF-8 text") from None
+    return value
+
+
+MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes
+
+
 @click.command()
 @checkpoint_argument
-@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--prompt", required=True, callback=_utf8, help="Text to continue (UTF-8).")
 @click.option("--tokens", type=click.IntRange(min=1), default=200, show_default=True, help="New bytes to generate.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.8, show_default=True, callback=_finite,
               help="Sampling temperature; 0 is greedy (always the most likely byte).")
 @click.option("--top-k", type=click.IntRange(min=1), default=40, show_default=True,
               help="Sample among the k most likely bytes.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed: same seed, same text.")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True, help="Sampling seed: same seed, same text.")
 @device_option
 def sample(checkpoint: Path, prompt: str, tokens: int, temperature: float, top_k: int, seed: int,
            device: str) -> None:
