@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import redis
@@ -62,18 +63,26 @@ def test_keys_generate_writes_a_private_pair_and_refuses_to_overwrite(tmp_path, 
         main(["keys", "generate", "--out", str(out)])
     assert exited.value.code == 0
     secret, public = out / "cluster.secret", out / "cluster.public"
-    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and stat.S_IMODE(public.stat().st_mode) == 0o600
     assert "curve_key_dir" in capsys.readouterr().out
     keys = keys_from_dir(out)
     assert keys.public_key == public.read_text().strip().encode()
     before = secret.read_text()
     with pytest.raises(SystemExit) as exited:
         main(["keys", "generate", "--out", str(out)])
-    assert exited.value.code == 1 and "--force" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--force" in err and err.count("\n") == 1
     assert secret.read_text() == before
     with pytest.raises(SystemExit) as exited:
         main(["keys", "generate", "--out", str(out), "--force"])
     assert exited.value.code == 0 and secret.read_text() != before
+
+
+def test_the_keys_folder_the_docs_use_is_git_ignored():
+    repo = Path(__file__).resolve().parents[1]
+    for path in ("keys/cluster.secret", "keys/cluster.public", "elsewhere/run.secret"):
+        result = subprocess.run(["git", "check-ignore", "-q", path], cwd=repo, timeout=30)
+        assert result.returncode == 0, f"{path} is not git-ignored"
 
 
 def test_keys_load_from_values_env_and_certificates(tmp_path):

@@ -41,6 +41,22 @@ def test_config_show_reflects_file_environment_and_flags(tmp_path):
     assert "steps = 12" in result.stdout
 
 
+def test_config_show_redacts_secrets_unless_asked():
+    import zmq
+
+    secret = zmq.curve_keypair()[1].decode()
+    env = {"NOLOCO_NETWORK_CURVE_SECRET_KEY": secret,
+           "NOLOCO_NETWORK_REDIS_URL": "redis://noloco:hunter2pw@redis.example:6379/0"}
+    shown = run_cli("config", "show", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert secret not in shown.stdout and "hunter2pw" not in shown.stdout
+    assert "redis://noloco:***@redis.example:6379/0" in shown.stdout
+    assert "curve_secret_key = (set, 40 characters: redacted" in shown.stdout
+    revealed = run_cli("config", "show", "--show-secrets", env=env)
+    assert revealed.returncode == 0, revealed.stderr
+    assert f'curve_secret_key = "{secret}"' in revealed.stdout and "hunter2pw" in revealed.stdout
+
+
 @pytest.mark.parametrize(("args", "env", "fragment"), [
     (["simulate", "--method", "sgd"], {}, "'sgd' is not one of"),
     (["simulate", "--stages", "0"], {}, "--stages"),

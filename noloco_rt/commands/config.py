@@ -15,7 +15,10 @@ def config() -> None:
 
 
 @config.command()
+@click.option("--show-secrets", is_flag=True,
+              help="Print the CURVE secret key and the Redis password instead of redacting them.")
 @config_options
-def show(config_path: str | None, assignments: tuple[str, ...]) -> None:
-    """Print the effective config (defaults, file, NOLOCO_* variables, flags) as TOML."""
-    click.echo(config_to_toml(effective_config(config_path, assignments)), nl=False)
+def show(show_secrets: bool, config_path: str | None, assignments: tuple[str, ...]) -> None:
+    """Print the effective config (defaults, file, NOLOCO_* variables, flags) as TOML,
+    secrets redacted unless --show-secrets."""
+    click.echo(config_to_toml(effective_config(config_path, assignments), redact=not show_secrets), nl=False)

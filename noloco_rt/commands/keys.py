@@ -7,6 +7,12 @@ from pathlib import Path
 import click
 
 
+class KeysExist(click.ClickException):
+    """A refusal like a bad flag: one line, exit 2."""
+
+    exit_code = 2
+
+
 @click.group()
 def keys() -> None:
     """CURVE keys that authenticate the ZeroMQ sockets of a run."""
@@ -15,7 +21,7 @@ def keys() -> None:
 def usage_text(public_path: Path, secret_path: Path, name: str) -> str:
     folder = public_path.parent.resolve()
     return "\n".join([
-        f"wrote {public_path} and {secret_path} (0600). Every process of the run needs both: "
+        f"wrote {public_path} and {secret_path} (both 0600). Every process of the run needs both: "
         "whoever holds the secret is a trusted member of the run.",
         "",
         "Config file (worker, launch, up, coordinator):",
@@ -45,5 +51,5 @@ def generate(out_dir: str, name: str, force: bool) -> None:
     try:
         public_path, secret_path = write_key_pair(Path(out_dir), name, force=force)
     except FileExistsError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise KeysExist(str(exc)) from None
     click.echo(usage_text(public_path, secret_path, name))

@@ -20,17 +20,37 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
-def config_to_toml(config: Config) -> str:
+SECRET_FIELDS = frozenset({("network", "curve_secret_key")})
+URL_FIELDS = frozenset({("network", "redis_url")})
+
+
+def _redacted_line(section: str, name: str, value: Any) -> str | None:
+    """The line that stands for a secret when redacting, or None for a field that holds none."""
+    if (section, name) in SECRET_FIELDS and value:
+        return f"# {name} = (set, {len(value)} characters: redacted; --show-secrets prints it)"
+    if (section, name) in URL_FIELDS and value:
+        from noloco_rt.membership.redis_access import redact_url  # imports redis: only when needed
+
+        shown = redact_url(value)
+        return None if shown == value else f"{name} = {_toml_value(shown)}  # password redacted"
+    return None
+
+
+def config_to_toml(config: Config, *, redact: bool = False) -> str:
     """The effective config as TOML that load_config reads back to an equal Config.
 
     Unset fields (None) are written as comments: outer ones with the method default in force.
+    redact: for a person's eyes, the CURVE secret key becomes a comment and the Redis
+    password *** (the result no longer reads back to an equal Config).
     """
     lines: list[str] = []
     resolved = config.outer.resolved()
     for section, values in config.to_dict().items():
         lines.append(f"[{section}]")
         for name, value in values.items():
-            if value is None and section == "outer":
+            if redact and (line := _redacted_line(section, name, value)) is not None:
+                lines.append(line)
+            elif value is None and section == "outer":
                 lines.append(f"# {name} = {_toml_value(getattr(resolved, name))}  (method default)")
             elif value is None:
                 lines.append(f"# {name} unset")

@@ -129,18 +129,20 @@ def load_curve_keys(network: NetworkConfig) -> CurveKeys | None:
 
 
 def write_key_pair(out_dir: Path, name: str, *, force: bool = False) -> tuple[Path, Path]:
-    """A fresh pair as `<name>.public` (0644) and `<name>.secret` (0600); refuses to overwrite unless force."""
+    """A fresh pair as `<name>.public` and `<name>.secret`, both 0600 (the docs promise the pair
+    stays private; a public key alone grants nothing, but it names the run); refuses to
+    overwrite unless force."""
     public_path, secret_path = out_dir / f"{name}{PUBLIC_SUFFIX}", out_dir / f"{name}{SECRET_SUFFIX}"
     existing = [p for p in (public_path, secret_path) if p.exists()]
     if existing and not force:
         raise FileExistsError(f"{', '.join(map(str, existing))} already exist(s); use --force to replace")
     out_dir.mkdir(parents=True, exist_ok=True)
     public, secret = zmq.curve_keypair()
-    # The secret is created 0600 from the start: no window where others can read it.
-    if secret_path.exists():
-        secret_path.unlink()
-    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secret.decode() + "\n")
-    public_path.write_text(public.decode() + "\n")
+    # Created 0600 from the start: no window where others can read them.
+    for path, key in ((secret_path, secret), (public_path, public)):
+        if path.exists():
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key.decode() + "\n")
     return public_path, secret_path
