@@ -41,6 +41,15 @@ def test_config_show_reflects_file_environment_and_flags(tmp_path):
     assert "steps = 12" in result.stdout
 
 
+def test_a_foreign_noloco_variable_is_a_warning_and_a_misspelt_field_an_error():
+    result = run_cli("config", "show", env={"NOLOCO_CKPT_KILLS": "5", "NOLOCO_RUN_STEPS": "7"})
+    assert result.returncode == 0, result.stderr
+    assert "steps = 7" in result.stdout
+    assert result.stderr.count("\n") == 1 and "Warning: ignoring NOLOCO_CKPT_KILLS" in result.stderr
+    typo = run_cli("config", "show", env={"NOLOCO_OUTER_ALHPA": "0.2"})
+    assert typo.returncode == 2 and "invalid outer.alhpa" in typo.stderr and "unknown field" in typo.stderr
+
+
 def test_config_show_redacts_secrets_unless_asked():
     import zmq
 

@@ -50,7 +50,6 @@ def test_environment_types_and_lists():
      "balanced, balanced-sequence, p2c, random"),
     ({"NOLOCO_OPTIM_WARMUP_FRACTION": "1.5"}, "optim.warmup_fraction", "1.5", "[0, 1)"),
     ({"NOLOCO_COORDINATOR_SPREAD_SAMPLE": "1"}, "coordinator.spread_sample", "= 1", ">= 2"),
-    ({"NOLOCO_BOGUS_X": "1"}, "NOLOCO_BOGUS_X", "'1'", "unknown NOLOCO_ variable"),
 ])
 def test_bad_values_name_field_value_and_allowed(environ, field, shown, fragment):
     with pytest.raises(ConfigError) as info:
@@ -60,6 +59,15 @@ def test_bad_values_name_field_value_and_allowed(environ, field, shown, fragment
     assert message.startswith(f"invalid {field} = ")
     assert shown in message
     assert fragment in message
+
+
+def test_foreign_noloco_variables_are_listed_not_read():
+    from noloco_rt.config.loading import env_overrides, foreign_env_vars
+
+    environ = {"NOLOCO_CKPT_KILLS": "3", "NOLOCO_RUN_STEPS": "9", "NOLOCO_PARENT_PID": "1", "HOME": "/root"}
+    assert env_overrides(environ) == {"run": {"steps": "9"}}
+    assert foreign_env_vars(environ) == ["NOLOCO_CKPT_KILLS"]
+    assert load_config(environ=environ).run.steps == 9
 
 
 def test_bad_file(tmp_path):

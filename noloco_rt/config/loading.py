@@ -95,19 +95,31 @@ def _merge(target: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: 
             target.setdefault(section, {})[name] = _coerce(f"{section}.{name}", value, known[name])
 
 
+def _config_variable(key: str) -> tuple[str, str] | None:
+    """(section, field) of a NOLOCO_<SECTION>_<FIELD> name, None for any other variable."""
+    if not key.startswith(ENV_PREFIX) or key in PROCESS_ENV_VARS:  # those a supervisor sets
+        return None
+    section, _, name = key[len(ENV_PREFIX):].lower().partition("_")
+    return (section, name) if section in SECTIONS and name else None
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """NOLOCO_OUTER_ALPHA=0.4 -> {"outer": {"alpha": "0.4"}}. Unknown names are errors."""
+    """NOLOCO_OUTER_ALPHA=0.4 -> {"outer": {"alpha": "0.4"}}. A known section with an unknown
+    field is an error (a typo must not be silently ignored); a NOLOCO_ name with no config
+    section (a test's or a script's own knob, e.g. NOLOCO_CKPT_KILLS) is not the config's."""
     layer: dict[str, dict[str, str]] = {}
     for key, value in environ.items():
-        if not key.startswith(ENV_PREFIX) or key in PROCESS_ENV_VARS:  # those a supervisor sets
-            continue
-        rest = key[len(ENV_PREFIX):].lower()
-        section, _, name = rest.partition("_")
-        if section not in SECTIONS or not name:
-            raise ConfigError(key, value, "unknown NOLOCO_ variable; expected NOLOCO_<SECTION>_<FIELD> "
-                              f"with SECTION in {', '.join(s.upper() for s in SECTIONS)}")
-        layer.setdefault(section, {})[name] = value
+        if (parsed := _config_variable(key)) is not None:
+            section, name = parsed
+            layer.setdefault(section, {})[name] = value
     return layer
+
+
+def foreign_env_vars(environ: Mapping[str, str]) -> list[str]:
+    """NOLOCO_* names that are neither config fields' sections nor the supervisor's: worth a
+    warning (a misspelt section?), never an abort."""
+    return sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in PROCESS_ENV_VARS
+                  and _config_variable(k) is None)
 
 
 def parse_assignment(text: str) -> dict[str, dict[str, str]]:
