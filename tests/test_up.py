@@ -74,8 +74,10 @@ def finish(process: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
 
 
 def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothing_running(tmp_path):
-    mark, out = uuid.uuid4().hex, tmp_path / "run"
-    process = start_up(out, steps=60, mark=mark)
+    from noloco_rt.membership.embedded_redis import free_port
+
+    mark, out, status_port = uuid.uuid4().hex, tmp_path / "run", free_port()
+    process = start_up(out, steps=60, mark=mark, **{"coordinator.status_port": status_port})
     try:
         code, output = finish(process, timeout_s=240)
     finally:
@@ -87,6 +89,11 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
     assert (out / "config.toml").exists()
     logs = sorted(p.name for p in (out / "logs").iterdir())
     assert {"s0-r0", "s0-r1", "s1-r0", "s1-r1", "coordinator"} <= {name.split(".")[0] for name in logs}, logs
+    # coordinator.status_port is honoured under up (it used to be a random port).
+    started = [json.loads(line) for name in logs if name.startswith("coordinator")
+               for line in (out / "logs" / name).read_text().splitlines() if '"coordinator_started"' in line]
+    assert started and started[0]["port"] == status_port, started
+    assert f"127.0.0.1:{status_port}/status" in output
     records = read_metrics(out / "metrics.jsonl")
     samples = [r for r in records if r["kind"] == "workers"]
     assert samples and {w["name"] for w in samples[-1]["workers"]} == {"s0-r0", "s0-r1", "s1-r0", "s1-r1"}
@@ -151,3 +158,26 @@ def test_up_refuses_a_run_directory_of_another_configuration(tmp_path):
                             capture_output=True, text=True, timeout=60,
                             env={k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")})
     assert result.returncode == 2 and "another configuration" in result.stderr and "model.preset" in result.stderr
+
+
+def test_the_coordinator_status_port_is_the_configured_one_unless_taken():
+    import socket
+
+    from noloco_rt.membership.embedded_redis import free_port
+    from workers.cluster.up import status_port_for
+
+    class Log:
+        def __init__(self) -> None:
+            self.warnings: list[dict] = []
+
+        def warning(self, event: str, **fields: object) -> None:
+            self.warnings.append({"event": event, **fields})
+
+    log, wanted = Log(), free_port()
+    assert status_port_for("127.0.0.1", wanted, log) == wanted and not log.warnings
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", wanted))
+        holder.listen()
+        other = status_port_for("127.0.0.1", wanted, log)
+    assert other != wanted and log.warnings[0]["event"] == "status_port_taken" and log.warnings[0]["port"] == other
+    assert status_port_for("127.0.0.1", 0, log) > 0

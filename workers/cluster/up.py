@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import socket
 import sys
 import threading
 import time
@@ -123,6 +124,22 @@ def _with_curve(cfg: Config, out: Path, secure: bool) -> Config:
     return dataclasses.replace(cfg, network=network)
 
 
+def status_port_for(host: str, wanted: int, log: Any) -> int:
+    """coordinator.status_port when it is free (the README's 8780 by default); otherwise (taken,
+    e.g. by another run here, or 0) a free port, with a warning naming both."""
+    if wanted:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server will
+                probe.bind((host, wanted))
+            return wanted
+        except OSError as exc:
+            port = free_port(host)
+            log.warning("status_port_taken", wanted=wanted, port=port, error=exc.strerror)
+            return port
+    return free_port(host)
+
+
 class UpRun:
     """One `up` invocation: start everything, watch it, shut it down, finalise."""
 
@@ -146,7 +163,8 @@ class UpRun:
     def _specs(self, redis_url: str) -> list[ProcessSpec]:
         specs = worker_process_specs(self.cfg, self.config_file, self.names_by_stage, redis_url)
         if self.with_coordinator:
-            self.coordinator_port = free_port()
+            self.coordinator_port = status_port_for(self.cfg.network.bind_host, self.cfg.coordinator.status_port,
+                                                    self.log)
             specs.append(ProcessSpec(name=COORDINATOR, env=child_env(self.cfg, redis_url),
                                      args=run_command(self.config_file, "coordinator", "--status-port",
                                                       str(self.coordinator_port), "--out", str(self.out))))
@@ -173,7 +191,8 @@ class UpRun:
         self.log.info("up_started", stages=self.cfg.pipeline.stages, replicas=self.cfg.pipeline.replicas,
                       steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redact_url(redis_url),
                       out=str(self.out), curve=bool(self.cfg.network.curve_key_dir or self.cfg.network.curve_secret_key),
-                      logs=str(self.out / "logs"))
+                      logs=str(self.out / "logs"),
+                      status=f"http://127.0.0.1:{self.coordinator_port}/status" if self.with_coordinator else None)
         metrics = MetricsLog(self.out / "metrics.jsonl")
         membership = Membership(connect(redis_url), run_id=self.cfg.run.run_id)
         gave_up = False
