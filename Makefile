@@ -2,6 +2,7 @@
 # each creates the virtualenv first if it is missing.
 PYTHON ?= python3
 VENV   ?= .venv
+TORCH_INDEX_URL ?=
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
@@ -10,8 +11,9 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first, by its exact pin: the on-disk CPU wheel, never the CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	# torch first, by its exact pin. Here pip finds the CPU wheel on disk; elsewhere plain PyPI
+	# has the CUDA build for Linux: TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gets the CPU one.
+	$(BIN)/pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

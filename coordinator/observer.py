@@ -1,4 +1,4 @@
-"""The coordinator's observation cycles (DESIGN §2): evaluate, measure spread, export.
+"""The coordinator's observation cycles (docs/architecture.md §2): evaluate, measure spread, export.
 
 Two cadences. Every eval_interval_s: one random live replica per stage is pulled, the
 stages are chained into a model and scored on the validation batches. Every

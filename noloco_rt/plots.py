@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +60,11 @@ def plot_methods(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, *,
     save_figure(fig, path, title)
 
 
-def plot_distributed_run(records: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> None:
+def plot_distributed_run(records: Sequence[Mapping[str, Any]], path: Path, *, title: str = "",
+                         lr: Callable[[int], float] | None = None, total_steps: int = 0) -> None:
     """curves.png of `noloco-rt up` from its metrics.jsonl records: training loss per
-    loss-computing worker and validation loss (left), replica spread (right), against step."""
+    loss-computing worker and validation loss (left), replica spread with the learning rate
+    lr(step) over 0..total_steps (right; NoLoCo's spread follows it), against step."""
     fig, (loss_ax, spread_ax) = plt.subplots(1, 2, figsize=(11, 4))
     train: dict[str, dict[int, float]] = {}
     for record in records:
@@ -84,4 +86,10 @@ def plot_distributed_run(records: Sequence[Mapping[str, Any]], path: Path, *, ti
     spread_ax.plot([r["step"] for r in spreads], [r["spread"] for r in spreads], "o-", color="tab:red")
     spread_ax.set_xlabel("inner step")
     spread_ax.set_ylabel("replica spread (slow weights)")
+    if lr is not None and total_steps > 0:
+        steps = list(range(0, total_steps + 1, max(1, total_steps // 200)))
+        lr_ax = spread_ax.twinx()
+        lr_ax.plot(steps, [lr(s) for s in steps], color="tab:gray", linestyle="--", label="learning rate")
+        lr_ax.set_ylabel("learning rate")
+        lr_ax.legend(loc="upper right")
     save_figure(fig, path, title)

@@ -1,4 +1,4 @@
-"""The outer exchange under faults, real processes (DESIGN §4): a partner SIGKILLed
+"""The outer exchange under faults, real processes (docs/architecture.md §4): a partner SIGKILLed
 mid-run leaves its partners' steps local (counted, training never waits for it), and a
 joiner mid-run is never used by a worker whose computed group does not hold it."""
 

@@ -1,4 +1,4 @@
-"""The simulator sends what replicas contribute through worker.snapshot_codec (DESIGN §4,
+"""The simulator sends what replicas contribute through worker.snapshot_codec (docs/architecture.md §4,
 "Fewer bytes"), reproducibly, and can pair replicas as the old runtime did (random-peer)."""
 
 from __future__ import annotations

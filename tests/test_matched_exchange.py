@@ -1,4 +1,4 @@
-"""Matched outer-step groups in real worker processes (DESIGN §4): 1 stage × 4 workers, each
+"""Matched outer-step groups in real worker processes (docs/architecture.md §4): 1 stage × 4 workers, each
 training alone and pushing its snapshot to the partner its view's partition gives it, with
 the blocking step and with the overlapped one (provisional step, correction later)."""
 

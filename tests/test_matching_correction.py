@@ -1,4 +1,4 @@
-"""Matched outer-step groups and the provisional step's exact correction (DESIGN §4): pure
+"""Matched outer-step groups and the provisional step's exact correction (docs/architecture.md §4): pure
 functions, tested directly."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The outer step against an independent, element-wise re-derivation of DESIGN §1."""
+"""The outer step against an independent, element-wise re-derivation of docs/architecture.md §1."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pairing by readiness (DESIGN §4, "Drift") against a real redis-server: each waiter is
+"""Pairing by readiness (docs/architecture.md §4, "Drift") against a real redis-server: each waiter is
 taken by exactly one worker, and a waiter that gives up either was not taken or learns
 who took it."""
 

@@ -1,4 +1,4 @@
-"""The simulator's overlapped outer step (DESIGN §4): a provisional local step, corrected
+"""The simulator's overlapped outer step (docs/architecture.md §4): a provisional local step, corrected
 exactly d inner steps later. With d = 0 it must reproduce the blocking trajectory."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workers of unequal speed (DESIGN §4, "Drift"), real processes: 1 stage × 4, one worker
+"""Workers of unequal speed (docs/architecture.md §4, "Drift"), real processes: 1 stage × 4, one worker
 slowed 2× (worker.fault_slowdown), the overlapped step with pairing by readiness. The
 slow worker's step count drifts behind; pairs must still form and stay symmetric."""
 

@@ -1,4 +1,4 @@
-"""The inner step (DESIGN §3): once the step's forwards are all back, step the optimizer,
+"""The inner step (docs/architecture.md §3): once the step's forwards are all back, step the optimizer,
 and every H inner steps the outer step."""
 
 from __future__ import annotations

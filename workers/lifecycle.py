@@ -1,5 +1,5 @@
 """A worker's state across incarnations: checkpoints written and resumed, or a peer's state
-downloaded (DESIGN §5: resume our own checkpoint, else bootstrap from a peer, else start
+downloaded (docs/architecture.md §5: resume our own checkpoint, else bootstrap from a peer, else start
 from the run seed as the first of the stage)."""
 
 from __future__ import annotations

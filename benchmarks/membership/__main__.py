@@ -13,7 +13,7 @@ commands per second and CPU come from INFO over the measurement window. "before"
 read this design replaced (SCAN of the run, HGETALL of every member), timed on the same
 table; the last column is its ratio to the new view read (p50 against p50).
 
-Targets (DESIGN §5): 10,000 workers on one Redis, p99 view read under 10 ms, Redis below
+Targets (docs/architecture.md §5): 10,000 workers on one Redis, p99 view read under 10 ms, Redis below
 one core, and a view read whose cost does not depend on the number of other stages
 (compare 2000:2 with 8000:8: 1,000 workers per stage in both).
 """

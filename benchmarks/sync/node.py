@@ -113,7 +113,7 @@ def _start_together(margin_s: float) -> float:
 
 def _overlapped_step(exchanger: OuterExchanger, rank: int, world: int, step: int, addrs: list[str],
                      tensors: list[torch.Tensor], compute_s: float) -> dict[str, Any]:
-    """The overlapped outer step (DESIGN §4) as a worker takes it: the inner phase up to the
+    """The overlapped outer step (docs/architecture.md §4) as a worker takes it: the inner phase up to the
     outer step, the round handed to the exchanger (the provisional local step), then the
     next inner phase at once. Times the span between the two outer steps; the round's
     result is collected afterwards (a correction at the next inner-step boundary)."""

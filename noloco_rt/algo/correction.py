@@ -1,4 +1,4 @@
-"""The provisional local outer step and its exact correction (DESIGN §4). Pure tensor code.
+"""The provisional local outer step and its exact correction (docs/architecture.md §4). Pure tensor code.
 
 At outer step k a worker does not wait for its partners: it takes the local step
 (group {i}) at once and keeps training,

@@ -1,4 +1,4 @@
-"""Matched outer-step groups without coordination (DESIGN §4). Pure: no I/O.
+"""Matched outer-step groups without coordination (docs/architecture.md §4). Pure: no I/O.
 
 At outer step k every worker of a stage partitions the same sorted list of ONLINE members
 with a generator seeded by (run seed, stage, k). Workers whose views agree compute the

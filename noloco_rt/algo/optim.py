@@ -1,4 +1,4 @@
-"""The outer step (DESIGN §1) and the inner optimizer. Pure tensor code, no I/O.
+"""The outer step (docs/architecture.md §1) and the inner optimizer. Pure tensor code, no I/O.
 
 For worker i with fast weights θ_i, slow weights φ_i and outer momentum δ_i, and a
 group G that contains i:

@@ -127,7 +127,7 @@ class OptimConfig:
         return round(self.warmup_fraction * total_steps)
 
 
-# Paper defaults per method (DESIGN §1); None in OuterConfig means "use these".
+# Paper defaults per method (docs/architecture.md §1); None in OuterConfig means "use these".
 # local reuses noloco's coefficients so that it differs from noloco only by its group.
 # ddp and adam take no outer step; their entries only fill ResolvedOuter.
 OUTER_DEFAULTS: dict[str, dict[str, float | int]] = {
@@ -158,7 +158,7 @@ class OuterConfig:
     """noloco: members per group (i plus group_size - 1 random live peers)."""
     overlap: bool = False
     """Take the outer step at once with a group of one, and correct it exactly when the
-    partners' states arrive (DESIGN §4), so training never waits for the network; false:
+    partners' states arrive (docs/architecture.md §4), so training never waits for the network; false:
     the paper's blocking step."""
     pairing: str = "matched"
     """noloco: matched (the seeded partition of the stage's view at each outer step, the

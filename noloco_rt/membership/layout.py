@@ -2,7 +2,7 @@
 
 Per worker incarnation, a hash with a TTL of a few heartbeats (the source of truth for
 liveness: Redis expires it on its own clock). Per stage, an index that makes reading that
-stage cost what the stage holds and nothing more (DESIGN §5):
+stage cost what the stage holds and nothing more (docs/architecture.md §5):
 
     <prefix>:<run>:worker:<id>          hash, every field of the record, PEXPIRE ttl
     <prefix>:<run>:stage:<k>:members    hash  id -> the record as JSON, as last published

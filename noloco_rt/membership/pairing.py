@@ -1,4 +1,4 @@
-"""Pairing by readiness (DESIGN §4, "Drift"): a per-stage queue in Redis of workers that
+"""Pairing by readiness (docs/architecture.md §4, "Drift"): a per-stage queue in Redis of workers that
 reached an outer step and wait, a short window, for a partner.
 
 Discovery of who is free now, not a collective: a worker at its outer step takes the

@@ -1,5 +1,5 @@
 """What a worker observes of its next-stage peers: its own microbatches in flight at each,
-and a moving average of their round-trip times (DESIGN §3: the routing signal is local,
+and a moving average of their round-trip times (docs/architecture.md §3: the routing signal is local,
 so Redis is never in a routing decision's path).
 
 Pure bookkeeping: the caller measures the round trips.

@@ -1,4 +1,4 @@
-"""The views a worker needs, kept fresh by a background thread (DESIGN §5).
+"""The views a worker needs, kept fresh by a background thread (docs/architecture.md §5).
 
 The data path and the exchange read the last view of a stage without any I/O; the thread
 refreshes every watched stage once per interval, sooner when someone asks (a peer failed,

@@ -5,7 +5,7 @@ cursor, the log's first entry, the oldest heartbeats), plus one HMGET of the mem
 changed when any did. Its cost grows with the changes of this stage only, never with the
 rest of the run. A reader whose cursor fell off the log's start (or whose Redis came back
 empty) reads the stage whole once. Members come back sorted by id: the exchange's matched
-groups partition exactly that list (DESIGN §4).
+groups partition exactly that list (docs/architecture.md §4).
 """
 
 from __future__ import annotations

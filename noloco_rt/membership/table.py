@@ -1,4 +1,4 @@
-"""The Redis membership table (DESIGN §5): discovery only, never collectives.
+"""The Redis membership table (docs/architecture.md §5): discovery only, never collectives.
 
 Every worker incarnation has a hash with a TTL of a few heartbeats, and sits in its stage's
 index (noloco_rt.membership.layout), so that reading one stage costs what that stage holds,

@@ -1,4 +1,4 @@
-"""A snapshot streamed in chunks (DESIGN §4), pure: which elements travel in which chunk,
+"""A snapshot streamed in chunks (docs/architecture.md §4), pure: which elements travel in which chunk,
 and their assembly on the receiving side.
 
 A contribution is a list of float32 tensors. The sender cuts their flattened elements into

@@ -1,6 +1,6 @@
 """CURVE keys of a run: one cluster key pair that every process of the run holds.
 
-Scheme (DESIGN §6): workers join and leave at any time and their identities are not
+Scheme (docs/architecture.md §6): workers join and leave at any time and their identities are not
 known in advance, so there is no per-worker allow list to keep in sync. Instead every
 process (workers, coordinator) holds the run's one key pair, from files or a
 Kubernetes Secret:

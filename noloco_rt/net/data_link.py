@@ -1,4 +1,4 @@
-"""The data socket on a thread of its own, so that transfer overlaps compute (DESIGN §3).
+"""The data socket on a thread of its own, so that transfer overlaps compute (docs/architecture.md §3).
 
 The training thread never waits on the network: `send` queues a message and returns, and
 `receive` takes what the link thread has already received and decoded. The link thread

@@ -1,4 +1,4 @@
-"""The snapshot format of the outer exchange and the joiner's bootstrap (DESIGN §4), pure.
+"""The snapshot format of the outer exchange and the joiner's bootstrap (docs/architecture.md §4), pure.
 
 A snapshot is one compressed payload of tensors plus a small header: run, stage, outer
 step, codec, tensor specs, what the parts are, a checksum and (for bootstraps) counters.

@@ -1,4 +1,4 @@
-"""Wire format (DESIGN §6): one msgpack header, then raw tensor frames (pure, no sockets).
+"""Wire format (docs/architecture.md §6): one msgpack header, then raw tensor frames (pure, no sockets).
 
 Everything received is untrusted. decode_message checks the frame count, header size,
 version, run, kind, the tensor list against the frames (count, dtype allow-list,
@@ -31,7 +31,7 @@ class MessageKind(enum.StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
     SNAPSHOT_PUSH = "snapshot_push"
-    """A group member's outer-step contribution, pushed to a partner (DESIGN §4)."""
+    """A group member's outer-step contribution, pushed to a partner (docs/architecture.md §4)."""
     SNAPSHOT_ACK = "snapshot_ack"
     """The partner validated and kept a push."""
     BOOTSTRAP_REQUEST = "bootstrap_request"

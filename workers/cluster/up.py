@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -28,6 +29,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from noloco_rt.algo.optim import lr_at
 from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
 from noloco_rt.config import Config
@@ -124,6 +126,12 @@ def _with_curve(cfg: Config, out: Path, secure: bool) -> Config:
     return dataclasses.replace(cfg, network=network)
 
 
+def _schedule(cfg: Config) -> Callable[[int], float]:
+    optim, steps = cfg.optim, cfg.run.steps
+    return lambda step: lr_at(step, lr=optim.lr, lr_min=optim.lr_min, warmup_steps=optim.warmup_steps_for(steps),
+                              total_steps=steps)
+
+
 def status_port_for(host: str, wanted: int, log: Any) -> int:
     """coordinator.status_port when it is free (the README's 8780 by default); otherwise (taken,
     e.g. by another run here, or 0) a free port, with a warning naming both."""
@@ -156,6 +164,7 @@ class UpRun:
         self.interrupted = False
         self.names_by_stage = names_by_stage(cfg)
         self.coordinator_port = 0
+        self._lr_at = _schedule(cfg)
         self.started = time.time()
 
     # -- processes ------------------------------------------------------------------------
@@ -293,7 +302,8 @@ class UpRun:
         metrics.write({"kind": "final", **final})
         plot_distributed_run(read_metrics(self.out / "metrics.jsonl"), self.out / "curves.png",
                              title=f"noloco-rt up: {self.cfg.pipeline.stages} stages × "
-                                   f"{self.cfg.pipeline.replicas} replicas, {self.cfg.model.preset}")
+                                   f"{self.cfg.pipeline.replicas} replicas, {self.cfg.model.preset}",
+                             lr=self._lr_at, total_steps=self.cfg.run.steps)
         self.log.info("up_done", step=final["step"], val_loss=round(final["val_loss"], 4),
                       val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", consensus=str(path),
                       curves=str(self.out / "curves.png"),

@@ -1,1 +1,1 @@
-"""The worker's data path (DESIGN §3): its role, messages in and out, microbatches in flight, deadlines."""
+"""The worker's data path (docs/architecture.md §3): its role, messages in and out, microbatches in flight, deadlines."""

@@ -1,4 +1,4 @@
-"""Sending forwards to the next stage, and getting every one back or accounted for (DESIGN §3).
+"""Sending forwards to the next stage, and getting every one back or accounted for (docs/architecture.md §3).
 
 Each forward goes to a live next-stage worker (the routing policy decides which) and stays
 in flight until its gradient returns; the round trip, or the time owed by a forward given

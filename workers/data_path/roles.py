@@ -1,4 +1,4 @@
-"""The four data-path roles (DESIGN §3), one class each, chosen once by `data_path_for`.
+"""The four data-path roles (docs/architecture.md §3), one class each, chosen once by `data_path_for`.
 
 - Alone (a one-stage pipeline): reads a batch, computes the loss, backward.
 - First: reads a batch, forwards it to a next-stage worker, applies the gradient that returns.

@@ -1,4 +1,4 @@
-"""A joiner's download of its stage's state from a live peer (DESIGN §5), before it turns ONLINE.
+"""A joiner's download of its stage's state from a live peer (docs/architecture.md §5), before it turns ONLINE.
 
 A joiner's bootstrap gets the structural checks only (noloco_rt.net.snapshot): it has no
 weights of its own yet to compare a donor's with.

@@ -1,4 +1,4 @@
-"""The outer exchange off the training thread (DESIGN §4): push ours, collect theirs.
+"""The outer exchange off the training thread (docs/architecture.md §4): push ours, collect theirs.
 
 The training thread hands a round (outer step k, our step-k state, our computed group
 partners) to the exchanger and goes on. The exchanger's thread compresses our snapshot

@@ -1,4 +1,4 @@
-"""Who a worker exchanges with at an outer step (DESIGN §4): its seeded matched group, or a
+"""Who a worker exchanges with at an outer step (docs/architecture.md §4): its seeded matched group, or a
 partner found by readiness through the stage's Redis queue (the seeded group when Redis
 is away). Runs on the exchanger thread: waiting in the queue never holds up training."""
 

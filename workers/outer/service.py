@@ -1,6 +1,6 @@
 """The server side of the outer exchange: pushes received, snapshots for joiners served.
 
-Partners push their outer-step contributions (DESIGN §4); the exchange server's thread
+Partners push their outer-step contributions (docs/architecture.md §4); the exchange server's thread
 validates each in full (a zstd bomb or NaN payload is refused at once with an ERROR),
 keeps it in the inbox for our own step of that number and acknowledges it, so receiving
 never touches the training thread. Joiners and the coordinator pull our slow weights,

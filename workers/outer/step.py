@@ -1,4 +1,4 @@
-"""The outer step (DESIGN §1, §4) on the training thread: hand the round to the exchanger,
+"""The outer step (docs/architecture.md §1, §4) on the training thread: hand the round to the exchanger,
 and either wait for it (blocking, the paper's semantics) or take the provisional local
 step at once and correct it exactly at the first inner-step boundary after the partners'
 states are in (overlap). A correction later than outer.max_delay_steps is dropped."""
