@@ -91,10 +91,11 @@ def find_prepared_dir(paths: list[str]) -> Path | None:
 
 
 def run_tokenizer_path(cfg: Config) -> Path | None:
-    """The tokenizer.json a run's ids belong to: data.tokenizer, else its prepared dir's; None: bytes."""
-    if cfg.data.tokenizer:
-        return Path(os.path.expanduser(cfg.data.tokenizer))
+    """The tokenizer.json a run's ids belong to: data.tokenizer, else its prepared directory's;
+    None for byte-level runs (source stdlib or files) and token files with no tokenizer named."""
     if cfg.data.source != "tokens":
         return None
+    if cfg.data.tokenizer:
+        return Path(os.path.expanduser(cfg.data.tokenizer))
     directory = find_prepared_dir(cfg.data.paths)
     return read_manifest(directory).tokenizer if directory is not None else None

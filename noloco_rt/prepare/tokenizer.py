@@ -65,9 +65,10 @@ def vocab_size(tokenizer: Tokenizer) -> int:
 class TextCodec:
     """encode/decode with a run's tokenizer, for sampling."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, eos_id: int | None = None) -> None:
         self.tokenizer = load_tokenizer(path)
-        self.separator = [eos_token(self.tokenizer, None)[1]]
+        # what an empty prompt starts with, as a new document does in the shards
+        self.separator = [eos_id if eos_id is not None else eos_token(self.tokenizer, None)[1]]
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
