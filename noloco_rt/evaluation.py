@@ -62,7 +62,6 @@ def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, gen
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))
 
 
-@torch.no_grad()
 class Codec(Protocol):
     """Text <-> ids of a run's tokenizer (noloco_rt.prepare.tokenizer.TextCodec)."""
 
@@ -73,6 +72,7 @@ class Codec(Protocol):
     def decode(self, tokens: Sequence[int]) -> str: ...
 
 
+@torch.no_grad()
 def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature: float, top_k: int | None,
              seed: int, context_len: int, codec: Codec | None = None) -> str:
     """Continue `prompt` by `max_new_tokens` tokens (bytes unless `codec` is given) and

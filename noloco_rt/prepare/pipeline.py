@@ -193,6 +193,9 @@ def run_prepare(options: PrepareOptions, progress: Progress) -> dict[str, Any] |
     """Prepare OUT; returns the manifest written, or None when OUT already held this very result."""
     if (options.tokenizer is None) == (options.train_bpe is None):
         raise InputError("give exactly one of --tokenizer FILE and --train-bpe VOCAB")
+    if options.train_bpe is not None and options.train_bpe < tok.MIN_BPE_VOCAB:
+        raise InputError(f"--train-bpe {options.train_bpe}: the vocabulary needs at least "
+                         f"{tok.MIN_BPE_VOCAB} tokens (256 bytes and the end-of-document token)")
     sources = expand_inputs(options.inputs)
     arguments = fingerprint(options, sources)
     state = start_state(options, arguments)
