@@ -28,7 +28,9 @@ class InputError(ConfigError):
     """Bad input (no match, bad JSONL line, not UTF-8): one line, exit 2."""
 
     def __init__(self, message: str) -> None:
+        # no field to name, unlike a config value: the message is the whole story
         ValueError.__init__(self, message)
+        self.field_name, self.value, self.allowed = "prepare", None, message
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,11 @@ def start_state(options: PrepareOptions, arguments: dict[str, Any]) -> PrepareSt
             path.unlink()
     manifest = out / MANIFEST_NAME
     if manifest.is_file() and not (out / PROGRESS_NAME).is_file():
-        if json.loads(manifest.read_text(encoding="utf-8")).get("arguments") == arguments:
+        try:
+            previous = json.loads(manifest.read_text(encoding="utf-8")).get("arguments")
+        except (OSError, ValueError, AttributeError):
+            previous = None
+        if previous == arguments:
             return None
         raise InputError(f"{out} holds data prepared with other arguments; use --force to replace it")
     state = load_state(out)
