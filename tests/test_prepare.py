@@ -149,8 +149,10 @@ def _tree(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-@pytest.mark.parametrize("kill_after", [1, 5])
+@pytest.mark.parametrize("kill_after", [1, 5, "all"])  # all: the last shards written, no manifest yet
 def test_killed_run_resumes_to_identical_bytes(prepared, inputs, tmp_path, capsys, kill_after):
+    if kill_after == "all":
+        kill_after = sum(len(v) for v in json.loads((prepared / "prepared.json").read_text())["shards"].values())
     out = tmp_path / "out"
     args = prepare_args(inputs, out)
     killed = subprocess.run([sys.executable, "-m", "noloco_rt.cli", *args, "--kill-after-shards", str(kill_after)],
@@ -254,6 +256,16 @@ def test_config_and_corpus_follow_the_prepared_directory(prepared):
     assert np.array_equal(corpus.train, np.concatenate([np.fromfile(f, dtype="uint16") for f in manifest.train]))
     assert np.array_equal(corpus.val, np.concatenate([np.fromfile(f, dtype="uint16") for f in manifest.val]))
     assert run_tokenizer_path(load_config(environ={})) is None
+    raw = load_config(environ={}, overrides=[{"data": {"source": "tokens", "paths": [str(manifest.train[0])],
+                                                       "tokenizer": str(manifest.tokenizer)},
+                                              "model": {"vocab_size": VOCAB}}])
+    assert run_tokenizer_path(raw) == manifest.tokenizer  # plain token files name theirs in data.tokenizer
+
+
+def test_smaller_vocab_size_than_the_tokenizer_is_one_line_exit_2(prepared, capsys):
+    code, _, err = run_main(capsys, "config", "show", "--set", "data.source=tokens", "--set", f"data.paths={prepared}",
+                            "--set", "model.vocab_size=300")
+    assert code == 2 and err.startswith("Error: invalid model.vocab_size = 300") and err.count("\n") == 1, err
 
 
 def test_simulate_trains_on_the_prepared_directory(prepared, tmp_path, capsys):
