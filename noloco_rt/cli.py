@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("noloco_rt.commands.keys:keys", "Generate the CURVE key pair that authenticates a run's sockets."),
     "up": ("workers.cluster.up:up", "Run a whole training on this machine: Redis, coordinator and S × R workers."),
     "chaos": ("workers.cluster.chaos:chaos", "Train a local cluster under injected faults and check the invariants."),
+    "prepare": ("noloco_rt.commands.prepare:prepare",
+                "Tokenize text files or JSONL into train/val token shards (resumable)."),
     "k8s": ("noloco_rt.commands.k8s:k8s", "Render Kubernetes manifests for S stages × R replicas (docs/deploy.md)."),
 }
 

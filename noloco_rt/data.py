@@ -4,7 +4,8 @@ Sources:
   stdlib  the Python standard library's own .py files, found through sysconfig (no
           download); test folders and site-packages excluded.
   files   text files or globs the user names.
-  tokens  pre-tokenized uint16/uint32 files, read through numpy.memmap.
+  tokens  pre-tokenized uint16/uint32 files, read through numpy.memmap, or a directory
+          written by `noloco-rt prepare` (its own train/val shards and dtype).
 
 Files go to train or validation by a hash of their path (relative to the stdlib root
 for the bundled corpus, so the split is the same on every machine). A single file
@@ -104,10 +105,42 @@ def _tail_split(tokens: np.ndarray, val_percent: float) -> tuple[np.ndarray, np.
 
 def _load_tokens(paths: list[Path], dtype: str) -> np.ndarray:
     arrays = [np.memmap(p, dtype=dtype, mode="r") for p in paths]
+    if not arrays:
+        return np.empty(0, dtype=dtype)
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
+def _load_prepared(directory: Path, val_percent: float) -> Corpus:
+    """A `noloco-rt prepare` directory: its own train and val shards, in its dtype."""
+    from noloco_rt.prepare.manifest import read_manifest
+
+    manifest = read_manifest(directory)
+    try:
+        train, val = (_load_tokens(manifest.train, manifest.token_dtype),
+                      _load_tokens(manifest.val, manifest.token_dtype))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{directory}: cannot read its shards ({exc})") from None
+    if not len(train) or not len(val):  # too few documents for the split: hold out the tail
+        train, val = _tail_split(np.concatenate([train, val]), val_percent)
+    description = f"prepared {directory} ({len(manifest.train)}+{len(manifest.val)} shards)"
+    return Corpus(train=train, val=val, description=description)
+
+
+def _check_token_ids(corpus: Corpus, vocab_size: int) -> Corpus:
+    for name, stream in (("train", corpus.train), ("validation", corpus.val)):
+        top = int(stream.max()) if len(stream) else 0
+        if top >= vocab_size:
+            raise DataError(f"{name} tokens reach id {top}, but model.vocab_size is {vocab_size}")
+    return corpus
+
+
 def load_corpus(cfg: DataConfig, *, vocab_size: int = BYTE_VOCAB_SIZE, stdlib_root: Path | None = None) -> Corpus:
+    if cfg.source == "tokens":
+        from noloco_rt.prepare.manifest import find_prepared_dir
+
+        directory = find_prepared_dir(cfg.paths)
+        if directory is not None:
+            return _check_token_ids(_load_prepared(directory, cfg.val_percent), vocab_size)
     if cfg.source == "stdlib":
         files = stdlib_files(stdlib_root)
         if not files:
@@ -125,11 +158,8 @@ def load_corpus(cfg: DataConfig, *, vocab_size: int = BYTE_VOCAB_SIZE, stdlib_ro
     else:  # too few files for a hash split: hold out the tail of the stream
         train, val = _tail_split(read([p for _, p in files]), cfg.val_percent)
     if cfg.source == "tokens":
-        for name, stream in (("train", train), ("validation", val)):
-            top = int(stream.max()) if len(stream) else 0
-            if top >= vocab_size:
-                raise DataError(f"{name} tokens reach id {top}, but model.vocab_size is {vocab_size}")
-    elif vocab_size < BYTE_VOCAB_SIZE:
+        return _check_token_ids(Corpus(train=train, val=val, description=description), vocab_size)
+    if vocab_size < BYTE_VOCAB_SIZE:
         raise DataError(f"text sources use byte tokens (0..255); model.vocab_size {vocab_size} is too small")
     return Corpus(train=train, val=val, description=description)
 

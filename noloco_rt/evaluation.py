@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -61,10 +62,21 @@ def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, gen
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))
 
 
+class Codec(Protocol):
+    """Text <-> ids of a run's tokenizer (noloco_rt.prepare.tokenizer.TextCodec)."""
+
+    separator: list[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, tokens: Sequence[int]) -> str: ...
+
+
 @torch.no_grad()
 def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature: float, top_k: int | None,
-             seed: int, context_len: int) -> str:
-    """Continue `prompt` by `max_new_tokens` bytes and return only the new text.
+             seed: int, context_len: int, codec: Codec | None = None) -> str:
+    """Continue `prompt` by `max_new_tokens` tokens (bytes unless `codec` is given) and
+    return only the new text.
 
     The model sees the last `context_len` tokens (the length it was trained on); an
     empty prompt starts as a new document does. Same seed, same text.
@@ -79,7 +91,7 @@ def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature:
         raise ValueError(f"context_len must be >= 1, got {context_len}")
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
-    tokens = encode(prompt) or list(DOCUMENT_SEPARATOR)
+    tokens = (codec.encode(prompt) or list(codec.separator)) if codec else (encode(prompt) or list(DOCUMENT_SEPARATOR))
     new: list[int] = []
     was_training = model.training
     model.eval()
@@ -92,4 +104,4 @@ def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature:
             new.append(token)
     finally:
         model.train(was_training)
-    return decode(new)
+    return codec.decode(new) if codec else decode(new)

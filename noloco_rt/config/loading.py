@@ -148,4 +148,26 @@ def load_config(path: str | os.PathLike[str] | None = None, *, environ: Mapping[
     for layer in overrides or []:
         _merge(merged, layer, "command line")
     sections = {name: SECTIONS[name](**merged.get(name, {})) for name in SECTIONS}
+    _follow_prepared(sections, set(merged.get("model", {})))
     return Config(**sections)
+
+
+def _follow_prepared(sections: dict[str, Any], model_fields_set: set[str]) -> None:
+    """data.paths naming a `noloco-rt prepare` directory: vocab_size and token_dtype follow
+    its manifest, so a run never needs to repeat what the tokenizer already says."""
+    data, model = sections["data"], sections["model"]
+    if data.source != "tokens":
+        return
+    from noloco_rt.prepare.manifest import find_prepared_dir, read_manifest  # local: rarely needed
+
+    directory = find_prepared_dir(data.paths)
+    if directory is None:
+        return
+    manifest = read_manifest(directory)
+    if "vocab_size" not in model_fields_set:
+        model.vocab_size = manifest.vocab_size
+    elif model.vocab_size < manifest.vocab_size:
+        raise ConfigError("model.vocab_size", model.vocab_size,
+                          f"smaller than the {manifest.vocab_size} tokens of {directory}'s tokenizer; "
+                          "leave it unset to follow the tokenizer")
+    data.token_dtype = manifest.token_dtype

@@ -70,9 +70,12 @@ class DataConfig:
     source: str = "stdlib"
     """stdlib: the Python standard library's source; files: text files/globs; tokens: uint16/32 token files."""
     paths: list[str] = field(default_factory=list)
-    """Files or globs for source = files or tokens."""
+    """Files or globs for source = files or tokens; for tokens also a directory written by
+    `noloco-rt prepare` (then its shards, dtype and tokenizer are used)."""
     token_dtype: str = "uint16"
-    """Element type of pre-tokenized files."""
+    """Element type of pre-tokenized files (a prepared directory's manifest overrides it)."""
+    tokenizer: str = ""
+    """tokenizer.json the token ids belong to, for sample; "" = bytes, or the prepared directory's."""
     val_percent: float = 5.0
     """Share of files (by path hash) held out for validation."""
     batch_size: int = 8

@@ -1,0 +1,127 @@
+"""Inputs and their documents, and which split each document goes to.
+
+A text file is cut into documents at blank lines once a document reaches DOC_BYTES
+(so one big file still splits into train and validation); a JSONL file gives one
+document per non-blank line, its `field`. Every document carries the byte offset
+just past it, so a rerun can seek to where an interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from noloco_rt.config.errors import ConfigError
+
+DOC_BYTES = 64 * 1024
+MAX_DOC_BYTES = 4 * DOC_BYTES  # a text with no blank line is still cut, at a line end
+JSONL_SUFFIXES = (".jsonl",)
+
+
+class InputError(ConfigError):
+    """Bad input (no match, bad JSONL line, not UTF-8): one line, exit 2."""
+
+    def __init__(self, message: str) -> None:
+        # no field to name, unlike a config value: the message is the whole story
+        ValueError.__init__(self, message)
+        self.field_name, self.value, self.allowed = "prepare", None, message
+
+
+@dataclass(frozen=True)
+class Source:
+    key: str  # the path as matched: the split hashes it, the manifest lists it
+    path: Path
+    kind: str  # "text" or "jsonl"
+    size: int
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    index: int  # within its source
+    end: int  # byte offset just past it
+    line: int  # lines of the source read up to its end (for error messages after a resume)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where reading a source resumes: byte offset, documents and lines before it."""
+
+    offset: int = 0
+    index: int = 0
+    line: int = 0
+
+
+def expand_inputs(patterns: list[str]) -> list[Source]:
+    """Files and globs -> sources, sorted by path, each file once."""
+    found: dict[str, Path] = {}
+    for pattern in patterns:
+        matches = [Path(m) for m in sorted(glob.glob(os.path.expanduser(pattern), recursive=True))]
+        files = [m for m in matches if m.is_file()]
+        if not files:
+            raise InputError(f"input {pattern!r} matches no file")
+        found.update((m.as_posix(), m) for m in files)
+    return [Source(key=key, path=path, kind="jsonl" if path.suffix in JSONL_SUFFIXES else "text",
+                   size=path.stat().st_size) for key, path in sorted(found.items())]
+
+
+def is_validation(source_key: str, index: int, val_percent: float) -> bool:
+    """Deterministic split by document: crc32 of (source, index) in hundredths of a percent."""
+    return zlib.crc32(f"{source_key}#{index}".encode()) % 10_000 < val_percent * 100
+
+
+def _decode(raw: bytes, source: Source, line: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{source.key}: the text before line {line} is not UTF-8") from None
+
+
+def _text_documents(handle: BinaryIO, source: Source, at: Position) -> Iterator[Document]:
+    parts: list[bytes] = []
+    size, offset, index, line_no = 0, at.offset, at.index, at.line
+    for line in handle:
+        parts.append(line)
+        size, offset, line_no = size + len(line), offset + len(line), line_no + 1
+        if (size >= DOC_BYTES and not line.strip()) or size >= MAX_DOC_BYTES:
+            yield Document(_decode(b"".join(parts), source, line_no), index, offset, line_no)
+            index, parts, size = index + 1, [], 0
+    if parts:
+        yield Document(_decode(b"".join(parts), source, line_no), index, offset, line_no)
+
+
+def _jsonl_text(line: bytes, source: Source, line_no: int, field: str) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        raise InputError(f"{source.key}:{line_no}: not a JSON line") from None
+    text = record.get(field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        raise InputError(f"{source.key}:{line_no}: no string field {field!r} (see --jsonl-field)")
+    return text
+
+
+def _jsonl_documents(handle: BinaryIO, source: Source, field: str, at: Position) -> Iterator[Document]:
+    offset, index, line_no = at.offset, at.index, at.line
+    for line in handle:
+        offset, line_no = offset + len(line), line_no + 1
+        if line.strip():
+            yield Document(_jsonl_text(line, source, line_no, field), index, offset, line_no)
+            index += 1
+
+
+def documents(source: Source, *, field: str, at: Position | None = None) -> Iterator[Document]:
+    """The documents of `source` from position `at` (the start when None)."""
+    at = at or Position()
+    with open(source.path, "rb") as handle:
+        handle.seek(at.offset)
+        if source.kind == "text":
+            yield from _text_documents(handle, source, at)
+        else:
+            yield from _jsonl_documents(handle, source, field, at)
