@@ -1,0 +1,79 @@
+"""--tensorboard: real event files, read back with TensorBoard's own reader; a backend asked
+for but not installed is refused in one line (exit 2)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from noloco_rt.cli import main
+from noloco_rt.tb_log import TAGS, tag
+
+HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+HAVE_WANDB = importlib.util.find_spec("wandb") is not None
+needs_tensorboard = pytest.mark.skipif(not HAVE_TENSORBOARD, reason="tensorboard is not installed")
+
+
+def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag under `logdir` (one event-file folder) as (step, value) in file order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every point
+    events.Reload()
+    return {name: [(e.step, e.value) for e in events.Scalars(name)] for name in events.Tags()["scalars"]}
+
+
+def run_cli(*args: str) -> int:
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    return exited.value.code
+
+
+@needs_tensorboard
+def test_simulate_writes_every_curve_with_finite_values_at_increasing_steps(tmp_path):
+    tb = tmp_path / "tb"
+    code = run_cli("simulate", "--stages", "2", "--replicas", "2", "--steps", "6", "--eval-every", "2",
+                   "--preset", "tiny", "--out", str(tmp_path / "run"), "--tensorboard", str(tb),
+                   "--set", "run.eval_batches=2")
+    assert code == 0
+    scalars = read_scalars(tb)
+    expected = {tag("val_loss"), tag("val_ppl"), tag("train_loss"), tag("lr"), tag("tokens_per_s"),
+                tag("spread", "all"), tag("spread", "stage0"), tag("spread", "stage1")}
+    assert expected <= scalars.keys(), sorted(scalars)
+    assert [step for step, _ in scalars[tag("val_loss")]] == [0, 2, 4, 6]
+    assert [step for step, _ in scalars[tag("train_loss")]] == [2, 4, 6]  # none before the first step
+    for name in expected:
+        steps = [step for step, _ in scalars[name]]
+        assert steps == sorted(set(steps)), (name, steps)
+        assert all(math.isfinite(value) for _, value in scalars[name]), name
+    val = dict(scalars[tag("val_loss")])
+    assert dict(scalars[tag("val_ppl")]) == pytest.approx({s: math.exp(v) for s, v in val.items()}, rel=1e-3)
+
+
+def test_every_tag_has_one_heading_and_suffixes_make_one_curve_each():
+    assert len(set(TAGS.values())) == len(TAGS)
+    assert tag("train_loss", "s0-r1") == "train/loss/s0-r1"
+    with pytest.raises(KeyError):
+        tag("no such scalar")
+
+
+def test_tensorboard_asked_for_but_not_installed_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    # None in sys.modules makes `import torch.utils.tensorboard` raise ImportError, as without the package.
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    code = run_cli("simulate", "--steps", "2", "--preset", "tiny", "--out", str(tmp_path / "run"),
+                   "--tensorboard", str(tmp_path / "tb"))
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "pip install tensorboard" in err, err
+    assert not (tmp_path / "tb").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.skipif(HAVE_WANDB, reason="wandb is installed: the refusal cannot happen")
+def test_wandb_asked_for_but_not_installed_is_one_line_and_exit_2(tmp_path, capsys):
+    code = run_cli("simulate", "--steps", "2", "--preset", "tiny", "--out", str(tmp_path / "run"), "--wandb")
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "pip install wandb" in err, err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
