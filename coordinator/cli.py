@@ -16,9 +16,13 @@ from noloco_rt.cli import config_options
 @click.option("--host", default=None, help="Interface for /status and /metrics (network.bind_host).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where the consensus checkpoint goes (paths.out_dir).")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
+              help="Write val loss/ppl and replica spread as TensorBoard scalars here (needs tensorboard).")
+@click.option("--wandb", "with_wandb", is_flag=True, help="Also log them to W&B, offline, under OUT/wandb (needs wandb).")
 @config_options
 def coordinator(redis_url: str | None, status_port: int | None, host: str | None, out_dir: str | None,
-                config_path: str | None, assignments: tuple[str, ...]) -> None:
+                tensorboard_dir: str | None, with_wandb: bool, config_path: str | None,
+                assignments: tuple[str, ...]) -> None:
     """Pull snapshots read-only, evaluate, measure replica spread and export a consensus
     checkpoint; serve /status and /metrics. Workers never depend on it."""
     from noloco_rt.commands import effective_config
@@ -41,6 +45,12 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from noloco_rt.membership.table import Membership
     from noloco_rt.process import set_event_from_signal_handler
     from noloco_rt.startup import process_startup
+    from noloco_rt.tb_log import ScalarLogUnavailable, check_available, open_scalar_log, usage_error
+
+    try:  # refused before connecting to anything
+        check_available(tensorboard=tensorboard_dir is not None, wandb=with_wandb)
+    except ScalarLogUnavailable as exc:
+        raise usage_error(exc) from None
 
     # Snapshot pulls (DEALER requests) made from the context present the run's keys.
     with process_startup(cfg) as started:
@@ -51,7 +61,10 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         membership = Membership(started.client, run_id=cfg.run.run_id)
         puller = SnapshotPuller(cfg, started.ctx, metrics=metrics, log=log,
                                 limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
-        observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log)
+        scalar_log = open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,
+                                     wandb_dir=out / "wandb" if with_wandb else None,
+                                     run_name=f"{cfg.run.run_id}-coordinator")
+        observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log, scalar_log=scalar_log)
         try:
             server = StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
                                   status_json=observer.status_json, registry=metrics.registry)
@@ -68,4 +81,6 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
             observer.run(stop)
         finally:
             server.stop()
+            if scalar_log is not None:
+                scalar_log.close()
             log.info("coordinator_stopped", evaluations=observer.status.evaluations)

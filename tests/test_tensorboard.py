@@ -77,3 +77,32 @@ def test_wandb_asked_for_but_not_installed_is_one_line_and_exit_2(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and err.strip().count("\n") == 0 and "pip install wandb" in err, err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_coordinator_refuses_a_missing_tensorboard_before_connecting(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    code = run_cli("coordinator", "--redis-url", "redis://127.0.0.1:1", "--out", str(tmp_path / "run"),
+                   "--tensorboard", str(tmp_path / "tb"))
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "pip install tensorboard" in err, err
+
+
+@needs_tensorboard
+def test_coordinator_writes_val_loss_ppl_spread_and_consensus_curves(tmp_path):
+    import threading
+
+    from noloco_rt.tb_log import open_scalar_log
+    from tests.test_coordinator import observed_stages
+
+    observer, _ = observed_stages(tmp_path, {0: 3, 1: 2}, sample=3, seed=0)
+    observer.scalar_log = open_scalar_log(tmp_path / "tb")
+    evaluated = observer.evaluate_once(threading.Event())
+    measured = observer.spread_once(threading.Event())
+    observer.scalar_log.close()
+    scalars = read_scalars(tmp_path / "tb")
+    assert scalars[tag("val_loss")] == [(10, pytest.approx(evaluated.val_loss))]
+    assert scalars[tag("val_ppl")] == [(10, pytest.approx(evaluated.val_ppl, rel=1e-5))]
+    assert scalars[tag("spread", "all")] == [(10, pytest.approx(measured.spread))]
+    assert [v for _, v in scalars[tag("spread", "stage0")] + scalars[tag("spread", "stage1")]] == pytest.approx(
+        measured.spread_by_stage)
+    assert scalars[tag("consensus_val_loss")] == [(10, pytest.approx(measured.consensus_val_loss))]
