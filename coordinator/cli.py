@@ -45,12 +45,8 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from noloco_rt.membership.table import Membership
     from noloco_rt.process import set_event_from_signal_handler
     from noloco_rt.startup import process_startup
-    from noloco_rt.tb_log import ScalarLogUnavailable, check_available, open_scalar_log, usage_error
 
-    try:  # refused before connecting to anything
-        check_available(tensorboard=tensorboard_dir is not None, wandb=with_wandb)
-    except ScalarLogUnavailable as exc:
-        raise usage_error(exc) from None
+    scalar_log = _open_curves(cfg, tensorboard_dir, with_wandb)  # a missing package: refused before connecting
 
     # Snapshot pulls (DEALER requests) made from the context present the run's keys.
     with process_startup(cfg) as started:
@@ -61,9 +57,6 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         membership = Membership(started.client, run_id=cfg.run.run_id)
         puller = SnapshotPuller(cfg, started.ctx, metrics=metrics, log=log,
                                 limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
-        scalar_log = open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,
-                                     wandb_dir=out / "wandb" if with_wandb else None,
-                                     run_name=f"{cfg.run.run_id}-coordinator")
         observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log, scalar_log=scalar_log)
         try:
             server = StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
@@ -84,3 +77,16 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
             if scalar_log is not None:
                 scalar_log.close()
             log.info("coordinator_stopped", evaluations=observer.status.evaluations)
+
+
+def _open_curves(cfg, tensorboard_dir: str | None, with_wandb: bool):
+    """The ScalarLog of --tensorboard / --wandb (None without either); a package asked for
+    but not installed: one line, exit 2."""
+    from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error
+
+    try:
+        return open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,
+                               wandb_dir=Path(cfg.paths.out_dir) / "wandb" if with_wandb else None,
+                               run_name=f"{cfg.run.run_id}-coordinator")
+    except ScalarLogUnavailable as exc:
+        raise usage_error(exc) from None

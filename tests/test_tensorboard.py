@@ -106,3 +106,26 @@ def test_coordinator_writes_val_loss_ppl_spread_and_consensus_curves(tmp_path):
     assert [v for _, v in scalars[tag("spread", "stage0")] + scalars[tag("spread", "stage1")]] == pytest.approx(
         measured.spread_by_stage)
     assert scalars[tag("consensus_val_loss")] == [(10, pytest.approx(measured.consensus_val_loss))]
+
+
+def test_up_refuses_an_explicit_tensorboard_without_the_package_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    code = run_cli("up", "--out", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb"))
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "pip install tensorboard" in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "tb").exists()
+
+
+def test_up_default_tensorboard_without_the_package_is_a_warning_and_no_curves(tmp_path, monkeypatch):
+    from workers.cluster.up import _curves_settings
+
+    warnings = []
+    monkeypatch.setattr("workers.cluster.up.get_logger",
+                        lambda **_: type("Log", (), {"warning": lambda self, *a, **k: warnings.append((a, k))})())
+    if HAVE_TENSORBOARD:
+        assert _curves_settings(tmp_path, None, False, False).tensorboard == (tmp_path / "tb").resolve()
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    settings = _curves_settings(tmp_path, None, False, False)
+    assert settings.tensorboard is None and len(warnings) == 1
+    assert "pip install tensorboard" in warnings[0][1]["reason"]
+    assert _curves_settings(tmp_path, None, True, False).tensorboard is None and len(warnings) == 1  # asked: quiet
