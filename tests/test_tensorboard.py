@@ -129,3 +129,39 @@ def test_up_default_tensorboard_without_the_package_is_a_warning_and_no_curves(t
     assert settings.tensorboard is None and len(warnings) == 1
     assert "pip install tensorboard" in warnings[0][1]["reason"]
     assert _curves_settings(tmp_path, None, True, False).tensorboard is None and len(warnings) == 1  # asked: quiet
+
+
+class RecordingLog:
+    def __init__(self) -> None:
+        self.points: list[tuple[int, dict, str]] = []
+
+    def scalars(self, step, values, *, suffix=""):
+        self.points.append((step, dict(values), suffix))
+
+
+def test_up_follows_new_worker_logs_and_every_incarnation_but_not_an_earlier_runs(tmp_path):
+    import json
+
+    from workers.cluster.run_curves import WorkerLogCurves
+
+    def append(path: Path, *events: dict) -> None:
+        with path.open("a") as handle:
+            handle.writelines(json.dumps(e) + "\n" for e in events)
+
+    progress = {"event": "train_progress", "inner_step": 10, "loss": 3.5, "tokens_per_s": 900.0, "lr": 1e-3}
+    append(tmp_path / "s1-r0.0.log", progress)  # an earlier `up` on this run directory
+    log = RecordingLog()
+    curves = WorkerLogCurves(tmp_path, ["s0-r0", "s1-r0"], log)
+    assert curves.poll() == 0
+    append(tmp_path / "s1-r0.0.log", {**progress, "inner_step": 20}, {"event": "evaluated", "inner_step": 3})
+    append(tmp_path / "s0-r0.1.log", {"event": "outer_step_done", "inner_step": 5, "wire_bytes": 100, "raw_bytes": 400},
+           {"event": "outer_step_done", "inner_step": 10, "kind": "local"})  # a local step exchanged nothing
+    with (tmp_path / "s0-r0.1.log").open("a") as handle:
+        handle.write('{"event": "train_progress", "inner_st')  # being written: read next time
+    assert curves.poll() == 2
+    assert sorted(log.points, key=lambda p: p[2]) == [
+        (5, {"exchange_wire_bytes": 100, "exchange_raw_bytes": 400}, "s0-r0"),
+        (20, {"train_loss": 3.5, "tokens_per_s": 900.0, "lr": 1e-3}, "s1-r0")]
+    with (tmp_path / "s0-r0.1.log").open("a") as handle:
+        handle.write('ep": 6, "tokens_per_s": 5.0}\n')
+    assert curves.poll() == 1 and log.points[-1] == (6, {"train_loss": None, "tokens_per_s": 5.0, "lr": None}, "s0-r0")
