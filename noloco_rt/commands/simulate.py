@@ -99,10 +99,11 @@ def _run(cfg, out: Path, log, curves: SimulationCurves) -> list:
 
             return run_simulation(cfg, out, on_progress=on_progress)
 
-    def on_record(_step: int, rec) -> None:
+    def on_record(step: int, rec) -> None:
         if rec is not None:
             curves.record(rec)
-            log_eval(rec)
+            if step > 0:  # the untrained baseline is a curve point, not a progress line
+                log_eval(rec)
 
     return run_simulation(cfg, out, on_progress=on_record)
 
