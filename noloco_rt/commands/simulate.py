@@ -31,7 +31,8 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
              assignments: tuple[str, ...]) -> None:
     """Train R replicas of S stages in one process with random routing and the outer step.
 
-    Writes OUT/metrics.jsonl, OUT/config.toml and OUT/curves.png.
+    Writes OUT/metrics.jsonl, OUT/config.toml and OUT/curves.png (and, with --tensorboard,
+    event files: `tensorboard --logdir DIR`).
     """
     from noloco_rt.commands import effective_config
     from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error

@@ -6,7 +6,8 @@ crashed worker is restarted and resumes. A live table on a terminal, a log line 
 few seconds elsewhere; metrics.jsonl gets a sample every --interval. When every worker
 has finished its steps (or on Ctrl-C / SIGTERM: workers leave gracefully), the
 coordinator and Redis are stopped, the consensus checkpoint is built from the workers'
-final checkpoints and scored, and curves.png is drawn.
+final checkpoints and scored, and curves.png is drawn. TensorBoard scalars go to OUT/tb
+(workers/ from the workers' logs, written here; coordinator/ written by the coordinator).
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     """Train S stages × R replicas on this machine until --steps, then export the model.
 
     Leaves OUT/config.toml, OUT/logs/, OUT/metrics.jsonl, OUT/checkpoints/,
-    OUT/consensus.safetensors (try `noloco-rt eval` and `noloco-rt sample` on it) and
-    OUT/curves.png.
+    OUT/consensus.safetensors (try `noloco-rt eval` and `noloco-rt sample` on it),
+    OUT/curves.png and OUT/tb/ (`tensorboard --logdir OUT/tb`, when tensorboard is installed).
     """
     cfg = effective_config(config_path, assignments, {
         "pipeline": {"stages": stages, "replicas": replicas},
