@@ -18,9 +18,13 @@ from noloco_rt.cli import config_options
               help="Where the consensus checkpoint goes (paths.out_dir).")
 @click.option("--redis-wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Retry an unreachable Redis at start this long, then exit 2 (worker.redis_wait_s, default 120).")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
+              help="Write val loss/ppl and replica spread as TensorBoard scalars here (needs tensorboard).")
+@click.option("--wandb", "with_wandb", is_flag=True, help="Also log them to W&B, offline, under OUT/wandb (needs wandb).")
 @config_options
 def coordinator(redis_url: str | None, status_port: int | None, host: str | None, out_dir: str | None,
-                redis_wait: float | None, config_path: str | None, assignments: tuple[str, ...]) -> None:
+                redis_wait: float | None, tensorboard_dir: str | None, with_wandb: bool, config_path: str | None,
+                assignments: tuple[str, ...]) -> None:
     """Pull snapshots read-only, evaluate, measure replica spread and export a consensus
     checkpoint; serve /status and /metrics. Workers never depend on it."""
     from noloco_rt.commands import effective_config
@@ -45,6 +49,8 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from noloco_rt.process import set_event_from_signal_handler
     from noloco_rt.startup import process_startup
 
+    scalar_log = _open_curves(cfg, tensorboard_dir, with_wandb)  # a missing package: refused before connecting
+
     # Snapshot pulls (DEALER requests) made from the context present the run's keys.
     with process_startup(cfg, redis_wait=True) as started:
         log = get_logger(run=cfg.run.run_id, role="coordinator")
@@ -54,7 +60,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         membership = Membership(started.client, run_id=cfg.run.run_id)
         puller = SnapshotPuller(cfg, started.ctx, metrics=metrics, log=log,
                                 limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
-        observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log)
+        observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log, scalar_log=scalar_log)
         try:
             server = StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
                                   status_json=observer.status_json, registry=metrics.registry)
@@ -71,4 +77,19 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
             observer.run(stop)
         finally:
             server.stop()
+            if scalar_log is not None:
+                scalar_log.close()
             log.info("coordinator_stopped", evaluations=observer.status.evaluations)
+
+
+def _open_curves(cfg, tensorboard_dir: str | None, with_wandb: bool):
+    """The ScalarLog of --tensorboard / --wandb (None without either); a package asked for
+    but not installed: one line, exit 2."""
+    from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error
+
+    try:
+        return open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,
+                               wandb_dir=Path(cfg.paths.out_dir) / "wandb" if with_wandb else None,
+                               run_name=f"{cfg.run.run_id}-coordinator")
+    except ScalarLogUnavailable as exc:
+        raise usage_error(exc) from None

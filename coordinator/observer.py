@@ -132,7 +132,7 @@ class ObserverStatus:
 
 class Observer:
     def __init__(self, cfg: Config, membership: Membership, puller: SnapshotPuller, *, out_dir: Path,
-                 metrics: Any, log: Any, rng: random.Random | None = None) -> None:
+                 metrics: Any, log: Any, rng: random.Random | None = None, scalar_log: Any = None) -> None:
         self.cfg = cfg
         self.membership = membership
         self.puller = puller
@@ -140,6 +140,8 @@ class Observer:
         self.metrics = metrics
         self.log = log
         self.rng = rng or random.Random()
+        self.scalar_log = scalar_log
+        """A noloco_rt.tb_log.ScalarLog for --tensorboard / --wandb, or None."""
         self.chain = StageChain(cfg)
         self.val_batches = load_validation_batches(cfg)
         self.status = ObserverStatus(run_id=cfg.run.run_id, started_at=time.time())
@@ -197,6 +199,10 @@ class Observer:
                 self.status.pulls_failed += 1
         return pulled
 
+    def _curves(self, step: int, values: dict[str, float], *, suffix: str = "") -> None:
+        if self.scalar_log is not None:
+            self.scalar_log.scalars(step, values, suffix=suffix)
+
     def _note(self, text: str) -> None:
         with self._lock:
             self.status.note = text
@@ -225,6 +231,7 @@ class Observer:
         self.metrics.val_loss.set(loss)
         self.metrics.val_ppl.set(result.val_ppl)
         self.metrics.eval_step.set(result.step)
+        self._curves(result.step, {"val_loss": loss, "val_ppl": result.val_ppl})
         self.log.info("evaluated", step=result.step, val_loss=round(loss, 4), val_ppl=round(result.val_ppl, 3),
                       replicas=result.replicas)
         return result
@@ -249,6 +256,10 @@ class Observer:
             self.status.last_spread = result
             self.status.spread_measurements += 1
         self._export_spread_metrics(result)
+        self._curves(step, {"spread": result.spread}, suffix="all")
+        for stage, spread in enumerate(result.spread_by_stage):
+            self._curves(step, {"spread": spread}, suffix=f"stage{stage}")
+        self._curves(step, {"consensus_val_loss": scored.val_loss, "consensus_val_ppl": scored.val_ppl})
         self.log.info("spread_measured", step=step, spread=result.spread, low=result.spread_low,
                       high=result.spread_high, by_stage=result.spread_by_stage,
                       low_by_stage=result.spread_low_by_stage, high_by_stage=result.spread_high_by_stage,

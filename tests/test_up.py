@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from noloco_rt.logs import read_json_lines
+from noloco_rt.tb_log import tag
+from tests.test_tensorboard import HAVE_TENSORBOARD, read_scalars
 from workers.cluster.run_dir import read_metrics
 
 pytestmark = pytest.mark.timeout(300)
@@ -101,6 +104,8 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
     final = [r for r in records if r["kind"] == "final"]
     assert len(final) == 1 and final[0]["step"] == 60 and final[0]["replicas_per_stage"] == [2, 2]
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if HAVE_TENSORBOARD:  # on by default: OUT/tb/workers (written by up) and OUT/tb/coordinator
+        assert_tensorboard_curves(out, final[0])
 
     scored = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "eval", str(out / "consensus.safetensors"),
                              "--json"], capture_output=True, text=True, timeout=120)
@@ -181,3 +186,23 @@ def test_the_coordinator_status_port_is_the_configured_one_unless_taken():
         other = status_port_for("127.0.0.1", wanted, log)
     assert other != wanted and log.warnings[0]["event"] == "status_port_taken" and log.warnings[0]["port"] == other
     assert status_port_for("127.0.0.1", 0, log) > 0
+
+
+def assert_tensorboard_curves(out: Path, final: dict) -> None:
+    workers = read_scalars(out / "tb" / "workers")
+    for name in ("s0-r0", "s0-r1", "s1-r0", "s1-r1"):
+        for scalar in ("tokens_per_s", "lr", "exchange_wire_bytes"):
+            points = workers.get(tag(scalar, name), [])
+            assert points and all(v >= 0 for _, v in points), (name, scalar, sorted(workers))
+    for name in ("s1-r0", "s1-r1"):  # the last stage computes the loss (it may drain a few steps past 60)
+        steps = [step for step, _ in workers[tag("train_loss", name)]]
+        assert steps == sorted(steps) and steps[0] == 1 and steps[-1] >= 60, steps
+    assert workers[tag("consensus_val_loss")] == [(60, pytest.approx(final["val_loss"], rel=1e-5))]
+    # The coordinator's own file holds exactly what it logged: every evaluation, every spread measurement.
+    coordinator = read_scalars(out / "tb" / "coordinator")
+    events = [e for path in (out / "logs").glob("coordinator.*.log") for e in read_json_lines(path)[0]]
+    evaluated = [e["val_loss"] for e in events if e.get("event") == "evaluated"]
+    spreads = [e["spread"] for e in events if e.get("event") == "spread_measured"]
+    assert evaluated or spreads, "the coordinator measured nothing in the whole run"
+    assert [v for _, v in coordinator.get(tag("val_loss"), [])] == pytest.approx(evaluated, abs=1e-4)
+    assert [v for _, v in coordinator.get(tag("spread", "all"), [])] == pytest.approx(spreads, rel=1e-5)

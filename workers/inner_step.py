@@ -62,7 +62,8 @@ class InnerStep:
         if step % PROGRESS_LOG_EVERY == 0 or step == 1:
             fields = {"loss": round(self.last_loss, 4)} if losses and self.last_loss is not None else {}
             fields |= memory_fields(self.replica.parameters[0].device)
-            self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1), **fields)
+            self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1),
+                          lr=self.replica.inner.current_lr(), **fields)
         if self.outer.due(step):
             self.outer.take()
             self.after_outer_step()

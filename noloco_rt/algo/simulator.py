@@ -247,7 +247,9 @@ def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, Ev
             return rec
 
         try:
-            record(None)
+            initial = record(None)
+            if on_progress is not None:  # the untrained baseline is a point of the curves too
+                on_progress(0, initial)
             while sim.step < cfg.run.steps:
                 train_losses.append(sim.train_step())
                 rec = None

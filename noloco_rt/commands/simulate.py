@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -20,15 +21,21 @@ from noloco_rt.config import METHODS
 @click.option("--seed", type=int, default=None, help="Run seed.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help="Steps between evaluations K.")
 @click.option("--out", "out_dir", default=None, help="Run directory (default: paths.out_dir).")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
+              help="Write TensorBoard scalars (each evaluation) to this directory (needs tensorboard).")
+@click.option("--wandb", "with_wandb", is_flag=True, help="Also log to W&B, offline, under OUT/wandb (needs wandb).")
 @config_options
 def simulate(method: str | None, stages: int | None, replicas: int | None, steps: int | None,
              preset: str | None, seed: int | None, eval_every: int | None, out_dir: str | None,
-             config_path: str | None, assignments: tuple[str, ...]) -> None:
+             tensorboard_dir: str | None, with_wandb: bool, config_path: str | None,
+             assignments: tuple[str, ...]) -> None:
     """Train R replicas of S stages in one process with random routing and the outer step.
 
-    Writes OUT/metrics.jsonl, OUT/config.toml and OUT/curves.png.
+    Writes OUT/metrics.jsonl, OUT/config.toml and OUT/curves.png (and, with --tensorboard,
+    event files: `tensorboard --logdir DIR`).
     """
     from noloco_rt.commands import effective_config
+    from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error
 
     cfg = effective_config(config_path, assignments, {
         "outer": {"method": method},
@@ -37,17 +44,35 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
         "model": {"preset": preset},
         "paths": {"out_dir": out_dir},
     })
+    out = Path(cfg.paths.out_dir)
+    try:  # a backend asked for but missing: refused before any work
+        scalar_log = open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,
+                                     wandb_dir=out / "wandb" if with_wandb else None, run_name=cfg.run.run_id)
+    except ScalarLogUnavailable as exc:
+        raise usage_error(exc) from None
 
-    from noloco_rt.algo.simulator import run_simulation
     from noloco_rt.logs import configure_logging, get_logger
 
     configure_logging(cfg.run.log_format)
     log = get_logger(run=cfg.run.run_id, worker="simulator", stage="all")
-    out = Path(cfg.paths.out_dir)
     outer = cfg.outer.resolved()
     log.info("simulation_started", method=outer.method, stages=cfg.pipeline.stages,
              replicas=cfg.pipeline.replicas, steps=cfg.run.steps, preset=cfg.model.preset, h=outer.h,
              alpha=outer.alpha, beta=outer.beta, gamma=outer.gamma, out=str(out))
+    curves = SimulationCurves(scalar_log)
+    try:
+        records = _run(cfg, out, log, curves)
+    finally:
+        curves.close()
+    final = records[-1]
+    log.info("simulation_done", step=final.step, val_loss=round(final.val_loss, 4), val_ppl=round(final.val_ppl, 2),
+             spread=f"{final.spread:.3e}", elapsed_s=round(final.elapsed_s, 1), out=str(out))
+
+
+def _run(cfg, out: Path, log, curves: SimulationCurves) -> list:
+    from noloco_rt.algo.simulator import run_simulation
+
+    outer = cfg.outer.resolved()
 
     def log_eval(rec) -> None:
         log.info("evaluation", step=rec.step, val_loss=round(rec.val_loss, 4), val_ppl=round(rec.val_ppl, 2),
@@ -69,12 +94,42 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
 
             def on_progress(step: int, rec) -> None:
                 if rec is not None:
+                    curves.record(rec)
                     progress.update(task, status=f"val_loss {rec.val_loss:.3f}  spread {rec.spread:.2e}")
                 progress.update(task, completed=step)
 
-            records = run_simulation(cfg, out, on_progress=on_progress)
-    else:
-        records = run_simulation(cfg, out, on_progress=lambda step, rec: rec is not None and log_eval(rec))
-    final = records[-1]
-    log.info("simulation_done", step=final.step, val_loss=round(final.val_loss, 4), val_ppl=round(final.val_ppl, 2),
-             spread=f"{final.spread:.3e}", elapsed_s=round(final.elapsed_s, 1), out=str(out))
+            return run_simulation(cfg, out, on_progress=on_progress)
+
+    def on_record(step: int, rec) -> None:
+        if rec is not None:
+            curves.record(rec)
+            if step > 0:  # the untrained baseline is a curve point, not a progress line
+                log_eval(rec)
+
+    return run_simulation(cfg, out, on_progress=on_record)
+
+
+class SimulationCurves:
+    """Each evaluation record of the simulator as scalars (None: nothing is written). The
+    simulator has no network, so no exchange bytes; its train loss is the mean over replicas."""
+
+    def __init__(self, scalar_log: Any) -> None:
+        self.scalar_log = scalar_log
+        self.previous: Any = None
+
+    def record(self, rec: Any) -> None:
+        if self.scalar_log is None:
+            return
+        rate = None
+        if self.previous is not None and rec.elapsed_s > self.previous.elapsed_s:
+            rate = (rec.tokens - self.previous.tokens) / (rec.elapsed_s - self.previous.elapsed_s)
+        self.previous = rec
+        self.scalar_log.scalars(rec.step, {"train_loss": rec.train_loss, "lr": rec.lr, "tokens_per_s": rate,
+                                           "val_loss": rec.val_loss, "val_ppl": rec.val_ppl})
+        self.scalar_log.scalars(rec.step, {"spread": rec.spread}, suffix="all")
+        for stage, spread in enumerate(rec.spread_by_stage):
+            self.scalar_log.scalars(rec.step, {"spread": spread}, suffix=f"stage{stage}")
+
+    def close(self) -> None:
+        if self.scalar_log is not None:
+            self.scalar_log.close()

@@ -6,7 +6,8 @@ crashed worker is restarted and resumes. A live table on a terminal, a log line 
 few seconds elsewhere; metrics.jsonl gets a sample every --interval. When every worker
 has finished its steps (or on Ctrl-C / SIGTERM: workers leave gracefully), the
 coordinator and Redis are stopped, the consensus checkpoint is built from the workers'
-final checkpoints and scored, and curves.png is drawn.
+final checkpoints and scored, and curves.png is drawn. TensorBoard scalars go to OUT/tb
+(workers/ from the workers' logs, written here; coordinator/ written by the coordinator).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from noloco_rt.net.curve import write_key_pair
 from noloco_rt.plots import plot_distributed_run
 from noloco_rt.process import set_event_from_signal_handler
 from noloco_rt.startup import process_startup
+from noloco_rt.tb_log import ScalarLogUnavailable, check_available, open_scalar_log, usage_error
 from workers.cluster.processes import (
     child_env,
     names_by_stage,
@@ -49,6 +51,7 @@ from workers.cluster.processes import (
     supervisor_grace_s,
     worker_process_specs,
 )
+from workers.cluster.run_curves import WorkerLogCurves
 from workers.cluster.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
 from workers.cluster.run_view import RunSample, build_sample, log_fields, render_table
 from workers.methods import worker_outer_error
@@ -76,15 +79,21 @@ EXIT_INTERRUPTED = 130
               help="Seconds between samples (metrics.jsonl, live view).")
 @click.option("--secure", is_flag=True,
               help="CURVE on: use OUT/keys (a fresh key pair the first time) unless keys are configured.")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
+              help="TensorBoard scalars: DIR/workers (train loss, tokens/s, lr, exchange bytes per worker) and "
+                   "DIR/coordinator (val loss/ppl, spread). Default: OUT/tb when tensorboard is installed.")
+@click.option("--no-tensorboard", is_flag=True, help="No TensorBoard scalars.")
+@click.option("--wandb", "with_wandb", is_flag=True, help="Also log the scalars to W&B, offline, under OUT/wandb.")
 @config_options
 def up(stages: int | None, replicas: int | None, steps: int | None, preset: str | None, out_dir: str | None,
-       redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, secure: bool, config_path: str | None,
+       redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, secure: bool,
+       tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool, config_path: str | None,
        assignments: tuple[str, ...]) -> None:
     """Train S stages × R replicas on this machine until --steps, then export the model.
 
     Leaves OUT/config.toml, OUT/logs/, OUT/metrics.jsonl, OUT/checkpoints/,
-    OUT/consensus.safetensors (try `noloco-rt eval` and `noloco-rt sample` on it) and
-    OUT/curves.png.
+    OUT/consensus.safetensors (try `noloco-rt eval` and `noloco-rt sample` on it),
+    OUT/curves.png and OUT/tb/ (`tensorboard --logdir OUT/tb`, when tensorboard is installed).
     """
     cfg = effective_config(config_path, assignments, {
         "pipeline": {"stages": stages, "replicas": replicas},
@@ -97,6 +106,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         raise click.UsageError(why)
 
     out = Path(cfg.paths.out_dir)
+    curves = _curves_settings(out, tensorboard_dir, no_tensorboard, with_wandb)
     cfg = _with_curve(cfg, out, secure)
     # A bad key file or a refused Redis password fails now (exit 2), not in every child;
     # no ZeroMQ here: `up` only supervises.
@@ -108,8 +118,35 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         except RunDirError as exc:
             raise click.UsageError(str(exc)) from None
         code = UpRun(cfg, out, config_file, with_coordinator=with_coordinator, max_restarts=max_restarts,
-                     interval_s=interval).run()
+                     interval_s=interval, curves=curves).run()
     sys.exit(code)
+
+
+@dataclasses.dataclass(frozen=True)
+class CurvesSettings:
+    tensorboard: Path | None
+    wandb: bool
+
+
+def _curves_settings(out: Path, tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool) -> CurvesSettings:
+    """Where the scalars go. A backend asked for but not installed stops `up` (one line, exit 2);
+    the default OUT/tb without tensorboard installed is one warning and no curves."""
+    if tensorboard_dir and no_tensorboard:
+        raise click.UsageError("--tensorboard and --no-tensorboard contradict each other")
+    try:
+        check_available(tensorboard=bool(tensorboard_dir), wandb=with_wandb)
+    except ScalarLogUnavailable as exc:
+        raise usage_error(exc) from None
+    if tensorboard_dir:
+        return CurvesSettings(Path(tensorboard_dir).resolve(), with_wandb)
+    if no_tensorboard:
+        return CurvesSettings(None, with_wandb)
+    try:
+        check_available(tensorboard=True)
+    except ScalarLogUnavailable as exc:
+        get_logger(role="up").warning("tensorboard_off", reason=str(exc), hint="--no-tensorboard silences this")
+        return CurvesSettings(None, with_wandb)
+    return CurvesSettings((out / "tb").resolve(), with_wandb)
 
 
 def _with_curve(cfg: Config, out: Path, secure: bool) -> Config:
@@ -152,7 +189,7 @@ class UpRun:
     """One `up` invocation: start everything, watch it, shut it down, finalise."""
 
     def __init__(self, cfg: Config, out: Path, config_file: Path, *, with_coordinator: bool, max_restarts: int,
-                 interval_s: float) -> None:
+                 interval_s: float, curves: CurvesSettings | None = None) -> None:
         self.cfg = cfg
         self.out = out
         self.config_file = config_file
@@ -166,6 +203,8 @@ class UpRun:
         self.coordinator_port = 0
         self._lr_at = _schedule(cfg)
         self.started = time.time()
+        self.curves_settings = curves or CurvesSettings(None, False)
+        self.curves: WorkerLogCurves | None = None
 
     # -- processes ------------------------------------------------------------------------
 
@@ -176,8 +215,23 @@ class UpRun:
                                                     self.log)
             specs.append(ProcessSpec(name=COORDINATOR, env=child_env(self.cfg, redis_url),
                                      args=run_command(self.config_file, "coordinator", "--status-port",
-                                                      str(self.coordinator_port), "--out", str(self.out))))
+                                                      str(self.coordinator_port), "--out", str(self.out),
+                                                      *self._coordinator_curve_args())))
         return specs
+
+    def _coordinator_curve_args(self) -> list[str]:
+        """The coordinator writes its own curves (one writer per process) next to the workers'."""
+        settings = self.curves_settings
+        return ((["--tensorboard", str(settings.tensorboard / COORDINATOR)] if settings.tensorboard else [])
+                + (["--wandb"] if settings.wandb else []))
+
+    def _open_curves(self) -> None:
+        settings = self.curves_settings
+        scalar_log = open_scalar_log(settings.tensorboard / "workers" if settings.tensorboard else None,
+                                     wandb_dir=self.out / "wandb" if settings.wandb else None,
+                                     run_name=f"{self.cfg.run.run_id}-workers")
+        if scalar_log is not None:
+            self.curves = WorkerLogCurves(self.out / "logs", self.names_by_stage, scalar_log)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.interrupted:  # a second Ctrl-C: stop waiting for graceful exits
@@ -200,9 +254,10 @@ class UpRun:
         self.log.info("up_started", stages=self.cfg.pipeline.stages, replicas=self.cfg.pipeline.replicas,
                       steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redact_url(redis_url),
                       out=str(self.out), curve=bool(self.cfg.network.curve_key_dir or self.cfg.network.curve_secret_key),
-                      logs=str(self.out / "logs"),
+                      logs=str(self.out / "logs"), tensorboard=str(self.curves_settings.tensorboard or "off"),
                       status=f"http://127.0.0.1:{self.coordinator_port}/status" if self.with_coordinator else None)
         metrics = MetricsLog(self.out / "metrics.jsonl")
+        self._open_curves()  # before the workers start: their log files of earlier runs are skipped
         membership = Membership(connect(redis_url), run_id=self.cfg.run.run_id)
         gave_up = False
         try:
@@ -220,6 +275,8 @@ class UpRun:
             self._finalise(metrics)
         finally:
             metrics.close()
+            if self.curves is not None:
+                self.curves.close()
         if self.interrupted:
             return EXIT_INTERRUPTED
         return 1 if gave_up else 0
@@ -246,6 +303,8 @@ class UpRun:
                     sample = self._sample(statuses, membership, last_seen, coordinator_status)
                     metrics.write(sample.to_json())
                     self._record_coordinator(coordinator_status, seen_evals, metrics)
+                    if self.curves is not None:
+                        self.curves.poll()
                     if live:
                         live.update(render_table(sample, title=f"noloco-rt up: run {self.cfg.run.run_id} "
                                                                f"({self.out})"))
@@ -300,6 +359,8 @@ class UpRun:
             self.log.warning("no_consensus", reason=str(exc))
             return
         metrics.write({"kind": "final", **final})
+        if self.curves is not None:
+            self.curves.final(final)
         plot_distributed_run(read_metrics(self.out / "metrics.jsonl"), self.out / "curves.png",
                              title=f"noloco-rt up: {self.cfg.pipeline.stages} stages × "
                                    f"{self.cfg.pipeline.replicas} replicas, {self.cfg.model.preset}",

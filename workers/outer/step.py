@@ -172,7 +172,7 @@ class OuterStep:
                       "raw_bytes": result.raw_bytes, "missing": {k[:8]: v for k, v in result.missing.items()}}
         if shift is not None:  # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
             fields.update(correction_sum=shift[0], correction_abs=shift[1])
-        self.log.info("outer_step_done", outer_step=outer_step, kind=kind, group=[p[:8] for p in group],
+        self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
                       used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec, **fields)
         # The step is final now (corrected, or local): what joiners download.

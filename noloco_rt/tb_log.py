@@ -1,0 +1,147 @@
+"""Scalar curves for TensorBoard (and, if asked, W&B offline): the tag names and the writers.
+
+The training loops hand plain {name: value} mappings to `ScalarLog.scalars`; this module
+owns every tag name and all the I/O, so a loop never imports tensorboard or wandb. Both
+packages are optional: `open_scalar_log` raises ScalarLogUnavailable (a one-line reason)
+when one that was asked for is not installed, and the command decides whether that ends
+the run (asked for explicitly) or only warns (a default).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+TAGS = {
+    "train_loss": "train/loss",
+    "lr": "train/lr",
+    "tokens_per_s": "train/tokens_per_s",
+    "exchange_wire_bytes": "exchange/wire_bytes",
+    "exchange_raw_bytes": "exchange/raw_bytes",
+    "val_loss": "val/loss",
+    "val_ppl": "val/ppl",
+    "spread": "replica_spread",
+    "consensus_val_loss": "consensus/val_loss",
+    "consensus_val_ppl": "consensus/val_ppl",
+}
+"""Every scalar name a loop may log, and its tag; `scalars(..., suffix=w)` appends "/w"
+(a worker's name, a stage), so TensorBoard draws one curve per suffix under one heading."""
+
+FLUSH_SECS = 5
+"""Event files are flushed this often: a live TensorBoard lags the run by seconds, not minutes."""
+
+
+class ScalarLogUnavailable(RuntimeError):
+    """A requested backend (tensorboard, wandb) is not installed."""
+
+
+def tag(name: str, suffix: str = "") -> str:
+    """The tag of `name` (a key of TAGS; anything else is a bug: KeyError)."""
+    return f"{TAGS[name]}/{suffix}" if suffix else TAGS[name]
+
+
+def _summary_writer_class() -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch imports tensorboard itself: this fails without the package
+        raise ScalarLogUnavailable("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+    return SummaryWriter
+
+
+def _wandb_module() -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise ScalarLogUnavailable("--wandb needs the wandb package: pip install wandb") from None
+    return wandb
+
+
+class _TensorBoard:
+    def __init__(self, writer_class: Any, logdir: Path) -> None:
+        self.writer = writer_class(log_dir=str(logdir), flush_secs=FLUSH_SECS)
+
+    def add(self, values: Mapping[str, float], step: int) -> None:
+        for name, value in values.items():
+            self.writer.add_scalar(name, value, global_step=step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Wandb:
+    """W&B in offline mode only: nothing leaves the machine (`wandb sync DIR` uploads later)."""
+
+    def __init__(self, wandb: Any, directory: Path, run_name: str) -> None:
+        os.environ["WANDB_MODE"] = "offline"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(mode="offline", dir=str(directory), project="noloco-rt", name=run_name)
+        # Curves of different workers arrive out of step order: plot them against their own step.
+        self.run.define_metric("*", step_metric="inner_step")
+
+    def add(self, values: Mapping[str, float], step: int) -> None:
+        self.run.log({**values, "inner_step": step})
+
+    def flush(self) -> None:
+        pass  # offline runs write as they go
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class ScalarLog:
+    """Writes scalars to each opened backend; non-finite and missing values are left out."""
+
+    def __init__(self, backends: list[Any]) -> None:
+        self.backends = backends
+
+    def scalars(self, step: int, values: Mapping[str, float | None], *, suffix: str = "") -> None:
+        tagged = {tag(name, suffix): float(value) for name, value in values.items()
+                  if value is not None and math.isfinite(value)}
+        if tagged:
+            for backend in self.backends:
+                backend.add(tagged, int(step))
+
+    def flush(self) -> None:
+        for backend in self.backends:
+            backend.flush()
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+
+
+def open_scalar_log(tensorboard_dir: Path | None, *, wandb_dir: Path | None = None,
+                    run_name: str = "noloco-rt") -> ScalarLog | None:
+    """A log writing to the backends asked for (None when none is); ScalarLogUnavailable if
+    one of them is not installed (nothing is created then: both imports come first)."""
+    writer_class = _summary_writer_class() if tensorboard_dir is not None else None
+    wandb = _wandb_module() if wandb_dir is not None else None
+    backends: list[Any] = []
+    if tensorboard_dir is not None:
+        backends.append(_TensorBoard(writer_class, tensorboard_dir))
+    if wandb_dir is not None:
+        backends.append(_Wandb(wandb, wandb_dir, run_name))
+    return ScalarLog(backends) if backends else None
+
+
+def check_available(*, tensorboard: bool = False, wandb: bool = False) -> None:
+    """Raise ScalarLogUnavailable now if a backend asked for is missing (before child processes start)."""
+    if tensorboard:
+        _summary_writer_class()
+    if wandb:
+        _wandb_module()
+
+
+def usage_error(exc: ScalarLogUnavailable) -> Any:
+    """The click error for a backend asked for but not installed: one line, exit 2."""
+    import click
+
+    error = click.ClickException(str(exc))
+    error.exit_code = 2
+    return error
