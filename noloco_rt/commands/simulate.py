@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from noloco_rt.cli import config_options
+from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
 from noloco_rt.config import METHODS
 
 
@@ -20,10 +21,11 @@ from noloco_rt.config import METHODS
 @click.option("--seed", type=int, default=None, help="Run seed.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help="Steps between evaluations K.")
 @click.option("--out", "out_dir", default=None, help="Run directory (default: paths.out_dir).")
+@init_from_option
 @config_options
 def simulate(method: str | None, stages: int | None, replicas: int | None, steps: int | None,
              preset: str | None, seed: int | None, eval_every: int | None, out_dir: str | None,
-             config_path: str | None, assignments: tuple[str, ...]) -> None:
+             init_from: Path | None, config_path: str | None, assignments: tuple[str, ...]) -> None:
     """Train R replicas of S stages in one process with random routing and the outer step.
 
     Writes OUT/metrics.jsonl, OUT/config.toml and OUT/curves.png.
@@ -34,9 +36,10 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
         "outer": {"method": method},
         "pipeline": {"stages": stages, "replicas": replicas},
         "run": {"steps": steps, "seed": seed, "eval_every": eval_every},
-        "model": {"preset": preset},
+        "model": {"preset": preset, "init_from": init_from_value(init_from)},
         "paths": {"out_dir": out_dir},
     })
+    check_init_from(cfg)
 
     from noloco_rt.algo.simulator import run_simulation
     from noloco_rt.logs import configure_logging, get_logger

@@ -29,6 +29,7 @@ from rich.live import Live
 
 from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
+from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
 from noloco_rt.config import Config
 from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import get_logger
@@ -73,10 +74,11 @@ EXIT_INTERRUPTED = 130
               help="Seconds between samples (metrics.jsonl, live view).")
 @click.option("--secure", is_flag=True,
               help="CURVE on: use OUT/keys (a fresh key pair the first time) unless keys are configured.")
+@init_from_option
 @config_options
 def up(stages: int | None, replicas: int | None, steps: int | None, preset: str | None, out_dir: str | None,
-       redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, secure: bool, config_path: str | None,
-       assignments: tuple[str, ...]) -> None:
+       redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, secure: bool,
+       init_from: Path | None, config_path: str | None, assignments: tuple[str, ...]) -> None:
     """Train S stages × R replicas on this machine until --steps, then export the model.
 
     Leaves OUT/config.toml, OUT/logs/, OUT/metrics.jsonl, OUT/checkpoints/,
@@ -86,12 +88,13 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     cfg = effective_config(config_path, assignments, {
         "pipeline": {"stages": stages, "replicas": replicas},
         "run": {"steps": steps},
-        "model": {"preset": preset},
+        "model": {"preset": preset, "init_from": init_from_value(init_from)},
         "paths": {"out_dir": out_dir},
         "network": {"redis_url": redis_url},
     })
     if (why := worker_outer_error(cfg.outer)) is not None:
         raise click.UsageError(why)
+    check_init_from(cfg)
 
     out = Path(cfg.paths.out_dir)
     cfg = _with_curve(cfg, out, secure)
