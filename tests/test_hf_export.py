@@ -97,7 +97,8 @@ def test_refusals_are_one_line_and_exit_2(consensus, tmp_path, capsys):
     (full / "notes.txt").write_text("mine")
     for args, expected in [((consensus, full), "not empty"),
                            ((consensus, full / "notes.txt"), "not a folder"),
-                           ((tmp_path / "missing.safetensors", tmp_path / "new"), "no such file")]:
+                           ((tmp_path / "missing.safetensors", tmp_path / "new"), "no such file"),
+                           ((consensus, consensus / "under-a-file"), "cannot be written")]:
         code, _, err = run_main(capsys, "export", *args)
         assert code == 2
         assert len(err.strip().splitlines()) == 1 and err.startswith("Error: ") and expected in err

@@ -28,6 +28,8 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
         check_out_dir(out, force=force)  # before reading a possibly large checkpoint
     except HFExportError as exc:
         raise UnusableCheckpoint(str(exc)) from None
+    except OSError as exc:
+        raise UnusableCheckpoint(f"{out}: cannot be read ({exc})") from None
     from noloco_rt.commands._consensus import load_for_command
 
     cfg, model, _ = load_for_command(checkpoint, "cpu")
@@ -35,6 +37,8 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
         written = write_hf_folder(out, cfg, model, force=force)
     except (HFExportError, HFFormatError) as exc:
         raise UnusableCheckpoint(f"{checkpoint}: {exc}") from None
+    except OSError as exc:  # no permission, disk full: the user's to fix, not a traceback
+        raise UnusableCheckpoint(f"{out}: cannot be written ({exc})") from None
     if tokenizer_named(cfg) and out / "tokenizer.json" not in written:
         click.echo(f"warning: the run's tokenizer {tokenizer_named(cfg)!r} has no tokenizer.json here; "
                    "none was written", err=True)
