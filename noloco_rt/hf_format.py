@@ -105,7 +105,8 @@ def hf_config(shape: ModelShape, *, vocab_size: int, seq_len: int) -> dict[str, 
         # transformers 5 reads rope_parameters, 4.x rope_theta; both say the same.
         "rope_parameters": rope, "rope_theta": ROPE_THETA,
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
-        "initializer_range": 0.02, "use_cache": True, "dtype": "float32",
+        # dtype for transformers 5, torch_dtype for 4.x: the weights are float32.
+        "initializer_range": 0.02, "use_cache": True, "dtype": "float32", "torch_dtype": "float32",
         # No special tokens: byte-level runs have none; a tokenizer folder carries its own.
         "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
     }
