@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("noloco_rt.commands.eval:eval_command",
              "Validation loss of a consensus checkpoint vs. untrained."),
     "sample": ("noloco_rt.commands.sample:sample", "Continue a prompt with a consensus checkpoint."),
+    "export": ("noloco_rt.commands.export:export",
+               "Write a consensus checkpoint as a Hugging Face Llama folder (config.json, model.safetensors)."),
     "coordinator": ("coordinator.cli:coordinator",
                     "Observe a run: evaluate, measure replica spread, export a consensus checkpoint."),
     "keys": ("noloco_rt.commands.keys:keys", "Generate the CURVE key pair that authenticates a run's sockets."),

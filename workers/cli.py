@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from noloco_rt.cli import config_options
+from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
 
 if TYPE_CHECKING:  # the command body imports these when it runs, so that `--help` stays fast
     from noloco_rt.config import Config
@@ -28,9 +29,11 @@ if TYPE_CHECKING:  # the command body imports these when it runs, so that `--hel
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Prometheus port (0: free one).")
 @click.option("--redis-wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Retry an unreachable Redis at start this long, then exit 2 (worker.redis_wait_s, default 120).")
+@init_from_option
 @config_options
 def worker(stage: int, redis_url: str | None, name: str | None, steps: int | None, bind_host: str | None,
-           advertise_host: str | None, metrics_port: int | None, redis_wait: float | None, config_path: str | None,
+           advertise_host: str | None, metrics_port: int | None, redis_wait: float | None, init_from: Path | None,
+           config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
     from noloco_rt.commands import effective_config
@@ -40,6 +43,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
                     "metrics_port": metrics_port},
         "run": {"steps": steps},
         "worker": {"redis_wait_s": redis_wait},
+        "model": {"init_from": init_from_value(init_from)},
     })
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
@@ -50,6 +54,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     if stage >= cfg.pipeline.stages:
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
                                  f"(pipeline.stages)", param_hint="--stage")
+    check_init_from(cfg)
     from noloco_rt.startup import process_startup
 
     # A bad key file or a refused password fails here, before anything starts. An unreachable

@@ -29,9 +29,15 @@ class StageReplica:
 
     @classmethod
     def create(cls, cfg: Config, stage: int, *, device: torch.device | str = "cpu") -> StageReplica:
-        """A replica initialised from the run seed: identical for every replica of a stage."""
+        """A replica initialised from the run seed, or from model.init_from's weights when
+        set: identical for every replica of a stage either way."""
         module = build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=stage,
                              num_stages=cfg.pipeline.stages, seed=cfg.run.seed, device=device)
+        if cfg.model.init_from:
+            # Local: init_weights imports noloco_rt.export, which imports noloco_rt.algo.
+            from noloco_rt.init_weights import load_stage_weights
+
+            load_stage_weights(module, cfg.model.init_from)
         return cls(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=cfg.run.steps))
 
     @property

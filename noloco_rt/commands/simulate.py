@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from noloco_rt.cli import config_options
+from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
 from noloco_rt.config import METHODS
 
 
@@ -24,10 +25,11 @@ from noloco_rt.config import METHODS
 @click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
               help="Write TensorBoard scalars (each evaluation) to this directory (needs tensorboard).")
 @click.option("--wandb", "with_wandb", is_flag=True, help="Also log to W&B, offline, under OUT/wandb (needs wandb).")
+@init_from_option
 @config_options
 def simulate(method: str | None, stages: int | None, replicas: int | None, steps: int | None,
              preset: str | None, seed: int | None, eval_every: int | None, out_dir: str | None,
-             tensorboard_dir: str | None, with_wandb: bool, config_path: str | None,
+             tensorboard_dir: str | None, with_wandb: bool, init_from: Path | None, config_path: str | None,
              assignments: tuple[str, ...]) -> None:
     """Train R replicas of S stages in one process with random routing and the outer step.
 
@@ -41,9 +43,10 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
         "outer": {"method": method},
         "pipeline": {"stages": stages, "replicas": replicas},
         "run": {"steps": steps, "seed": seed, "eval_every": eval_every},
-        "model": {"preset": preset},
+        "model": {"preset": preset, "init_from": init_from_value(init_from)},
         "paths": {"out_dir": out_dir},
     })
+    check_init_from(cfg)
     out = Path(cfg.paths.out_dir)
     try:  # a backend asked for but missing: refused before any work
         scalar_log = open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,

@@ -55,6 +55,11 @@ class ModelConfig:
     """Workers' forward and backward: auto (bfloat16 autocast on CUDA, float32 on CPU),
     float32, or bfloat16 (autocast on any device). Weights, optimizer states and the outer
     step stay float32 either way."""
+    init_from: str = ""
+    """Empty: weights from run.seed. Else a consensus .safetensors file or a Hugging Face
+    Llama folder of this model's shape that every stage starts from (a worker's own
+    checkpoint still wins). Its existence is checked when a run starts, not here: a
+    consensus file embeds this config and must stay loadable after the file is gone."""
 
     def __post_init__(self) -> None:
         from noloco_rt.model import PRESETS  # local: model imports torch

@@ -33,6 +33,7 @@ from rich.live import Live
 from noloco_rt.algo.optim import lr_at
 from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
+from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
 from noloco_rt.config import Config
 from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import get_logger
@@ -84,11 +85,12 @@ EXIT_INTERRUPTED = 130
                    "DIR/coordinator (val loss/ppl, spread). Default: OUT/tb when tensorboard is installed.")
 @click.option("--no-tensorboard", is_flag=True, help="No TensorBoard scalars.")
 @click.option("--wandb", "with_wandb", is_flag=True, help="Also log the scalars to W&B, offline, under OUT/wandb.")
+@init_from_option
 @config_options
 def up(stages: int | None, replicas: int | None, steps: int | None, preset: str | None, out_dir: str | None,
        redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, secure: bool,
-       tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool, config_path: str | None,
-       assignments: tuple[str, ...]) -> None:
+       tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool, init_from: Path | None,
+       config_path: str | None, assignments: tuple[str, ...]) -> None:
     """Train S stages × R replicas on this machine until --steps, then export the model.
 
     Leaves OUT/config.toml, OUT/logs/, OUT/metrics.jsonl, OUT/checkpoints/,
@@ -98,12 +100,13 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     cfg = effective_config(config_path, assignments, {
         "pipeline": {"stages": stages, "replicas": replicas},
         "run": {"steps": steps},
-        "model": {"preset": preset},
+        "model": {"preset": preset, "init_from": init_from_value(init_from)},
         "paths": {"out_dir": out_dir},
         "network": {"redis_url": redis_url},
     })
     if (why := worker_outer_error(cfg.outer)) is not None:
         raise click.UsageError(why)
+    check_init_from(cfg)
 
     out = Path(cfg.paths.out_dir)
     curves = _curves_settings(out, tensorboard_dir, no_tensorboard, with_wandb)

@@ -1,0 +1,92 @@
+"""Write a noloco-rt model as a Hugging Face LlamaForCausalLM folder: config.json,
+model.safetensors, generation_config.json and, when the run names one, tokenizer.json.
+
+The mapping itself is noloco_rt.hf_format; this module only writes files. Every file is
+written atomically (temporary file, then rename), so an interrupted export never leaves
+a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from noloco_rt.checkpoint import atomic_write_bytes
+from noloco_rt.config import Config
+from noloco_rt.hf_format import generation_config, hf_config, to_hf
+from noloco_rt.model import PipelineStage
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+class HFExportError(ValueError):
+    """The folder cannot be written; the message says why in one line."""
+
+
+def check_out_dir(out: Path, *, force: bool) -> None:
+    """Refuse an OUT that is a file, or a folder with something in it unless force."""
+    if out.exists() and not out.is_dir():
+        raise HFExportError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise HFExportError(f"{out} exists and is not empty; choose another folder or pass --force")
+
+
+def hf_state_dict(model: PipelineStage) -> dict[str, torch.Tensor]:
+    """The whole model's parameters under HF names, float32, contiguous, on the CPU."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        mapped, tensor = to_hf(name, param.detach().to("cpu", torch.float32), model.shape.n_heads)
+        tensors[mapped] = tensor.contiguous()
+    return tensors
+
+
+def _write_json(path: Path, value: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(value, indent=2) + "\n").encode())
+
+
+def _write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    # save_file streams to disk (no second copy of the model in memory); "pt" is what
+    # transformers requires in the metadata.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_tokenizer_file(cfg: Config) -> Path | None:
+    """The tokenizer.json the run was trained with (data.tokenizer, or its prepared
+    directory's), if it is here: a tokenizer.json file or a folder holding one."""
+    from noloco_rt.prepare.manifest import run_tokenizer_path
+
+    path = run_tokenizer_path(cfg)
+    if path is None:
+        return None
+    candidate = path / "tokenizer.json" if path.is_dir() else path
+    return candidate if candidate.is_file() else None
+
+
+def write_hf_folder(out: Path, cfg: Config, model: PipelineStage, *, force: bool = False) -> list[Path]:
+    """Write the folder; returns the files written."""
+    check_out_dir(out, force=force)
+    if not model.is_first or not model.is_last:
+        raise HFExportError("only a whole model (one stage holding every layer) can be exported")
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "config.json", out / WEIGHTS_FILE, out / "generation_config.json"]
+    _write_weights(out / WEIGHTS_FILE, hf_state_dict(model))
+    _write_json(written[0], hf_config(model.shape, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len))
+    _write_json(written[2], generation_config())
+    tokenizer = run_tokenizer_file(cfg)
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, out / "tokenizer.json")
+        written.append(out / "tokenizer.json")
+    return written

@@ -1,0 +1,25 @@
+"""Test helper: a consensus file of random weights (norms included, so that every tensor's
+mapping is exercised), without training anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from noloco_rt.config import Config, load_config
+from noloco_rt.export import save_consensus, stage_parameter_shapes
+from noloco_rt.model import build_model
+
+
+def random_consensus(path: Path, *, preset: str = "tiny", stages: int = 2, seed: int = 0,
+                     **overrides: dict) -> tuple[Config, dict[str, torch.Tensor]]:
+    """Write a consensus of `preset` to `path`; returns its config and its tensors by name."""
+    cfg = load_config(environ={}, overrides=[{"model": {"preset": preset}, "pipeline": {"stages": stages},
+                                              "run": {"seed": seed, "eval_batches": 2}, **overrides}])
+    model = build_model(preset, vocab_size=cfg.model.vocab_size, seed=seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    state = {name: (p.detach() + 0.05 * torch.randn(p.shape, generator=generator)).contiguous()
+             for name, p in model.named_parameters()}
+    save_consensus(path, cfg, [[state[name] for name, _ in stage_parameter_shapes(cfg, s)] for s in range(stages)])
+    return cfg, state
