@@ -21,7 +21,7 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
     """Write CHECKPOINT (a consensus .safetensors file) to the folder OUT as config.json,
     model.safetensors and generation_config.json (and tokenizer.json when the run's config
     names one), loadable with transformers' LlamaForCausalLM.from_pretrained(OUT)."""
-    from noloco_rt.hf_export import HFExportError, check_out_dir, tokenizer_named, write_hf_folder
+    from noloco_rt.hf_export import HFExportError, check_out_dir, write_hf_folder
     from noloco_rt.hf_format import HFFormatError
 
     try:
@@ -39,7 +39,10 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
         raise UnusableCheckpoint(f"{checkpoint}: {exc}") from None
     except OSError as exc:  # no permission, disk full: the user's to fix, not a traceback
         raise UnusableCheckpoint(f"{out}: cannot be written ({exc})") from None
-    if tokenizer_named(cfg) and out / "tokenizer.json" not in written:
-        click.echo(f"warning: the run's tokenizer {tokenizer_named(cfg)!r} has no tokenizer.json here; "
-                   "none was written", err=True)
+    from noloco_rt.prepare.manifest import run_tokenizer_path
+
+    named = run_tokenizer_path(cfg)
+    if named is not None and out / "tokenizer.json" not in written:
+        click.echo(f"warning: the run's tokenizer {str(named)!r} has no tokenizer.json here; none was written",
+                   err=True)
     click.echo(f"{out}: {', '.join(path.name for path in written)} ({fmt}, preset {cfg.model.preset})")
