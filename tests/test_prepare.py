@@ -6,6 +6,7 @@ and a subprocess that SIGKILLs itself through the command's hidden test hook.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import random
@@ -280,6 +281,31 @@ def test_simulate_trains_on_the_prepared_directory(prepared, tmp_path, capsys):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert records and all(math.isfinite(r["val_loss"]) for r in records)
     assert abs(records[0]["val_loss"] - math.log(VOCAB)) < 1.0  # an untrained model over 400 ids
+    _exported_run_loads_in_transformers(run, prepared, tmp_path, capsys)
+
+
+def _exported_run_loads_in_transformers(run: Path, prepared: Path, tmp_path: Path, capsys) -> None:
+    """The end of the user's path: the run's consensus exported as a Hugging Face folder that
+    transformers loads with its tokenizer, and computes what noloco-rt computes."""
+    if importlib.util.find_spec("transformers") is None:
+        print("transformers is not installed (a dev dependency): the export half of the path was not run")
+        return
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from noloco_rt.export import load_consensus
+
+    code, _, err = run_main(capsys, "export", str(run / "consensus.safetensors"), "--format", "hf", str(tmp_path / "hf"))
+    assert code == 0, err
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path / "hf")
+    text = "alpha beta gamma Zürich"
+    ids = tokenizer(text)["input_ids"]
+    assert ids == TextCodec(prepared / "tokenizer.json").encode(text)
+    hf_model = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    _, ours, _ = load_consensus(run / "consensus.safetensors")
+    with torch.no_grad():
+        batch = torch.tensor([ids])
+        difference = (hf_model(batch).logits - ours.eval()(batch)).abs().max().item()
+    assert difference <= 1e-4, difference
 
 
 def test_sample_decodes_with_the_runs_tokenizer(prepared, tmp_path, capsys):

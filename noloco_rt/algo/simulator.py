@@ -227,8 +227,10 @@ class Simulation:
 def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, EvalRecord | None], None] | None = None,
                    corpus=None) -> list[EvalRecord]:
     """Train, evaluate every run.eval_every steps and at the end, and write
-    out_dir/{config.toml, metrics.jsonl, curves.png}. metrics.jsonl is appended and
-    flushed per evaluation, so an interrupted run keeps what it measured."""
+    out_dir/{config.toml, metrics.jsonl, curves.png}, and at the end consensus.safetensors
+    (each stage's mean slow weights: what eval, sample and export read). metrics.jsonl is
+    appended and flushed per evaluation, so an interrupted run keeps what it measured."""
+    from noloco_rt.export import mean_over_replicas, save_consensus
     from noloco_rt.plots import plot_curves
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -258,6 +260,9 @@ def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, Ev
                     train_losses.clear()
                 if on_progress is not None:
                     on_progress(sim.step, rec)
+            save_consensus(out_dir / "consensus.safetensors", cfg,
+                           [mean_over_replicas([r.slow for r in stage]) for stage in sim.replicas],
+                           metadata={"step": str(sim.step), "source": "simulate"})
         finally:
             if len(records) > 1:
                 plot_curves(records_as_dicts(records), out_dir / "curves.png",

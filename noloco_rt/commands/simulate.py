@@ -33,7 +33,7 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
              assignments: tuple[str, ...]) -> None:
     """Train R replicas of S stages in one process with random routing and the outer step.
 
-    Writes OUT/metrics.jsonl, OUT/config.toml and OUT/curves.png (and, with --tensorboard,
+    Writes OUT/metrics.jsonl, OUT/config.toml, OUT/curves.png and OUT/consensus.safetensors (and, with --tensorboard,
     event files: `tensorboard --logdir DIR`).
     """
     from noloco_rt.commands import effective_config
