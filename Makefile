@@ -18,9 +18,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # A fresh run each time (`noloco-rt up --out DIR` on an existing DIR resumes it instead).
+# Four replicas per stage, so that each outer step pairs them differently (two groups of
+# two, redrawn every step) and the replicas differ: curves.png then shows NoLoCo's spread
+# following the learning rate. With two, or three (a remainder joins the group: one group
+# of three), every step averages the whole stage and the spread stays ~0. A short demo
+# (h = 10, 200 steps) so that it ends in about 3 min on 2 cores.
+UP_ARGS ?= --replicas 4 --steps 200 --set outer.h=10 --set coordinator.spread_interval_s=6
 up: $(STAMP)
 	rm -rf runs/up
-	$(BIN)/noloco-rt up --out runs/up
+	$(BIN)/noloco-rt up --out runs/up $(UP_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/noloco-rt simulate --method noloco --stages 2 --replicas 4 --steps 600 --preset tiny --out runs/demo
