@@ -49,9 +49,10 @@ def validation_loss(model: nn.Module, cfg: Config, *, batches: int | None = None
     return sum(losses) / len(losses)
 
 
-def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator) -> int:
-    """Sample one id from logits (V,); temperature 0 is greedy."""
-    logits = logits[:BYTE_VOCAB_SIZE].float()  # byte-level text: ids above 255 are not characters
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator,
+                limit: int | None = BYTE_VOCAB_SIZE) -> int:
+    """Sample one id below `limit` (None: any) from logits (V,); temperature 0 is greedy."""
+    logits = logits[:limit].float()  # byte-level text: ids above 255 are not characters
     if temperature == 0:
         return int(logits.argmax())
     logits = logits / temperature
@@ -99,7 +100,7 @@ def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature:
         for _ in range(max_new_tokens):
             context = torch.tensor([tokens[-context_len:]], dtype=torch.long, device=device)  # (1, T)
             logits = model(context)[0, -1]  # (V,) at the last position
-            token = _next_token(logits, temperature, top_k, generator)
+            token = _next_token(logits, temperature, top_k, generator, None if codec else BYTE_VOCAB_SIZE)
             tokens.append(token)
             new.append(token)
     finally:

@@ -332,3 +332,24 @@ def test_sample_decodes_with_the_runs_tokenizer(prepared, tmp_path, capsys):
 def test_bpe_training_is_deterministic():
     texts = [f"the {i} quick brown fox {i * i}" for i in range(200)]
     assert train_bpe(iter(texts), 300).to_str() == train_bpe(iter(texts), 300).to_str()
+
+
+def test_generate_with_a_tokenizer_reaches_ids_above_the_byte_range(prepared):
+    from noloco_rt.evaluation import generate
+
+    class PrefersTheLastId(torch.nn.Module):
+        """Logits whose maximum is the tokenizer's last id (a merge, far above 255)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            logits = torch.zeros(*ids.shape, VOCAB)
+            logits[..., VOCAB - 1] = 10.0
+            return logits + self.anchor
+
+    codec = TextCodec(prepared / "tokenizer.json")
+    text = generate(PrefersTheLastId(), "alpha", max_new_tokens=3, temperature=0.0, top_k=None, seed=0,
+                    context_len=8, codec=codec)
+    assert text == codec.decode([VOCAB - 1] * 3)
