@@ -15,9 +15,21 @@ from typing import Any, TextIO
 import structlog
 
 
+class _CurrentStderr:
+    """Whatever sys.stderr is when a line is written, not when logging was configured: a
+    caller that swaps it (a notebook, a test capturing output) and closes its stand-in
+    must not leave every later log line writing to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(log_format: str = "auto", *, stream: TextIO | None = None, level: int = logging.INFO) -> None:
-    stream = stream or sys.stderr
-    use_json = log_format == "json" or (log_format == "auto" and not stream.isatty())
+    is_terminal = (stream or sys.stderr).isatty()
+    use_json = log_format == "json" or (log_format == "auto" and not is_terminal)
     renderer: Any = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[
@@ -28,7 +40,7 @@ def configure_logging(log_format: str = "auto", *, stream: TextIO | None = None,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or _CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 
