@@ -314,6 +314,19 @@ def _cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
                           timeout=timeout_s, env=_clean_env())
 
 
+def _cli_in_process(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """The entry point in this process, for commands refused at startup (a subprocess per
+    case costs seconds of imports)."""
+    from noloco_rt.cli import main
+
+    for key in [k for k in os.environ if k.startswith("NOLOCO_")]:
+        monkeypatch.delenv(key)
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), exited.value.code, captured.out, captured.err)
+
+
 def _one_line_error(result: subprocess.CompletedProcess) -> str:
     assert result.returncode in (1, 2), (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
@@ -339,13 +352,13 @@ def password_redis():
     server.stop()
 
 
-def test_wrong_or_missing_redis_password_fails_at_startup_with_one_line(password_redis):
+def test_wrong_or_missing_redis_password_fails_at_startup_with_one_line(password_redis, capsys, monkeypatch):
     port = password_redis.port
     for url in (f"redis://:wrong@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
         for command in (["worker", "--stage", "0"], ["status"]):
-            line = _one_line_error(_cli(*command, "--redis-url", url))
+            line = _one_line_error(_cli_in_process(capsys, monkeypatch, *command, "--redis-url", url))
             assert "Redis refused" in line and ":wrong@" not in line, line  # the password is never printed
-    result = _cli("status", "--redis-url", password_redis.url)
+    result = _cli_in_process(capsys, monkeypatch, "status", "--redis-url", password_redis.url)
     assert result.returncode == 0, result.stderr
 
 
