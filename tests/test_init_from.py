@@ -174,3 +174,38 @@ def test_an_hf_folder_that_does_not_fit_is_one_line(hf_folder, tmp_path, capsys,
 def test_a_missing_path_is_one_line(tmp_path, capsys):
     code, _, err = run_main(capsys, "simulate", "--init-from", tmp_path / "nothing", "--out", tmp_path / "run")
     assert code == 2 and err.splitlines() == [f"Error: init-from {tmp_path / 'nothing'}: no such file or folder"]
+
+
+def test_a_workers_own_checkpoint_wins_over_init_from(consensus, tmp_path):
+    """The order StageWorker composes: the replica is built (from --init-from), then its own
+    checkpoint, when there is one, is loaded over it."""
+    from noloco_rt.algo.replica import StageReplica
+    from workers.counters import Counters
+    from workers.lifecycle import WorkerCheckpoint
+
+    class Quiet:
+        def info(self, *args, **kwargs) -> None:
+            pass
+
+    path, state = consensus
+    plain = load_config(environ={}, overrides=[{"run": {"seed": 11}}])
+    from_file = load_config(environ={}, overrides=[{"run": {"seed": 11}, "model": {"init_from": str(path)}}])
+
+    def checkpoint_of(replica: StageReplica, counters: Counters) -> WorkerCheckpoint:
+        return WorkerCheckpoint(tmp_path / "w.pt", run_id="default", stage=1, name="w", replica=replica,
+                                counters=counters, cursor_state=lambda: None, log=Quiet())
+
+    earlier = StageReplica.create(plain, 1)
+    with torch.no_grad():
+        for tensor in earlier.slow + earlier.fast:
+            tensor.add_(0.125)
+    checkpoint_of(earlier, Counters(inner_steps=40, outer_steps=8)).save("periodic")
+
+    restarted = StageReplica.create(from_file, 1)
+    names = [name for name, _ in restarted.module.named_parameters()]
+    assert torch.equal(restarted.slow[names.index("norm.weight")], state["norm.weight"])  # the file's weights
+    counters = Counters()
+    resumed, _ = checkpoint_of(restarted, counters).resume()
+    assert resumed and counters.inner_steps == 40
+    for mine, theirs in zip(restarted.slow, earlier.slow, strict=True):
+        assert torch.equal(mine, theirs)
