@@ -214,3 +214,36 @@ def test_k8s_render_command(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "k8s", "render", "--stages", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "--stages" in bad.stderr
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--stages", "100"], "invalid pipeline.stages = 100: preset 125m has 12 layers, so at most 12 stages "
+                          "(the rendered config.toml would crash-loop every pod)"),
+    (["--overlay", "cpu-dev", "--stages", "5"], "preset tiny has 4 layers, so at most 4 stages (the rendered"),
+    (["--image", "Noloco RT:latest"], "invalid --image = 'Noloco RT:latest': not an image reference"),
+    (["--image", "noloco-rt:"], "not an image reference"),
+])
+def test_k8s_render_refuses_what_would_crash_loop_or_never_pull(capsys, args, fragment) -> None:
+    from noloco_rt.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["k8s", "render", *args])
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1 and fragment in captured.err, captured.err
+
+
+def test_k8s_render_out_creates_its_folder_or_says_why_not(capsys, tmp_path: Path) -> None:
+    from noloco_rt.cli import main
+
+    out = tmp_path / "not" / "yet" / "run.yaml"
+    with pytest.raises(SystemExit) as exited:
+        main(["k8s", "render", "--overlay", "cpu-dev", "--image", "ghcr.io/me/noloco-rt:0.1.0-cpu", "--out", str(out)])
+    assert exited.value.code == 0 and "ghcr.io/me/noloco-rt:0.1.0-cpu" in out.read_text()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["k8s", "render", "--out", str(blocker / "run.yaml")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and "cannot be written" in err

@@ -27,6 +27,12 @@ def render(overlay: str, stages: int | None, replicas: int | None, image: str | 
 
     text = to_yaml(render_docs(overlay, stages=stages, replicas=replicas, image=image))
     if out_path:
-        Path(out_path).write_text(text)
+        try:
+            Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(out_path).write_text(text)
+        except OSError as exc:
+            error = click.ClickException(f"--out {out_path}: cannot be written ({exc.strerror})")
+            error.exit_code = 2  # the user's path, like a bad flag
+            raise error from None
     else:
         click.echo(text, nl=False)

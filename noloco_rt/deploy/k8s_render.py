@@ -261,8 +261,13 @@ def config_map(p: Profile) -> dict[str, Any]:
 
 def render(overlay: str = "base", *, stages: int | None = None, replicas: int | None = None,
            image: str | None = None) -> list[dict[str, Any]]:
-    """Every object of the run, in apply order (config and secrets first)."""
+    """Every object of the run, in apply order (config and secrets first). Raises ConfigError
+    for an image that is no image reference or a config the pods' loader would refuse."""
+    from noloco_rt.deploy.render_checks import check_image_reference, check_rendered_config
+
     p = profile_for(overlay, stages=stages, replicas=replicas, image=image)
+    check_image_reference(p.image)
+    check_rendered_config(config_toml(p))
     docs: list[dict[str, Any]] = [config_map(p), *secrets(), network_policy()]
     if p.spot:
         docs.append(priority_class())
