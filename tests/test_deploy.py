@@ -100,7 +100,7 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
 
 
 def test_rendered_manifests_validate_offline_strict(overlay: str) -> None:
-    docs = k8s_render.render(overlay)
+    docs = k8s_render.render(overlay, generate_secrets=True)
     _validate_all(docs)
     kinds = {d["kind"] for d in docs}
     assert {"ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
@@ -247,3 +247,31 @@ def test_k8s_render_out_creates_its_folder_or_says_why_not(capsys, tmp_path: Pat
         main(["k8s", "render", "--out", str(blocker / "run.yaml")])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and err.count("\n") == 1 and "cannot be written" in err
+
+
+def test_no_secret_is_rendered_with_a_value_anyone_knows(capsys, tmp_path: Path) -> None:
+    from noloco_rt.cli import main
+    from noloco_rt.net.curve import keys_from_dir
+
+    for overlay in ("base", "spot-gpu", "cpu-dev"):
+        assert not [d for d in k8s_render.render(overlay) if d["kind"] == "Secret"], overlay
+    for path in K8S.rglob("*.yaml"):
+        assert "kind: Secret" not in path.read_text(), f"{path} carries a Secret"
+
+    runs = []
+    for _ in range(2):
+        out = tmp_path / f"run{len(runs)}.yaml"
+        with pytest.raises(SystemExit) as exited:
+            main(["k8s", "render", "--overlay", "cpu-dev", "--generate-secrets", "--out", str(out)])
+        assert exited.value.code == 0
+        runs.append({d["metadata"]["name"]: d["stringData"]
+                     for d in yaml.safe_load_all(out.read_text()) if d and d["kind"] == "Secret"})
+    first, second = runs
+    _validate_all([d for d in yaml.safe_load_all((tmp_path / "run0.yaml").read_text()) if d])
+    assert len(first["noloco-redis"]["password"]) == 48 and first["noloco-redis"]["password"].isalnum()
+    assert first["noloco-redis"]["password"] != second["noloco-redis"]["password"]  # fresh every time
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name, text in first["noloco-curve"].items():
+        (keys / name).write_text(text)
+    assert keys_from_dir(keys).public_key.decode() == first["noloco-curve"]["cluster.public"]  # a real pair

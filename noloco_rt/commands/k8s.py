@@ -20,12 +20,17 @@ def k8s() -> None:
 @click.option("--image", default=None, help="Container image of coordinator and workers.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write here instead of stdout.")
-def render(overlay: str, stages: int | None, replicas: int | None, image: str | None, out_path: str | None) -> None:
+@click.option("--generate-secrets", is_flag=True,
+              help="Also render the Secrets noloco-redis and noloco-curve with fresh random values "
+                   "(otherwise create them with kubectl: docs/deploy.md).")
+def render(overlay: str, stages: int | None, replicas: int | None, image: str | None, out_path: str | None,
+           generate_secrets: bool) -> None:
     """Print the manifests (`| kubectl apply -f -`); same objects as `kubectl kustomize k8s/overlays/NAME`."""
     from noloco_rt.deploy.k8s_render import render as render_docs
     from noloco_rt.deploy.k8s_render import to_yaml
 
-    text = to_yaml(render_docs(overlay, stages=stages, replicas=replicas, image=image))
+    text = to_yaml(render_docs(overlay, stages=stages, replicas=replicas, image=image,
+                               generate_secrets=generate_secrets))
     if out_path:
         try:
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)

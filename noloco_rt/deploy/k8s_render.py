@@ -227,15 +227,27 @@ def redis() -> list[dict[str, Any]]:
     return [deployment, service]
 
 
-def secrets() -> list[dict[str, Any]]:
-    """Placeholders so the manifests are complete; replace them (docs/deploy.md) before training."""
-    note = "REPLACE: kubectl create secret generic ... (docs/deploy.md)"
+def secrets(redis_password: str, curve_public: str, curve_secret: str) -> list[dict[str, Any]]:
+    """The run's two Secrets with the values given. The manifests never carry placeholders:
+    without these objects (created by kubectl, docs/deploy.md, or rendered with
+    --generate-secrets) pods wait in CreateContainerConfigError naming the missing Secret,
+    instead of running with a password every reader of this repository knows."""
     return [
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "noloco-redis", "labels": _labels("secret")},
-         "type": "Opaque", "stringData": {"password": "change-me-use-openssl-rand-hex-24"}},
+         "type": "Opaque", "stringData": {"password": redis_password}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "noloco-curve", "labels": _labels("secret")},
-         "type": "Opaque", "stringData": {"cluster.public": note, "cluster.secret": note}},
+         "type": "Opaque", "stringData": {"cluster.public": curve_public, "cluster.secret": curve_secret}},
     ]
+
+
+def generated_secrets() -> list[dict[str, Any]]:
+    """Fresh values: a URL-safe Redis password (it goes into redis://) and a CURVE key pair."""
+    import secrets as random_source
+
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    return secrets(random_source.token_hex(24), public.decode(), secret.decode())
 
 
 def network_policy() -> dict[str, Any]:
@@ -260,7 +272,7 @@ def config_map(p: Profile) -> dict[str, Any]:
 
 
 def render(overlay: str = "base", *, stages: int | None = None, replicas: int | None = None,
-           image: str | None = None) -> list[dict[str, Any]]:
+           image: str | None = None, generate_secrets: bool = False) -> list[dict[str, Any]]:
     """Every object of the run, in apply order (config and secrets first). Raises ConfigError
     for an image that is no image reference or a config the pods' loader would refuse."""
     from noloco_rt.deploy.render_checks import check_image_reference, check_rendered_config
@@ -268,7 +280,8 @@ def render(overlay: str = "base", *, stages: int | None = None, replicas: int | 
     p = profile_for(overlay, stages=stages, replicas=replicas, image=image)
     check_image_reference(p.image)
     check_rendered_config(config_toml(p))
-    docs: list[dict[str, Any]] = [config_map(p), *secrets(), network_policy()]
+    docs: list[dict[str, Any]] = [config_map(p), *(generated_secrets() if generate_secrets else []),
+                                  network_policy()]
     if p.spot:
         docs.append(priority_class())
     docs += redis() + coordinator(p)
