@@ -29,10 +29,14 @@ if TYPE_CHECKING:  # the command body imports these when it runs, so that `--hel
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Prometheus port (0: free one).")
 @click.option("--redis-wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Retry an unreachable Redis at start this long, then exit 2 (worker.redis_wait_s, default 120).")
+@click.option("--allow-reseed", is_flag=True, default=None,
+              help="Start the stage from the seed even if the run is past step 0 there and no peer or "
+                   "checkpoint holds it (worker.allow_reseed; otherwise exit 3).")
 @init_from_option
 @config_options
 def worker(stage: int, redis_url: str | None, name: str | None, steps: int | None, bind_host: str | None,
-           advertise_host: str | None, metrics_port: int | None, redis_wait: float | None, init_from: Path | None,
+           advertise_host: str | None, metrics_port: int | None, redis_wait: float | None,
+           allow_reseed: bool | None, init_from: Path | None,
            config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
@@ -42,7 +46,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
         "network": {"redis_url": redis_url, "bind_host": bind_host, "advertise_host": advertise_host,
                     "metrics_port": metrics_port},
         "run": {"steps": steps},
-        "worker": {"redis_wait_s": redis_wait},
+        "worker": {"redis_wait_s": redis_wait, "allow_reseed": allow_reseed},
         "model": {"init_from": init_from_value(init_from)},
     })
     if not cfg.network.redis_url:
@@ -59,8 +63,15 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 
     # A bad key file or a refused password fails here, before anything starts. An unreachable
     # Redis is waited for (it may start after us), within worker.redis_wait_s.
-    with process_startup(cfg, redis_wait=True) as started:
-        code = _run_worker(cfg, stage, name, started)
+    from workers.outer.bootstrap import StageProgressLost
+
+    try:
+        with process_startup(cfg, redis_wait=True) as started:
+            code = _run_worker(cfg, stage, name, started)
+    except StageProgressLost as exc:  # not a bad flag: exit 3, so an orchestrator retries later
+        error = click.ClickException(str(exc))
+        error.exit_code = 3
+        raise error from None
     sys.exit(code)
 
 

@@ -48,7 +48,7 @@ from workers.inner_step import InnerStep
 from workers.lifecycle import WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
-from workers.outer.bootstrap import bootstrap_from_stage
+from workers.outer.bootstrap import bootstrap_from_stage, check_may_seed
 from workers.outer.exchanger import OuterExchanger
 from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
@@ -131,7 +131,12 @@ class StageWorker:
     # -- lifecycle ------------------------------------------------------------------------
 
     def run(self) -> int:
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # e.g. refused to seed its stage: gone from the table, threads stopped
+            self.membership.leave()
+            self.close()
+            raise
         try:
             while not self.finish_rule.finished() and not self.leave_requested.is_set():
                 self.tick()
@@ -168,9 +173,11 @@ class StageWorker:
         resumed, cursor = self.checkpoint.resume()
         if resumed:
             return cursor
-        donated = bootstrap_from_stage(self.ctx, self.peers, self.snapshots,
-                                       timeout_s=self.cfg.worker.bootstrap_timeout_s,
-                                       leave_requested=self.leave_requested)
+        donated = bootstrap_from_stage(
+            self.ctx, self.peers, self.snapshots, timeout_s=self.cfg.worker.bootstrap_timeout_s,
+            leave_requested=self.leave_requested,
+            may_seed=lambda: check_may_seed(self.stage, self.membership.high_water.of(self.stage),
+                                            allow_reseed=self.cfg.worker.allow_reseed))
         if donated is not None:
             donor, state = donated
             self.replica.load_weights(slow=state.slow, fast=state.slow, momentum=state.momentum)

@@ -74,6 +74,10 @@ class WorkerConfig:
     deadline_ceiling_s: float = 30.0
     bootstrap_timeout_s: float = 60.0
     """How long a joiner looks for a peer to download its state from."""
+    allow_reseed: bool = False
+    """A worker that finds no live peer of its stage while the run's stage is past outer step 0
+    (its high-water mark in Redis) exits 3 instead of starting the stage from the seed; true:
+    restart the stage from scratch anyway."""
     redis_wait_s: float = 120.0
     """At start, how long a worker (or the coordinator) retries an unreachable Redis, warning
     every 5 s, before it exits 2 (on Kubernetes Redis may start after the workers). An outage

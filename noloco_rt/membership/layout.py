@@ -56,5 +56,9 @@ class TableKeys:
     def ready(self, stage: int) -> str:
         return f"{self.base}:stage:{stage}:ready"
 
+    def high_water(self) -> str:
+        """Hash: stage -> the furthest outer step a worker of it reached (membership.high_water)."""
+        return f"{self.base}:high-water"
+
     def paired(self, stage: int) -> str:
         return f"{self.base}:stage:{stage}:paired"

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from noloco_rt.logs import get_logger
+from noloco_rt.membership.high_water import StageHighWater
 from noloco_rt.membership.layout import LOG_MAX_ENTRIES, TableKeys
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import ACCESS_ERRORS, REDIS_ERRORS
@@ -58,6 +59,7 @@ class Membership:
         self._views: dict[int, StageView] = {}
         self._cache: dict[int, list[MemberRecord]] = {}
         self._lock = threading.Lock()
+        self.high_water = StageHighWater(client, self.keys)
         self._views_lock = threading.Lock()
         self.log = get_logger(run=run_id)
 
@@ -123,6 +125,8 @@ class Membership:
         self._queue_beat(pipe, record)
         if publish:
             self._queue_publish(pipe, record)
+        if record.state == WorkerState.ONLINE:  # a bootstrapped joiner's counters are the stage's too
+            self.high_water.queue_raise(pipe, record.stage, record.outer_step)
 
     def register(self, record: MemberRecord) -> bool:
         """Publish our record; False if Redis is unreachable (the heartbeat retries)."""
@@ -175,6 +179,7 @@ class Membership:
             was_down = not self.redis_available
             self._mark(True)
             if not existed or not listed:
+                self.high_water.forget_sent()  # Redis may have lost the mark with our record
                 self.log.info("member_reregistered", after_outage=was_down)
             return True
 

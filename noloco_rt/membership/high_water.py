@@ -1,0 +1,51 @@
+"""A run's high-water mark per stage: the furthest outer step any of its workers reached.
+
+Discovery data, not a collective: workers raise it as they go (one atomic max per outer
+step, never a wait), and a worker that finds no live peer of its stage reads it before it
+seeds the stage from scratch. A stage whose run is past step 0 and whose replicas all died
+must not restart from the seed while the other stages go on (its training would be lost
+and the assembled model garbage), so such a worker refuses unless told to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from noloco_rt.membership.layout import TableKeys
+from noloco_rt.membership.redis_access import REDIS_ERRORS
+
+# HSET field to ARGV[2] only if that is above what the field holds: a max that concurrent
+# writers cannot lower.
+_RAISE = """
+local current = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
+if tonumber(ARGV[2]) > current then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return 1 end
+return 0
+"""
+
+
+class StageHighWater:
+    def __init__(self, client: redis.Redis, keys: TableKeys) -> None:
+        self.client = client
+        self.key = keys.high_water()
+        self._raise = client.register_script(_RAISE)
+        self._sent: dict[int, int] = {}
+
+    def queue_raise(self, pipe: Any, stage: int, outer_step: int) -> None:
+        """Add the raise to a pipeline (the heartbeat's), once per new outer step of ours."""
+        if outer_step > self._sent.get(stage, 0):
+            self._raise(keys=[self.key], args=[stage, outer_step], client=pipe)
+            self._sent[stage] = outer_step
+
+    def forget_sent(self) -> None:
+        """After Redis lost its data (a restart), raise again what we had sent."""
+        self._sent.clear()
+
+    def of(self, stage: int) -> int | None:
+        """The furthest outer step stage `stage` reached (0: none yet); None if Redis is unreachable."""
+        try:
+            value = self.client.hget(self.key, str(stage))
+        except REDIS_ERRORS:
+            return None
+        return int(value) if value is not None else 0

@@ -1,0 +1,84 @@
+"""A stage whose replicas all died must not silently restart from the seed: workers raise the
+stage's high-water mark in Redis as they go, and a worker that finds no live peer of a stage
+past step 0 refuses to seed it (one line, exit 3) unless --allow-reseed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.redis_access import connect
+from noloco_rt.membership.table import Membership
+from workers.outer.bootstrap import StageProgressLost, check_may_seed
+
+CLI = [sys.executable, "-m", "noloco_rt.cli"]
+
+
+def test_only_a_stage_past_step_0_refuses_to_be_seeded():
+    for high_water in (None, 0):
+        check_may_seed(1, high_water, allow_reseed=False)
+    check_may_seed(1, 7, allow_reseed=True)
+    with pytest.raises(StageProgressLost, match="reached outer step 7 there.*--allow-reseed"):
+        check_may_seed(1, 7, allow_reseed=False)
+
+
+def _record(worker_id: str, outer_step: int, state: WorkerState = WorkerState.ONLINE) -> MemberRecord:
+    return MemberRecord(worker_id, "default", 1, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", state,
+                        outer_step=outer_step)
+
+
+def test_heartbeats_raise_the_mark_and_never_lower_it():
+    with EmbeddedRedis() as server:
+        fast, slow = (Membership(connect(server.url), run_id="default") for _ in range(2))
+        assert fast.high_water.of(1) == 0
+        fast.register(_record("fast", 0, WorkerState.JOINING))
+        fast.heartbeat(state=WorkerState.ONLINE, outer_step=5)
+        slow.register(_record("slow", 3))
+        slow.heartbeat(outer_step=3)  # behind: must not lower the stage's mark
+        assert fast.high_water.of(1) == 5 and slow.high_water.of(1) == 5
+        joining = Membership(connect(server.url), run_id="default")
+        joining.register(_record("joiner", 9, WorkerState.JOINING))
+        joining.heartbeat(outer_step=9)  # not ONLINE yet: its counters are not the stage's
+        assert fast.high_water.of(0) == 0 and fast.high_water.of(1) == 5
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1"}
+
+
+def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(tmp_path):
+    with EmbeddedRedis() as server:
+        Membership(connect(server.url), run_id="default").client.hset("noloco:default:high-water", "1", "7")
+        args = [*CLI, "worker", "--stage", "1", "--redis-url", server.url, "--name", "replacement",
+                "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"]
+        refused = subprocess.run(args, capture_output=True, text=True, timeout=120, env=_env())
+        assert refused.returncode == 3, refused.stderr[-3000:]
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith("Error: stage 1 has no live worker") and "--allow-reseed" in last
+        assert "Traceback" not in refused.stderr and "member_online" not in refused.stderr
+        assert Membership(connect(server.url), run_id="default").live_members(stage=1, states=None) == []
+
+        log_path = tmp_path / "allowed.log"
+        with log_path.open("w") as handle:
+            allowed = subprocess.Popen([*args, "--allow-reseed"], stdout=handle, stderr=subprocess.STDOUT, env=_env())
+        try:
+            deadline = time.monotonic() + 90
+            while '"member_online"' not in log_path.read_text() and time.monotonic() < deadline:
+                assert allowed.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.1)
+            events = [json.loads(line)["event"] for line in log_path.read_text().splitlines() if line.startswith("{")]
+            assert "first_of_stage" in events and "member_online" in events
+            allowed.send_signal(signal.SIGTERM)
+            assert allowed.wait(timeout=60) == 0
+        finally:
+            if allowed.poll() is None:
+                allowed.kill()
+                allowed.wait()
