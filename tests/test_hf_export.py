@@ -19,18 +19,10 @@ from noloco_rt.hf_format import (
     hf_name,
     interleaved_to_halves,
 )
-from tests.weights import random_consensus
+from tests.weights import one_torch_thread, random_consensus  # noqa: F401 (an autouse fixture)
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is a dev extra, not installed")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # 2 busy cores: spinning OpenMP threads only slow a tiny model down
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -18,18 +18,10 @@ from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.export import load_consensus
 from noloco_rt.init_weights import load_stage_weights
 from noloco_rt.model import build_stage
-from tests.weights import random_consensus
+from tests.weights import one_torch_thread, random_consensus  # noqa: F401 (an autouse fixture)
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                         reason="transformers is a dev extra, not installed")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # 2 busy cores: spinning OpenMP threads only slow a tiny model down
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from noloco_rt.config import Config, load_config
@@ -23,3 +24,13 @@ def random_consensus(path: Path, *, preset: str = "tiny", stages: int = 2, seed:
              for name, p in model.named_parameters()}
     save_consensus(path, cfg, [[state[name] for name, _ in stage_parameter_shapes(cfg, s)] for s in range(stages)])
     return cfg, state
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Imported by a test module: one torch thread for its tests (on 2 busy cores, spinning
+    OpenMP threads only slow a tiny model down)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
