@@ -38,6 +38,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineError(click.ClickException):
+    """A user's mistake found by a command (a file, a path, a missing package): printed as one
+    `Error:` line with exit code 2, like a bad flag, never a traceback or usage text."""
+
+    exit_code = 2
+
+
 class LazyGroup(click.Group):
     def __init__(self, *args: Any, lazy_commands: dict[str, tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -140,8 +140,6 @@ def check_available(*, tensorboard: bool = False, wandb: bool = False) -> None:
 
 def usage_error(exc: ScalarLogUnavailable) -> Any:
     """The click error for a backend asked for but not installed: one line, exit 2."""
-    import click
+    from noloco_rt.cli import OneLineError
 
-    error = click.ClickException(str(exc))
-    error.exit_code = 2
-    return error
+    return OneLineError(str(exc))

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from noloco_rt.cli import OneLineError
+
 if TYPE_CHECKING:
     from noloco_rt.config import Config
     from noloco_rt.model import PipelineStage
 
 
-class UnusableCheckpoint(click.ClickException):
-    """A user error like a bad flag: one line, exit code 2, no traceback."""
-
-    exit_code = 2
+class UnusableCheckpoint(OneLineError):
+    """A consensus file a command cannot use: one line, exit code 2."""
 
 
 def checkpoint_argument(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
+from noloco_rt.cli import OneLineError
 from noloco_rt.commands._consensus import (
-    UnusableCheckpoint,
     checkpoint_argument,
     device_option,
     load_for_command,
@@ -36,7 +36,7 @@ def eval_command(checkpoint: Path, batches: int | None, as_json: bool, device: s
     corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
     capacity = validation_capacity(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size)
     if batches is not None and batches > capacity:  # more would repeat windows and count them twice
-        raise UnusableCheckpoint(f"--batches {batches}: the validation split holds {capacity} distinct batches "
+        raise OneLineError(f"--batches {batches}: the validation split holds {capacity} distinct batches "
                                  f"of {cfg.data.batch_size}×{cfg.model.seq_len} tokens")
     val_batches = load_validation_batches(cfg, batches=batches, corpus=corpus)  # loaded once, used for both models
     trained = validation_loss(model, cfg, device=device, val_batches=val_batches)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from noloco_rt.cli import OneLineError
+
 
 @click.group()
 def k8s() -> None:
@@ -36,8 +38,6 @@ def render(overlay: str, stages: int | None, replicas: int | None, image: str | 
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
             Path(out_path).write_text(text)
         except OSError as exc:
-            error = click.ClickException(f"--out {out_path}: cannot be written ({exc.strerror})")
-            error.exit_code = 2  # the user's path, like a bad flag
-            raise error from None
+            raise OneLineError(f"--out {out_path}: cannot be written ({exc.strerror})") from None
     else:
         click.echo(text, nl=False)

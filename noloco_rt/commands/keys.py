@@ -6,11 +6,7 @@ from pathlib import Path
 
 import click
 
-
-class KeysExist(click.ClickException):
-    """A refusal like a bad flag: one line, exit 2."""
-
-    exit_code = 2
+from noloco_rt.cli import OneLineError
 
 
 @click.group()
@@ -51,5 +47,5 @@ def generate(out_dir: str, name: str, force: bool) -> None:
     try:
         public_path, secret_path = write_key_pair(Path(out_dir), name, force=force)
     except FileExistsError as exc:
-        raise KeysExist(str(exc)) from None
+        raise OneLineError(str(exc)) from None
     click.echo(usage_text(public_path, secret_path, name))
