@@ -315,16 +315,10 @@ def _cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
 
 
 def _cli_in_process(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
-    """The entry point in this process, for commands refused at startup (a subprocess per
-    case costs seconds of imports)."""
-    from noloco_rt.cli import main
+    """run_cli_in_process, shaped like a subprocess result for _one_line_error."""
+    from tests.in_process import run_cli_in_process
 
-    for key in [k for k in os.environ if k.startswith("NOLOCO_")]:
-        monkeypatch.delenv(key)
-    with pytest.raises(SystemExit) as exited:
-        main(list(args))
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), exited.value.code, captured.out, captured.err)
+    return subprocess.CompletedProcess(list(args), *run_cli_in_process(capsys, monkeypatch, *args))
 
 
 def _one_line_error(result: subprocess.CompletedProcess) -> str:

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.in_process import run_cli_in_process
+
 CLI = [sys.executable, "-m", "noloco_rt.cli"]
 
 
@@ -16,21 +18,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
     full_env.update(env or {})
     return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
-
-
-def run_in_process(capsys, monkeypatch, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """The same entry point in this process: for refusals, which happen before any real work
-    (a subprocess per case costs seconds of imports)."""
-    from noloco_rt.cli import main
-
-    for key in [k for k in os.environ if k.startswith("NOLOCO_")]:
-        monkeypatch.delenv(key)
-    for key, value in (env or {}).items():
-        monkeypatch.setenv(key, value)
-    with pytest.raises(SystemExit) as exited:
-        main(list(args))
-    captured = capsys.readouterr()
-    return exited.value.code, captured.out, captured.err
 
 
 def test_help_lists_every_command_without_importing_them():
@@ -48,7 +35,7 @@ def test_help_lists_every_command_without_importing_them():
 def test_config_show_reflects_file_environment_and_flags(tmp_path, capsys, monkeypatch):
     path = tmp_path / "c.toml"
     path.write_text('[outer]\nmethod = "diloco"\n[run]\nsteps = 11\n')
-    code, out, err = run_in_process(capsys, monkeypatch, "config", "show", "--config", str(path),
+    code, out, err = run_cli_in_process(capsys, monkeypatch, "config", "show", "--config", str(path),
                                     "--set", "run.steps=12", env={"NOLOCO_OUTER_ALPHA": "0.2"})
     assert code == 0, err
     assert 'method = "diloco"' in out
@@ -57,13 +44,13 @@ def test_config_show_reflects_file_environment_and_flags(tmp_path, capsys, monke
 
 
 def test_a_foreign_noloco_variable_is_a_warning_and_a_misspelt_field_an_error(capsys, monkeypatch):
-    code, out, err = run_in_process(capsys, monkeypatch, "config", "show",
+    code, out, err = run_cli_in_process(capsys, monkeypatch, "config", "show",
                                     env={"NOLOCO_CKPT_KILLS": "5", "NOLOCO_RUN_STEPS": "7"})
     assert code == 0, err
     assert "steps = 7" in out
     assert err.count("\n") == 1 and "Warning: ignoring NOLOCO_CKPT_KILLS" in err
     monkeypatch.delenv("NOLOCO_CKPT_KILLS")
-    code, _, err = run_in_process(capsys, monkeypatch, "config", "show", env={"NOLOCO_OUTER_ALHPA": "0.2"})
+    code, _, err = run_cli_in_process(capsys, monkeypatch, "config", "show", env={"NOLOCO_OUTER_ALHPA": "0.2"})
     assert code == 2 and "invalid outer.alhpa" in err and "unknown field" in err
 
 
@@ -73,12 +60,12 @@ def test_config_show_redacts_secrets_unless_asked(capsys, monkeypatch):
     secret = zmq.curve_keypair()[1].decode()
     env = {"NOLOCO_NETWORK_CURVE_SECRET_KEY": secret,
            "NOLOCO_NETWORK_REDIS_URL": "redis://noloco:hunter2pw@redis.example:6379/0"}
-    code, shown, err = run_in_process(capsys, monkeypatch, "config", "show", env=env)
+    code, shown, err = run_cli_in_process(capsys, monkeypatch, "config", "show", env=env)
     assert code == 0, err
     assert secret not in shown and "hunter2pw" not in shown
     assert "redis://noloco:***@redis.example:6379/0" in shown
     assert "curve_secret_key = (set, 40 characters: redacted" in shown
-    code, revealed, err = run_in_process(capsys, monkeypatch, "config", "show", "--show-secrets", env=env)
+    code, revealed, err = run_cli_in_process(capsys, monkeypatch, "config", "show", "--show-secrets", env=env)
     assert code == 0, err
     assert f'curve_secret_key = "{secret}"' in revealed and "hunter2pw" in revealed
 
@@ -95,7 +82,7 @@ def test_config_show_redacts_secrets_unless_asked(capsys, monkeypatch):
     (["frobnicate"], {}, "No such command"),
 ])
 def test_bad_input_is_one_clear_line(capsys, monkeypatch, args, env, fragment):
-    code, out, err = run_in_process(capsys, monkeypatch, *args, env=env)
+    code, out, err = run_cli_in_process(capsys, monkeypatch, *args, env=env)
     assert code == 2, (out, err)
     assert fragment in err
 
@@ -123,7 +110,7 @@ def test_simulate_writes_run_directory(tmp_path):
     (["status"], "--redis-url"),
 ])
 def test_worker_and_status_bad_input(capsys, monkeypatch, args, fragment):
-    code, out, err = run_in_process(capsys, monkeypatch, *args)
+    code, out, err = run_cli_in_process(capsys, monkeypatch, *args)
     assert code == 2, (out, err)
     assert fragment in err
 

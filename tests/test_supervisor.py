@@ -399,15 +399,11 @@ def test_worker_specs_one_worker_per_local_rank():
      "needs a global collective"),
 ])
 def test_launch_bad_input_is_one_clear_line(capsys, monkeypatch, args, fragment):
-    # In this process: each case is refused before anything starts (a subprocess costs seconds).
-    from noloco_rt.cli import main
+    from tests.in_process import run_cli_in_process
 
-    for key in [k for k in os.environ if k.startswith("NOLOCO_")]:
-        monkeypatch.delenv(key)
-    with pytest.raises(SystemExit) as exited:
-        main(["launch", *args])
-    assert exited.value.code == 2
-    assert fragment in capsys.readouterr().err
+    code, _, err = run_cli_in_process(capsys, monkeypatch, "launch", *args)
+    assert code == 2
+    assert fragment in err
 
 
 

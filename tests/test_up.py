@@ -148,15 +148,10 @@ def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_pat
     (["--replicas", "0"], "--replicas"),
 ])
 def test_up_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, monkeypatch, args, fragment):
-    # In this process: each case is refused before anything starts (a subprocess costs seconds).
-    from noloco_rt.cli import main
+    from tests.in_process import run_cli_in_process
 
-    for key in [k for k in os.environ if k.startswith("NOLOCO_")]:
-        monkeypatch.delenv(key)
-    with pytest.raises(SystemExit) as exited:
-        main(["up", "--out", str(tmp_path / "run"), *args])
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and fragment in err, err
+    code, _, err = run_cli_in_process(capsys, monkeypatch, "up", "--out", str(tmp_path / "run"), *args)
+    assert code == 2 and fragment in err, err
     assert not (tmp_path / "run" / "logs").exists()
 
 
