@@ -7,7 +7,7 @@ the value and what is allowed.
 
 errors      ConfigError and the checks sections validate with
 training    what is trained and how: run, model, data, optim, outer, pipeline, routing
-runtime     how the processes run: network, worker, coordinator, paths
+runtime     how the processes run: network, worker, coordinator, store, paths
 schema      Config, the whole of it, and SECTIONS (name -> section class)
 loading     TOML file, NOLOCO_* variables and --set flags, coerced and merged
 toml_out    config_to_toml, the effective config written back as TOML
@@ -15,7 +15,7 @@ toml_out    config_to_toml, the effective config written back as TOML
 
 from noloco_rt.config.errors import ConfigError
 from noloco_rt.config.loading import ENV_PREFIX, env_overrides, load_config, parse_assignment
-from noloco_rt.config.runtime import CoordinatorConfig, NetworkConfig, PathsConfig, WorkerConfig
+from noloco_rt.config.runtime import CoordinatorConfig, NetworkConfig, PathsConfig, StoreConfig, WorkerConfig
 from noloco_rt.config.schema import SECTIONS, Config
 from noloco_rt.config.toml_out import config_to_toml
 from noloco_rt.config.training import (
@@ -59,6 +59,7 @@ __all__ = [
     "ResolvedOuter",
     "RoutingConfig",
     "RunConfig",
+    "StoreConfig",
     "WorkerConfig",
     "config_to_toml",
     "env_overrides",

@@ -1,4 +1,4 @@
-"""Sections that say how the processes run: network, worker, coordinator, paths."""
+"""Sections that say how the processes run: network, worker, coordinator, store, paths."""
 
 from __future__ import annotations
 
@@ -73,7 +73,12 @@ class WorkerConfig:
     deadline_floor_s: float = 2.0
     deadline_ceiling_s: float = 30.0
     bootstrap_timeout_s: float = 60.0
-    """How long a joiner looks for a peer to download its state from."""
+    """How long a joiner looks for a peer to download its state from (a floor: a large stage
+    on a slow link gets longer, see min_bandwidth_mbit_s)."""
+    min_bandwidth_mbit_s: float = 200.0
+    """The slowest link between two workers this run must tolerate. The outer exchange and the
+    bootstrap download get at least the time their stage's bytes take at this rate, with a
+    3x margin (noloco_rt.transfer_time), so a 1b stage is not cut off by a fixed 10 s."""
     allow_reseed: bool = False
     """A worker that finds no live peer of its stage while the run's stage is past outer step 0
     (its high-water mark in Redis) exits 3 instead of starting the stage from the seed; true:
@@ -86,6 +91,12 @@ class WorkerConfig:
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
     checkpoint_every: int = 1
     """Outer steps between periodic checkpoints (0: only on leave)."""
+    left_exit_code: int = 0
+    """Exit status of a worker that left on SIGTERM before its steps were done. 0 on bare
+    metal; Kubernetes Jobs use 75 so a preempted pod is replaced, not counted as completed."""
+    alive_file: str = ""
+    """A file the training loop touches about once a second (empty: none). A liveness probe
+    that finds it stale knows the loop hung, not merely that the worker waits for data."""
     max_peer_distance_ratio: float = 2.0
     """A peer's outer-step contribution farther than this from ours, relative to our weight
     norm (noloco_rt.algo.peer_checks), is rejected as "too_far" and the peer blacklisted. Honest
@@ -114,6 +125,10 @@ class WorkerConfig:
                 "snapshot_chunk_mb", self.snapshot_chunk_mb, "must be >= 0.01")
         require(1 <= self.snapshot_encode_threads <= 64, "worker", "snapshot_encode_threads",
                 self.snapshot_encode_threads, "must be between 1 and 64")
+        require(math.isfinite(self.min_bandwidth_mbit_s) and self.min_bandwidth_mbit_s > 0, "worker",
+                "min_bandwidth_mbit_s", self.min_bandwidth_mbit_s, "must be > 0")
+        require(0 <= self.left_exit_code <= 125, "worker", "left_exit_code", self.left_exit_code,
+                "must be an exit status in [0, 125]")
         require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
         require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
         require(self.max_peer_distance_ratio > 0, "worker", "max_peer_distance_ratio",
@@ -150,6 +165,26 @@ class CoordinatorConfig:
         require(self.spread_sample >= 2, "coordinator", "spread_sample", self.spread_sample, "must be >= 2")
         require(0 <= self.status_port <= 65535, "coordinator", "status_port", self.status_port,
                  "must be a port in [0, 65535]")
+
+
+@dataclass(kw_only=True)
+class StoreConfig:
+    """Durable run state that outlives every worker (docs/architecture.md §5): stage
+    checkpoints a stage resumes from when all its replicas died, and the consensus."""
+
+    url: str = ""
+    """A folder (a PersistentVolumeClaim's mount, a local path) or an fsspec URL (file://,
+    s3://, gs://: the matching fsspec package must be installed); empty: no durable store."""
+    every: int = 5
+    """Outer steps between stage checkpoints; one replica per stage writes each."""
+    keep: int = 2
+    """Stage checkpoints kept per stage (older ones are deleted once a newer one is complete)."""
+
+    def __post_init__(self) -> None:
+        require(self.every >= 1, "store", "every", self.every, "must be >= 1 outer step")
+        require(self.keep >= 1, "store", "keep", self.keep, "must be >= 1")
+        require("://" not in self.url or self.url.split("://", 1)[0].isidentifier(), "store", "url",
+                self.url, "must be a folder or a URL like file:///data, s3://bucket/prefix")
 
 
 @dataclass(kw_only=True)

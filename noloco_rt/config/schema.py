@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noloco_rt.config.errors import require
-from noloco_rt.config.runtime import CoordinatorConfig, NetworkConfig, PathsConfig, WorkerConfig
+from noloco_rt.config.runtime import CoordinatorConfig, NetworkConfig, PathsConfig, StoreConfig, WorkerConfig
 from noloco_rt.config.training import (
     DataConfig,
     ModelConfig,
@@ -32,6 +32,7 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:
