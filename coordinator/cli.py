@@ -44,11 +44,13 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     from coordinator.observer import Observer
     from coordinator.pull import RateLimiter, SnapshotPuller
     from coordinator.server import CoordinatorMetrics, StatusServer
+    from noloco_rt.commands._store import check_store
     from noloco_rt.logs import get_logger
     from noloco_rt.membership.table import Membership
     from noloco_rt.process import set_event_from_signal_handler
     from noloco_rt.startup import process_startup
 
+    check_store(cfg)
     scalar_log = _open_curves(cfg, tensorboard_dir, with_wandb)  # a missing package: refused before connecting
 
     # Snapshot pulls (DEALER requests) made from the context present the run's keys.

@@ -33,6 +33,7 @@ from noloco_rt.export import ScoredConsensus, write_scored_consensus
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
 from noloco_rt.model import build_stage
+from noloco_rt.store.backend import RunStore, StoreError
 
 PULL_ATTEMPTS_PER_STAGE = 3
 SPARE_SPREAD_PULLS_PER_STAGE = 3
@@ -251,6 +252,7 @@ class Observer:
                                         [[p.slow for p in sample.pulled] for sample in samples], step=step,
                                         source="coordinator", val_batches=self.val_batches,
                                         live_per_stage=[sample.live for sample in samples])
+        self._copy_to_store(scored.path)
         result = SpreadResult.of(scored, pulls_per_stage=[sample.pulls for sample in samples])
         with self._lock:
             self.status.last_spread = result
@@ -267,6 +269,18 @@ class Observer:
                       pulls=result.pulls_per_stage, consensus_val_loss=round(scored.val_loss, 4),
                       consensus=str(scored.path))
         return result
+
+    def _copy_to_store(self, path: Path) -> None:
+        """The consensus outlives this pod too: <store>/<run_id>/consensus.safetensors."""
+        if not self.cfg.store.url:
+            return
+        target = f"{self.cfg.run.run_id}/consensus.safetensors"
+        try:
+            RunStore(self.cfg.store.url).write(target, path.read_bytes())
+        except (OSError, StoreError) as exc:
+            self._note(f"consensus not copied to the store {self.cfg.store.url}: {exc}")
+            return
+        self.log.info("consensus_stored", store=self.cfg.store.url, path=target)
 
     def _pull_sample(self, members: list[MemberRecord], stop: threading.Event) -> StageSample:
         """Up to spread_sample members drawn without replacement and pulled (all of a smaller

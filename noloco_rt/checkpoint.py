@@ -8,6 +8,7 @@ write of the same path removes those of writers that are no longer running.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -66,13 +67,30 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     remove_stale_temporaries(path)
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+def checkpoint_bytes(state: dict[str, Any]) -> bytes:
     """state: tensors, lists of tensors, numbers, strings and dicts of those."""
-    import io
-
     buffer = io.BytesIO()
     torch.save({"version": CHECKPOINT_VERSION, **state}, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    atomic_write_bytes(path, checkpoint_bytes(state))
+
+
+def checkpoint_from_bytes(data: bytes, *, origin: str, run_id: str, stage: int) -> dict[str, Any]:
+    """The state in `data` (read from `origin`, for messages); CheckpointError when it cannot
+    be read or belongs to another run, stage or format version."""
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a damaged file
+        raise CheckpointError(f"checkpoint {origin} cannot be read: {exc}") from exc
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"checkpoint {origin} has version {state.get('version')}, expected {CHECKPOINT_VERSION}")
+    if state.get("run_id") != run_id or state.get("stage") != stage:
+        raise CheckpointError(f"checkpoint {origin} is for run {state.get('run_id')!r} stage {state.get('stage')}, "
+                              f"not run {run_id!r} stage {stage}")
+    return state
 
 
 def load_checkpoint(path: Path, *, run_id: str, stage: int) -> dict[str, Any] | None:
@@ -80,13 +98,4 @@ def load_checkpoint(path: Path, *, run_id: str, stage: int) -> dict[str, Any] | 
     exists but belongs to another run or stage, or cannot be read."""
     if not path.exists():
         return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a damaged file
-        raise CheckpointError(f"checkpoint {path} cannot be read: {exc}") from exc
-    if state.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has version {state.get('version')}, expected {CHECKPOINT_VERSION}")
-    if state.get("run_id") != run_id or state.get("stage") != stage:
-        raise CheckpointError(f"checkpoint {path} is for run {state.get('run_id')!r} stage {state.get('stage')}, "
-                              f"not run {run_id!r} stage {stage}")
-    return state
+    return checkpoint_from_bytes(path.read_bytes(), origin=str(path), run_id=run_id, stage=stage)

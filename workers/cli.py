@@ -12,6 +12,7 @@ import click
 
 from noloco_rt.cli import config_options
 from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
+from noloco_rt.commands._store import check_store
 
 if TYPE_CHECKING:  # the command body imports these when it runs, so that `--help` stays fast
     from noloco_rt.config import Config
@@ -59,6 +60,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
                                  f"(pipeline.stages)", param_hint="--stage")
     check_init_from(cfg)
+    check_store(cfg)
     from noloco_rt.startup import process_startup
 
     # A bad key file or a refused password fails here, before anything starts. An unreachable

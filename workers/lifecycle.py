@@ -4,6 +4,8 @@ from the run seed as the first of the stage)."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,10 +50,39 @@ class WorkerCheckpoint:
         state = load_checkpoint(self.path, run_id=self.run_id, stage=self.stage)
         if state is None:
             return False, None
+        cursor = self.apply(state)
+        self.log.info("resumed_checkpoint", path=str(self.path), inner_step=self.counters.inner_steps,
+                      outer_step=self.counters.outer_steps)
+        return True, cursor
+
+    def apply(self, state: dict[str, Any]) -> DataCursor | None:
+        """Load a checkpoint's state (ours, or the stage's from the durable store); returns
+        its data cursor."""
         self.replica.load_weights(slow=state["slow"], fast=state["fast"], momentum=state["momentum"])
         self.replica.inner.load_state_dict(state["inner_optimizer"])
         self.counters.inner_steps = int(state["counters"]["inner_steps"])
         self.counters.outer_steps = int(state["counters"]["outer_steps"])
-        self.log.info("resumed_checkpoint", path=str(self.path), inner_step=self.counters.inner_steps,
-                      outer_step=self.counters.outer_steps)
-        return True, DataCursor.from_state_dict(state["cursor"]) if state.get("cursor") else None
+        return DataCursor.from_state_dict(state["cursor"]) if state.get("cursor") else None
+
+
+class AliveFile:
+    """A file whose modification time says the training loop still turns (worker.alive_file):
+    a liveness probe that finds it stale knows the loop hung. Touched at most once a second."""
+
+    def __init__(self, path: str, *, every_s: float = 1.0) -> None:
+        self.path = path
+        self.every_s = every_s
+        self._last = float("-inf")
+
+    def touch(self) -> None:
+        if not self.path:
+            return
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            return
+        self._last = now
+        try:
+            with open(self.path, "a"):
+                os.utime(self.path)
+        except OSError:
+            pass  # an unwritable path only makes the probe fail, which says what is wrong

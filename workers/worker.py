@@ -38,14 +38,16 @@ from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
+from noloco_rt.transfer_time import stage_timeouts
 from workers.cluster.faults import DataFaults
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import decoder
 from workers.data_path.roles import data_path_for
 from workers.device import HostStaging, pick_device
+from workers.durable_state import durable_state_for, is_elected_writer
 from workers.inner_step import InnerStep
-from workers.lifecycle import WorkerCheckpoint
+from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import bootstrap_from_stage, check_may_seed
@@ -101,13 +103,17 @@ class StageWorker:
                                               handler=self.snapshots.handle)
         readiness = ReadinessPairing(PairingQueue(membership.client, membership.keys, stage), worker_id=self.worker_id,
                                      exchange_addr=self.exchange_server.address, log=self.log)
-        self.exchanger = OuterExchanger(ctx, self.snapshots, self.peers, collect_s=cfg.worker.exchange_timeout_s,
+        self.timeouts = stage_timeouts(sum(t.numel() for t in self.replica.slow), cfg.worker)
+        self.exchanger = OuterExchanger(ctx, self.snapshots, self.peers, collect_s=self.timeouts.exchange_s,
                                         log=self.log, readiness=readiness)
         self.outer = OuterStep(cfg, exchanger=self.exchanger, service=self.snapshots, replica=self.replica,
                                peers=self.peers, counters=self.counters, metrics=metrics, log=self.log)
         self.checkpoint = WorkerCheckpoint(checkpoint_path, run_id=cfg.run.run_id, stage=stage, name=name,
                                            replica=self.replica, counters=self.counters,
                                            cursor_state=self.data_path.cursor_state, log=self.log)
+        self.alive = AliveFile(cfg.worker.alive_file)
+        self.durable = durable_state_for(cfg, stage, worker_id=self.worker_id, name=name, log=self.log,
+                                         membership=membership)
         self.inner = InnerStep(data_path=self.data_path, replica=self.replica, outer=self.outer,
                                counters=self.counters, tokens=self.data_path.ctx.tokens, metrics=metrics,
                                log=self.log, after_outer_step=self._periodic_checkpoint,
@@ -142,8 +148,8 @@ class StageWorker:
                 self.tick()
             if self.leave_requested.is_set():
                 self.leave()
-            else:
-                self.finish()
+                return self.cfg.worker.left_exit_code  # not done: an orchestrator may replace us
+            self.finish()
         finally:
             self.close()
         return 0
@@ -169,15 +175,14 @@ class StageWorker:
         self.log.info("member_online")
 
     def _resume_or_bootstrap(self) -> DataCursor | None:
-        """Our checkpoint if there is one (returns its data cursor), else a peer's state."""
+        """Our checkpoint if there is one (returns its data cursor), else a live peer's state,
+        else the stage's newest durable checkpoint, else the seed where that is allowed."""
         resumed, cursor = self.checkpoint.resume()
         if resumed:
             return cursor
-        donated = bootstrap_from_stage(
-            self.ctx, self.peers, self.snapshots, timeout_s=self.cfg.worker.bootstrap_timeout_s,
-            leave_requested=self.leave_requested,
-            may_seed=lambda: check_may_seed(self.stage, self.membership.high_water.of(self.stage),
-                                            allow_reseed=self.cfg.worker.allow_reseed))
+        donated = bootstrap_from_stage(self.ctx, self.peers, self.snapshots, timeout_s=self.timeouts.bootstrap_s,
+                                       pull_timeout_s=self.timeouts.bootstrap_pull_s,
+                                       leave_requested=self.leave_requested)
         if donated is not None:
             donor, state = donated
             self.replica.load_weights(slow=state.slow, fast=state.slow, momentum=state.momentum)
@@ -185,9 +190,27 @@ class StageWorker:
             self.counters.outer_steps = state.outer_steps
             self.log.info("bootstrapped", donor=donor[:8], checksum=state.checksum,
                           inner_step=self.counters.inner_steps, outer_step=self.counters.outer_steps)
-        return None
+        elif not self._resume_from_store():
+            check_may_seed(self.stage, self.membership.high_water.of(self.stage),
+                           allow_reseed=self.cfg.worker.allow_reseed, store_url=self.cfg.store.url)
+            self.log.info("first_of_stage", note="initialised from the run seed (or --init-from)")
+        return self.durable.cursor() if self.durable is not None else None
+
+    def _resume_from_store(self) -> bool:
+        """No live peer: continue the stage from its newest checkpoint in the durable store."""
+        loaded = self.durable.latest() if self.durable is not None else None
+        if loaded is None:
+            return False
+        self.checkpoint.apply(loaded.state)
+        info = loaded.info
+        self.log.warning("resumed_from_store", outer_step=info.outer_step, inner_step=info.inner_step,
+                         sha256=info.sha256[:16], writer=info.writer,
+                         run_reached=self.membership.high_water.of(self.stage),
+                         note="no live peer of this stage: continuing from its durable checkpoint")
+        return True
 
     def tick(self) -> None:
+        self.alive.touch()
         self.data_path.tick()
         self.inner.maybe_step()
 
@@ -195,6 +218,10 @@ class StageWorker:
         every = self.cfg.worker.checkpoint_every
         if every and self.counters.outer_steps % every == 0:
             self.checkpoint.save("periodic")
+        if self.durable is not None:
+            self.durable.after_outer_step(self.counters.outer_steps, self.counters.inner_steps,
+                                          state=self.checkpoint.state_dict, cursor=self.data_path.cursor_state(),
+                                          live_peer_ids=[m.worker_id for m in self.peers.members(self.stage)])
 
     def request_leave(self, *_: Any) -> None:
         self.leave_requested.set()
@@ -207,6 +234,11 @@ class StageWorker:
         self.membership.heartbeat(state=WorkerState.LEAVING, **asdict(self.progress()))
         self.membership.mark_stage_finished(self.stage)
         self.checkpoint.save("finished")
+        if self.durable is not None:  # the stage's final state outlives this machine
+            writer = is_elected_writer(self.worker_id, [m.worker_id for m in self.peers.members(self.stage)])
+            self.durable.write_now(self.counters.outer_steps, self.counters.inner_steps,
+                                   state=self.checkpoint.state_dict() if writer else None,
+                                   cursor=self.data_path.cursor_state())
         self.membership.leave()
 
     def leave(self) -> None:
@@ -217,8 +249,13 @@ class StageWorker:
         self.data_path.wind_down(time.monotonic() + self.cfg.worker.leave_grace_s / 2)
         self.outer.settle(final=True)
         self.checkpoint.save("leave")
+        if self.durable is not None:  # a pod's disk may not come back: keep our data stream's place
+            self.durable.write_now(self.counters.outer_steps, self.counters.inner_steps, state=None,
+                                   cursor=self.data_path.cursor_state())
 
     def close(self) -> None:
+        if self.durable is not None:
+            self.durable.close()
         self.views.stop()
         if self.heartbeat is not None:
             self.heartbeat.stop()

@@ -15,7 +15,13 @@ toml_out    config_to_toml, the effective config written back as TOML
 
 from noloco_rt.config.errors import ConfigError
 from noloco_rt.config.loading import ENV_PREFIX, env_overrides, load_config, parse_assignment
-from noloco_rt.config.runtime import CoordinatorConfig, NetworkConfig, PathsConfig, StoreConfig, WorkerConfig
+from noloco_rt.config.runtime import (
+    CoordinatorConfig,
+    NetworkConfig,
+    PathsConfig,
+    StoreConfig,
+    WorkerConfig,
+)
 from noloco_rt.config.schema import SECTIONS, Config
 from noloco_rt.config.toml_out import config_to_toml
 from noloco_rt.config.training import (

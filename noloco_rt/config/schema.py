@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noloco_rt.config.errors import require
-from noloco_rt.config.runtime import CoordinatorConfig, NetworkConfig, PathsConfig, StoreConfig, WorkerConfig
+from noloco_rt.config.runtime import (
+    CoordinatorConfig,
+    NetworkConfig,
+    PathsConfig,
+    StoreConfig,
+    WorkerConfig,
+)
 from noloco_rt.config.training import (
     DataConfig,
     ModelConfig,

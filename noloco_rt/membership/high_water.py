@@ -1,4 +1,5 @@
-"""A run's high-water mark per stage: the furthest outer step any of its workers reached.
+"""A run's high-water mark per stage: the furthest outer step any of its workers reached,
+and the outer step of its newest checkpoint in the durable store.
 
 Discovery data, not a collective: workers raise it as they go (one atomic max per outer
 step, never a wait), and a worker that finds no live peer of its stage reads it before it
@@ -29,6 +30,7 @@ class StageHighWater:
     def __init__(self, client: redis.Redis, keys: TableKeys) -> None:
         self.client = client
         self.key = keys.high_water()
+        self.durable_key = keys.durable()
         self._raise = client.register_script(_RAISE)
         self._sent: dict[int, int] = {}
 
@@ -41,6 +43,22 @@ class StageHighWater:
     def forget_sent(self) -> None:
         """After Redis lost its data (a restart), raise again what we had sent."""
         self._sent.clear()
+
+    def record_durable(self, stage: int, outer_step: int) -> None:
+        """The stage has a checkpoint of `outer_step` in the durable store (shown by status;
+        the store itself is what a resuming worker reads, since Redis may lose this)."""
+        try:
+            self._raise(keys=[self.durable_key], args=[stage, outer_step])
+        except REDIS_ERRORS:
+            pass  # informational: the next write raises it again
+
+    def durable_of(self, stage: int) -> int | None:
+        """The outer step of the stage's newest durable checkpoint (0: none); None if Redis is unreachable."""
+        try:
+            value = self.client.hget(self.durable_key, str(stage))
+        except REDIS_ERRORS:
+            return None
+        return int(value) if value is not None else 0
 
     def of(self, stage: int) -> int | None:
         """The furthest outer step stage `stage` reached (0: none yet); None if Redis is unreachable."""

@@ -60,5 +60,9 @@ class TableKeys:
         """Hash: stage -> the furthest outer step a worker of it reached (membership.high_water)."""
         return f"{self.base}:high-water"
 
+    def durable(self) -> str:
+        """Hash: stage -> the outer step of its newest checkpoint in the durable store."""
+        return f"{self.base}:durable"
+
     def paired(self, stage: int) -> str:
         return f"{self.base}:stage:{stage}:paired"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import zmq
 
@@ -24,37 +23,35 @@ class StageProgressLost(RuntimeError):
     silently throw its training away while the other stages go on."""
 
 
-def check_may_seed(stage: int, high_water: int | None, *, allow_reseed: bool) -> None:
+def check_may_seed(stage: int, high_water: int | None, *, allow_reseed: bool, store_url: str = "") -> None:
     """Raise StageProgressLost when the first worker of `stage` must not start from the seed
-    (pure: the caller read the stage's high-water mark, None when Redis did not answer)."""
+    (pure: the caller read the stage's high-water mark, None when Redis did not answer, and
+    found no usable checkpoint of the stage in the durable store)."""
     if allow_reseed or not high_water:
         return
+    where = (f"the durable store {store_url} has no usable checkpoint of it" if store_url
+             else "the run has no durable store (store.url)")
     raise StageProgressLost(
-        f"stage {stage} has no live worker, but the run reached outer step {high_water} there: starting "
-        f"it from the seed would throw that training away. Start a worker that has a checkpoint of stage "
-        f"{stage} (same --name and checkpoint dir), or pass --allow-reseed to restart the stage from scratch "
-        f"(a new run needs a new run.run_id)")
+        f"stage {stage} has no live worker and {where}, but the run reached outer step {high_water} there: "
+        f"starting it from the seed would throw that training away. Start a worker that has a checkpoint of "
+        f"stage {stage} (same --name and checkpoint dir), or pass --allow-reseed to restart the stage from "
+        f"scratch (a new run needs a new run.run_id)")
 
 
 def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotService, *, timeout_s: float,
-                         leave_requested: threading.Event,
-                         may_seed: Callable[[], None] = lambda: None) -> tuple[str, BootstrapState] | None:
-    """(donor id, its state) from the first live peer of our stage that serves a valid one;
-    None if the stage has no other member (we are its first; may_seed raises when we must
-    not start it from the seed). Raises RuntimeError when no donor served one within
-    `timeout_s` (or a leave was asked meanwhile)."""
-    cfg = service.cfg
+                         pull_timeout_s: float, leave_requested: threading.Event) -> tuple[str, BootstrapState] | None:
+    """(donor id, its state) from the first live peer of our stage that serves a valid one
+    (each pull bounded by `pull_timeout_s`); None if the stage has no other member. Raises
+    RuntimeError when no donor served one within `timeout_s` (or a leave was asked meanwhile)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not leave_requested.is_set():
         peers.refresh_now(service.stage)  # start-up: a fresh view, read in this thread
         donors = peers.random_peers(service.stage)
         if not donors:
-            may_seed()
-            service.log.info("first_of_stage", note="initialised from the run seed (or --init-from)")
             return None
         for donor in donors:
             state = pull_bootstrap(ctx, donor.worker_id, donor.exchange_addr, service.reader, stage=service.stage,
-                                   sender=service.worker_id, timeout_s=cfg.worker.exchange_timeout_s,
+                                   sender=service.worker_id, timeout_s=pull_timeout_s,
                                    on_reject=service.count_reject, log=service.log)
             if state is not None:
                 return donor.worker_id, state

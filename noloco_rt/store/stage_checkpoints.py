@@ -1,0 +1,145 @@
+"""Checksummed stage checkpoints in the durable store (docs/architecture.md §5).
+
+Layout under the store's root:
+    <run_id>/stage-<k>/step-<outer:08d>-<writer>.pt     the state (noloco_rt.checkpoint format)
+    <run_id>/stage-<k>/step-<outer:08d>-<writer>.json   its manifest, written after it
+A manifest names its data file's SHA-256 and size, so a reader never trusts a file that is
+torn, truncated or from a crashed writer: a checkpoint exists once its manifest does, and
+is used only if the bytes match. Each writer's files carry its id, so two replicas that
+both believe they are the stage's writer never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from noloco_rt.checkpoint import CheckpointError, checkpoint_bytes, checkpoint_from_bytes
+from noloco_rt.store.backend import RunStore
+
+MANIFEST_VERSION = 1
+_MANIFEST_NAME = re.compile(r"^step-(\d{8,})-([0-9a-zA-Z_-]+)\.json$")
+
+
+@dataclass(frozen=True)
+class StageCheckpointInfo:
+    run_id: str
+    stage: int
+    outer_step: int
+    inner_step: int
+    sha256: str
+    size: int
+    writer: str
+    data_file: str
+    """Name of the .pt file next to the manifest."""
+
+    def manifest_bytes(self) -> bytes:
+        return json.dumps({"version": MANIFEST_VERSION, **asdict(self)}, sort_keys=True).encode()
+
+
+def checkpoint_basename(outer_step: int, writer: str) -> str:
+    return f"step-{outer_step:08d}-{writer[:8]}"
+
+
+def parse_manifest(raw: bytes, *, run_id: str, stage: int, origin: str) -> StageCheckpointInfo:
+    """The manifest in `raw`; CheckpointError when it is not one of this run and stage."""
+    try:
+        fields = json.loads(raw)
+        if fields.pop("version") != MANIFEST_VERSION:
+            raise ValueError("unknown manifest version")
+        info = StageCheckpointInfo(**fields)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"stage checkpoint manifest {origin} is not valid: {exc}") from exc
+    if info.run_id != run_id or info.stage != stage:
+        raise CheckpointError(f"stage checkpoint manifest {origin} is for run {info.run_id!r} stage {info.stage}")
+    return info
+
+
+def newest_first(infos: list[StageCheckpointInfo]) -> list[StageCheckpointInfo]:
+    return sorted(infos, key=lambda i: (i.outer_step, i.inner_step, i.writer), reverse=True)
+
+
+def beyond_keep(infos: list[StageCheckpointInfo], keep: int) -> list[StageCheckpointInfo]:
+    """The checkpoints to delete so that the newest `keep` remain."""
+    return newest_first(infos)[keep:]
+
+
+@dataclass(frozen=True)
+class LoadedStageCheckpoint:
+    info: StageCheckpointInfo
+    state: dict[str, Any]
+
+
+class StageCheckpoints:
+    """Stage checkpoints of one run in one store."""
+
+    def __init__(self, store: RunStore, run_id: str, *, keep: int = 2) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.keep = keep
+
+    def folder(self, stage: int) -> str:
+        return f"{self.run_id}/stage-{stage}"
+
+    def save(self, stage: int, state: dict[str, Any], *, outer_step: int, inner_step: int,
+             writer: str) -> StageCheckpointInfo:
+        """Write the state, then its manifest (what makes it visible), then prune old ones."""
+        data = checkpoint_bytes({"run_id": self.run_id, "stage": stage, **state})
+        base = checkpoint_basename(outer_step, writer)
+        info = StageCheckpointInfo(run_id=self.run_id, stage=stage, outer_step=outer_step, inner_step=inner_step,
+                                   sha256=hashlib.sha256(data).hexdigest(), size=len(data), writer=writer[:8],
+                                   data_file=f"{base}.pt")
+        folder = self.folder(stage)
+        self.store.write(f"{folder}/{info.data_file}", data)
+        self.store.write(f"{folder}/{base}.json", info.manifest_bytes())
+        self.prune(stage)
+        return info
+
+    def manifests(self, stage: int) -> tuple[list[StageCheckpointInfo], list[str]]:
+        """(the readable manifests of `stage`, newest first; why others were passed over)."""
+        folder = self.folder(stage)
+        infos, problems = [], []
+        for name in self.store.list(folder):
+            if not _MANIFEST_NAME.match(name):
+                continue
+            try:
+                infos.append(parse_manifest(self.store.read(f"{folder}/{name}"), run_id=self.run_id, stage=stage,
+                                            origin=f"{self.store.url}/{folder}/{name}"))
+            except FileNotFoundError:
+                continue  # pruned between listing and reading
+            except CheckpointError as exc:
+                problems.append(str(exc))
+        return newest_first(infos), problems
+
+    def load(self, info: StageCheckpointInfo) -> dict[str, Any]:
+        """The state `info` describes; CheckpointError when its bytes do not match the manifest."""
+        origin = f"{self.store.url}/{self.folder(info.stage)}/{info.data_file}"
+        try:
+            data = self.store.read(f"{self.folder(info.stage)}/{info.data_file}")
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"stage checkpoint {origin} is missing") from exc
+        if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
+            raise CheckpointError(f"stage checkpoint {origin} fails its checksum ({len(data)} bytes, "
+                                  f"manifest says {info.size})")
+        return checkpoint_from_bytes(data, origin=origin, run_id=self.run_id, stage=info.stage)
+
+    def latest(self, stage: int) -> tuple[LoadedStageCheckpoint | None, list[str]]:
+        """The newest checkpoint of `stage` whose bytes check out (None: there is none), and
+        why newer ones were passed over."""
+        infos, problems = self.manifests(stage)
+        for info in infos:
+            try:
+                return LoadedStageCheckpoint(info, self.load(info)), problems
+            except CheckpointError as exc:
+                problems.append(str(exc))
+        return None, problems
+
+    def prune(self, stage: int) -> None:
+        infos, _ = self.manifests(stage)
+        folder = self.folder(stage)
+        for old in beyond_keep(infos, self.keep):
+            self.store.remove(f"{folder}/{checkpoint_basename(old.outer_step, old.writer)}.json")  # invisible first
+            self.store.remove(f"{folder}/{old.data_file}")
