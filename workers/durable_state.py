@@ -71,10 +71,13 @@ class DurableStageState:
     def cursor(self) -> DataCursor | None:
         """Our data stream's cursor, saved under our name (None: none saved)."""
         try:
-            return self.cursors.load(self.name)
+            cursor = self.cursors.load(self.name)
         except (OSError, StoreError) as exc:
             self.log.warning("store_unreadable", store=self.checkpoints.store.url, error=str(exc))
             return None
+        if cursor is not None:
+            self.log.info("data_cursor_restored", epoch=cursor.epoch, position=cursor.position)
+        return cursor
 
     # -- writes --------------------------------------------------------------------------------
 
