@@ -20,11 +20,6 @@ pytestmark = pytest.mark.timeout(300)
 STEPS = 60
 
 
-def _store_step(checkpoints: StageCheckpoints, stage: int) -> int:
-    infos, _ = checkpoints.manifests(stage)
-    return infos[0].outer_step if infos else 0
-
-
 def test_a_stage_whose_replicas_all_die_resumes_from_the_store_while_stage_0_goes_on(tmp_path):
     store = tmp_path / "store"
     cluster = LocalCluster(tmp_path, settings={"store.url": str(store), "store.every": 2,
@@ -33,12 +28,13 @@ def test_a_stage_whose_replicas_all_die_resumes_from_the_store_while_stage_0_goe
     try:
         first = [cluster.start_worker(0, f"a{r}", steps=STEPS) for r in range(2)]
         doomed = [cluster.start_worker(1, f"b{r}") for r in range(2)]
-        cluster.wait_for(lambda: _store_step(checkpoints, 1) >= 4, timeout_s=150,
+        cluster.wait_for(lambda: checkpoints.newest_step(1) >= 4, timeout_s=150,
                          what="a stage-1 checkpoint of outer step 4 in the store")
         for worker in doomed:
             cluster.stop(worker, signal.SIGKILL)
         reached = cluster.membership().high_water.of(1)
         stored = checkpoints.manifests(1)[0][0]
+        assert cluster.membership().high_water.durable_of(1) == stored.outer_step  # Redis shows it to operators
         assert all(w.process.poll() is None for w in first), "stage 0 must not stop"
 
         fresh = [cluster.start_worker(1, f"c{r}", **{"paths.checkpoint_dir": str(tmp_path / "fresh")})
@@ -80,7 +76,7 @@ def test_every_worker_and_redis_killed_the_run_continues_from_the_store(tmp_path
     try:
         before = [cluster.start_worker(0, f"a{r}", steps=STEPS) for r in range(2)]
         before += [cluster.start_worker(1, f"b{r}") for r in range(2)]
-        cluster.wait_for(lambda: min(_store_step(checkpoints, s) for s in (0, 1)) >= 4 and cursors.load("a0"),
+        cluster.wait_for(lambda: min(checkpoints.newest_step(s) for s in (0, 1)) >= 4 and cursors.load("a0"),
                          timeout_s=150, what="checkpoints of both stages and a0's cursor in the store")
         for worker in before:
             cluster.stop(worker, signal.SIGKILL)

@@ -114,6 +114,11 @@ class StageCheckpoints:
                 problems.append(str(exc))
         return newest_first(infos), problems
 
+    def newest_step(self, stage: int) -> int:
+        """The outer step of the stage's newest manifest (0: none), without reading its data."""
+        infos, _ = self.manifests(stage)
+        return infos[0].outer_step if infos else 0
+
     def load(self, info: StageCheckpointInfo) -> dict[str, Any]:
         """The state `info` describes; CheckpointError when its bytes do not match the manifest."""
         origin = f"{self.store.url}/{self.folder(info.stage)}/{info.data_file}"
