@@ -64,7 +64,7 @@ def steps(cluster: LocalCluster) -> dict[str, int]:
 
 
 def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
-    cluster = LocalCluster(tmp_path, stages=2)
+    cluster = LocalCluster(tmp_path, stages=2, settings={"store.url": str(tmp_path / "store")})
     coordinator = None
     try:
         for name, stage in (("s0-a", 0), ("s0-b", 0), ("s1-a", 1)):
@@ -80,6 +80,8 @@ def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
         cfg, model, metadata = load_consensus(out / "consensus.safetensors")
         assert cfg.pipeline.stages == 2 and metadata["replicas_per_stage"] == "2,1"
         assert sum(p.numel() for p in model.parameters()) > 0
+        # The consensus outlives the coordinator's pod: copied to the durable store, checksum intact.
+        assert load_consensus(tmp_path / "store" / "default" / "consensus.safetensors")[2]["replicas_per_stage"]
         assert b"noloco_coordinator_val_loss" in (fetch(port, "/metrics") or b"")
 
         coordinator.send_signal(signal.SIGKILL)

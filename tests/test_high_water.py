@@ -55,6 +55,7 @@ def _env() -> dict[str, str]:
 
 
 def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(tmp_path):
+    """...and, run as a Job runs it, touches its alive file and leaves with worker.left_exit_code."""
     with EmbeddedRedis() as server:
         Membership(connect(server.url), run_id="default").client.hset("noloco:default:high-water", "1", "7")
         args = [*CLI, "worker", "--stage", "1", "--redis-url", server.url, "--name", "replacement",
@@ -66,9 +67,12 @@ def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(t
         assert "Traceback" not in refused.stderr and "member_online" not in refused.stderr
         assert Membership(connect(server.url), run_id="default").live_members(stage=1, states=None) == []
 
-        log_path = tmp_path / "allowed.log"
+        # Allowed; and as a Kubernetes Job runs it: a liveness file, and exit 75 when it leaves unfinished.
+        log_path, alive = tmp_path / "allowed.log", tmp_path / "alive"
+        job_like = ["--set", "worker.left_exit_code=75", "--set", f"worker.alive_file={alive}"]
         with log_path.open("w") as handle:
-            allowed = subprocess.Popen([*args, "--allow-reseed"], stdout=handle, stderr=subprocess.STDOUT, env=_env())
+            allowed = subprocess.Popen([*args, "--allow-reseed", *job_like], stdout=handle, stderr=subprocess.STDOUT,
+                                       env=_env())
         try:
             deadline = time.monotonic() + 90
             while '"member_online"' not in log_path.read_text() and time.monotonic() < deadline:
@@ -76,8 +80,18 @@ def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(t
                 time.sleep(0.1)
             events = [json.loads(line)["event"] for line in log_path.read_text().splitlines() if line.startswith("{")]
             assert "first_of_stage" in events and "member_online" in events
+            # The training loop touches the file about once a second (a stage 1 with no upstream still loops).
+            touched = alive.stat().st_mtime if alive.exists() else 0.0
+            while time.time() - touched > 3 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                touched = alive.stat().st_mtime if alive.exists() else 0.0
+            first_touch = touched
+            while touched == first_touch and time.monotonic() < deadline:
+                time.sleep(0.2)
+                touched = alive.stat().st_mtime
+            assert touched > first_touch, "the alive file was not touched again"
             allowed.send_signal(signal.SIGTERM)
-            assert allowed.wait(timeout=60) == 0
+            assert allowed.wait(timeout=60) == 75
         finally:
             if allowed.poll() is None:
                 allowed.kill()

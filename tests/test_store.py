@@ -135,3 +135,13 @@ def test_timeouts_grow_with_the_stage_and_never_fall_below_the_floors():
     big = stage_timeouts(300_000_000, worker)
     assert big.bootstrap_pull_s == pytest.approx(transfer_s(2_400_000_000, 200.0)) == pytest.approx(288.0)
     assert big.exchange_s == pytest.approx(144.0) and big.bootstrap_s == pytest.approx(576.0)
+
+
+@pytest.mark.parametrize("command", [["worker", "--stage", "0"], ["coordinator"]])
+def test_a_store_that_cannot_be_opened_is_refused_before_anything_starts(capsys, monkeypatch, command):
+    from tests.in_process import run_cli_in_process
+
+    code, _, err = run_cli_in_process(capsys, monkeypatch, *command, "--redis-url", "redis://127.0.0.1:1",
+                                      "--set", "store.url=nosuchproto://bucket/run")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "store.url 'nosuchproto://bucket/run' is not usable" in err and "Traceback" not in err
