@@ -125,12 +125,16 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         Membership(connect(server.url), run_id="default", heartbeat_interval_s=30).register(
             MemberRecord("abcdef0123", "default", 1, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",
                          WorkerState.ONLINE, outer_step=3, queue_depth=2))
+        marks = Membership(connect(server.url), run_id="default").high_water
+        marks.client.hset(marks.key, "1", "3")
+        marks.record_durable(1, 2)
         # Piped at the default 80 columns: a plain table, nothing cut, one line per worker.
         result = run_cli("status", "--redis-url", server.url, env={"COLUMNS": "80"})
         assert result.returncode == 0, result.stderr
         [row] = [line for line in result.stdout.splitlines() if " ONLINE " in line]
         assert row.split()[:4] == ["1", "abcdef01", "-", "ONLINE"] and "tcp://10.0.0.7:5000" in row
         assert "…" not in result.stdout
+        assert "(stage 1 reached outer step 3, durable 2)" in result.stdout.splitlines()[0]
         as_json = run_cli("status", "--json", "--redis-url", server.url)
         assert as_json.returncode == 0, as_json.stderr
         [member] = [json.loads(line) for line in as_json.stdout.splitlines()]

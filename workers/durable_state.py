@@ -103,9 +103,10 @@ class DurableStageState:
             self.log.warning("store_write_skipped", outer_step=outer_step, note="previous write still running")
 
     def write_now(self, outer_step: int, inner_step: int, *, state: dict[str, Any] | None,
-                  cursor: dict[str, Any] | None) -> None:
-        """Finishing: wait for queued writes, then write these in the caller's thread."""
-        self.close()
+                  cursor: dict[str, Any] | None, wait_s: float = 60.0) -> None:
+        """Finishing or leaving: wait up to `wait_s` for a queued write, then write these in
+        the caller's thread."""
+        self.close(wait_s)
         try:
             if state is not None:
                 self._write_stage(state, outer_step, inner_step)

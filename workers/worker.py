@@ -251,7 +251,7 @@ class StageWorker:
         self.checkpoint.save("leave")
         if self.durable is not None:  # a pod's disk may not come back: keep our data stream's place
             self.durable.write_now(self.counters.outer_steps, self.counters.inner_steps, state=None,
-                                   cursor=self.data_path.cursor_state())
+                                   cursor=self.data_path.cursor_state(), wait_s=self.cfg.worker.leave_grace_s / 4)
 
     def close(self) -> None:
         if self.durable is not None:

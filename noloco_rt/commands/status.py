@@ -28,7 +28,7 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required")
 
-    from noloco_rt.commands.status_rows import json_lines, plain_table
+    from noloco_rt.commands.status_rows import json_lines, plain_table, progress_line
     from noloco_rt.membership.redis_access import check_access, connect, redact_url
     from noloco_rt.membership.table import Membership
 
@@ -44,7 +44,8 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
         return records
 
     def title(records: list) -> str:
-        return f"run {cfg.run.run_id}: {len(records)} workers"
+        marks = progress_line(membership.high_water.by_stage())
+        return f"run {cfg.run.run_id}: {len(records)} workers" + (f" ({marks})" if marks else "")
 
     if as_json or not sys.stdout.isatty():
         def render_text() -> str:

@@ -21,6 +21,15 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+def progress_line(marks: dict[int, tuple[int, int]]) -> str:
+    """The run's progress per stage: the outer step reached, and that of its newest
+    checkpoint in the durable store (what a stage whose replicas all die resumes from)."""
+    if not marks:
+        return ""
+    return "; ".join(f"stage {stage} reached outer step {reached}, durable {durable if durable else 'none'}"
+                     for stage, (reached, durable) in sorted(marks.items()))
+
+
 def sorted_members(records: Sequence[MemberRecord]) -> list[MemberRecord]:
     return sorted(records, key=lambda r: (r.stage, r.name, r.worker_id))
 

@@ -60,6 +60,15 @@ class StageHighWater:
             return None
         return int(value) if value is not None else 0
 
+    def by_stage(self) -> dict[int, tuple[int, int]]:
+        """stage -> (furthest outer step reached, outer step of the newest durable checkpoint),
+        for every stage with a mark; {} if Redis is unreachable."""
+        try:
+            reached, durable = (_as_ints(self.client.hgetall(key)) for key in (self.key, self.durable_key))
+        except REDIS_ERRORS:
+            return {}
+        return {stage: (reached.get(stage, 0), durable.get(stage, 0)) for stage in sorted(reached | durable)}
+
     def of(self, stage: int) -> int | None:
         """The furthest outer step stage `stage` reached (0: none yet); None if Redis is unreachable."""
         try:
@@ -67,3 +76,7 @@ class StageHighWater:
         except REDIS_ERRORS:
             return None
         return int(value) if value is not None else 0
+
+
+def _as_ints(raw: dict[Any, Any]) -> dict[int, int]:
+    return {int(key): int(value) for key, value in raw.items()}
