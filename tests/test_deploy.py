@@ -20,6 +20,7 @@ import yaml
 from noloco_rt.cli import cli
 from noloco_rt.config import Config, load_config
 from noloco_rt.deploy import k8s_profile, k8s_render
+from tests.k8s_rules import job_api_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"
@@ -239,34 +240,6 @@ def test_the_rendered_config_is_what_the_manifests_assume(overlay: str, tmp_path
     assert mode == (["ReadWriteMany"] if overlay != "cpu-dev" else ["ReadWriteOnce"])  # cpu-dev: one node
 
 
-def _job_api_errors(job: dict[str, Any]) -> list[str]:
-    """Rules the API server enforces on a Job beyond its JSON schema (batch/v1 validation),
-    and the elastic-scaling condition: what strict schema validation cannot see."""
-    spec, pod = job["spec"], _pod(job)
-    containers = {c["name"] for c in pod["containers"]}
-    errors = []
-    if spec.get("podFailurePolicy") and pod.get("restartPolicy") != "Never":
-        errors.append("podFailurePolicy needs restartPolicy Never")
-    if "backoffLimitPerIndex" in spec and spec.get("completionMode") != "Indexed":
-        errors.append("backoffLimitPerIndex needs completionMode Indexed")
-    if spec.get("completionMode") == "Indexed" and spec.get("completions") != spec.get("parallelism"):
-        errors.append("elastic Indexed Jobs scale only while completions == parallelism")
-    if "selector" in spec or spec.get("manualSelector"):
-        errors.append("a selector of its own: the Job controller generates one")
-    for rule in spec.get("podFailurePolicy", {}).get("rules", []):
-        codes = rule.get("onExitCodes")
-        if codes is None:
-            continue
-        values = codes["values"]
-        if values != sorted(set(values)) or (codes["operator"] == "In" and 0 in values):
-            errors.append(f"exit codes {values}: sorted, unique, no 0 with In")
-        if codes.get("containerName") not in (None, *containers):
-            errors.append(f"no container {codes['containerName']!r}")
-        if rule["action"] == "FailIndex" and "backoffLimitPerIndex" not in spec:
-            errors.append("FailIndex needs backoffLimitPerIndex")
-    return errors
-
-
 def _failure_action(job: dict[str, Any], exit_code: int, conditions: tuple[str, ...] = ()) -> str:
     """What the Job controller does with a failed pod: the first matching rule, else Count."""
     for rule in job["spec"]["podFailurePolicy"]["rules"]:
@@ -282,7 +255,7 @@ def test_worker_jobs_follow_the_job_api_and_count_only_real_failures(overlay: st
     docs = k8s_render.render(overlay)
     cfg = _rendered_config(docs, tmp_path)
     for job in _workloads(docs, "worker"):
-        assert job["kind"] == "Job" and _job_api_errors(job) == []
+        assert job["kind"] == "Job" and job_api_errors(job) == []
         assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["backoffLimitPerIndex"] >= 1
         assert _failure_action(job, 137, ("DisruptionTarget",)) == "Ignore"  # spot reclaim, drain, preemption
         assert _failure_action(job, cfg.worker.left_exit_code) == "Ignore"  # left on SIGTERM: replaced
@@ -292,7 +265,7 @@ def test_worker_jobs_follow_the_job_api_and_count_only_real_failures(overlay: st
     broken["spec"]["parallelism"] += 1
     _pod(broken)["restartPolicy"] = "OnFailure"
     broken["spec"]["podFailurePolicy"]["rules"][1]["onExitCodes"]["values"] = [75, 0]
-    assert len(_job_api_errors(broken)) == 3  # the rules can fail
+    assert len(job_api_errors(broken)) == 3  # the rules can fail
     for pdb in (d for d in docs if d["kind"] == "PodDisruptionBudget"):
         # Pods of a Job: only an integer minAvailable is allowed (no maxUnavailable, no percentage).
         assert pdb["spec"] == {"minAvailable": 1, "selector": pdb["spec"]["selector"]}
@@ -323,6 +296,23 @@ def test_render_options_reach_the_volumes() -> None:
     assert tomllib.loads(cm["data"]["config.toml"])["model"]["vocab_size"] == 32000
     assert all("storageClassName" not in d["spec"] for d in k8s_render.render("base")
                if d["kind"] == "PersistentVolumeClaim")  # default: the cluster's default class
+
+
+def test_the_transfer_pod_mounts_the_runs_volumes_writable(capsys) -> None:
+    from noloco_rt.cli import main
+
+    for overlay in ("spot-gpu", "cpu-dev"):
+        (pod,) = k8s_render.render_transfer_pod(overlay, image="example/noloco:1")
+        _validate_all([pod])
+        claims = {d["metadata"]["name"] for d in k8s_render.render(overlay) if d["kind"] == "PersistentVolumeClaim"}
+        volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"]}
+        (c,) = pod["spec"]["containers"]
+        assert set(volumes.values()) == claims and c["image"] == "example/noloco:1"
+        assert all(not m["readOnly"] for m in c["volumeMounts"]) and c["command"] == ["sleep", "infinity"]
+    with pytest.raises(SystemExit) as exited:
+        main(["k8s", "render", "--transfer-pod", "--generate-secrets"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and "--transfer-pod" in err
 
 
 def test_checked_in_base_equals_renderer() -> None:

@@ -87,3 +87,15 @@ def test_a_1b_stage_gets_room_for_its_checkpoint_and_time_for_its_download() -> 
     startup_s = pods.startup_failures * sizing.PROBE_PERIOD_S
     download_s = 2.5e9 * 8 / (cfg.worker.min_bandwidth_mbit_s * 1e6)
     assert startup_s > cfg.worker.redis_wait_s + 3 * download_s
+
+
+def test_a_slower_link_gives_the_probes_more_time() -> None:
+    from noloco_rt.deploy import k8s_render
+
+    def worker(docs: list) -> dict:
+        return next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
+
+    fast, slow = (worker(k8s_render.render("spot-gpu", min_bandwidth_mbit_s=rate)) for rate in (200, 50))
+    assert slow["startupProbe"]["failureThreshold"] > fast["startupProbe"]["failureThreshold"]
+    fast_stale, slow_stale = (int(c["livenessProbe"]["exec"]["command"][-1]) for c in (fast, slow))
+    assert 4 * fast_stale - 4 <= slow_stale <= 4 * fast_stale  # a quarter of the rate: four times the wait

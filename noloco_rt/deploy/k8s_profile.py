@@ -47,6 +47,9 @@ class Profile:
     exchange_port: int = 5556
     status_port: int = 8780
     leave_grace_s: int = 20
+    min_bandwidth_mbit_s: float = 200.0
+    """worker.min_bandwidth_mbit_s: the slowest link between workers; the workers' deadlines and
+    the probes' thresholds follow it."""
     # Seconds the pod gets beyond leave_grace_s: the preStop hook, the final checkpoint write
     # racing the grace timer, process exit. The kubelet SIGKILLs at terminationGracePeriodSeconds.
     grace_margin_s: int = 15
@@ -104,7 +107,8 @@ def config_toml(p: Profile) -> str:
         "[network]", 'bind_host = "0.0.0.0"', f"data_port = {p.data_port}",
         f"exchange_port = {p.exchange_port}", f"metrics_port = {p.metrics_port}",
         f'curve_key_dir = "{CURVE_MOUNT}"', "",
-        "[worker]", f"leave_grace_s = {float(p.leave_grace_s)}", f"left_exit_code = {LEFT_EXIT_CODE}",
+        "[worker]", f"leave_grace_s = {float(p.leave_grace_s)}", f"min_bandwidth_mbit_s = {float(p.min_bandwidth_mbit_s)}",
+        f"left_exit_code = {LEFT_EXIT_CODE}",
         f'alive_file = "{ALIVE_FILE}"', f"redis_wait_s = {float(REDIS_WAIT_S)}", "",
         "[coordinator]", f"status_port = {p.status_port}", "",
         "[store]", f'url = "{STORE_MOUNT}"', "",

@@ -28,6 +28,7 @@ from noloco_rt.deploy.k8s_services import (
     network_policy,
     priority_class,
     redis,
+    transfer_pod,
 )
 from noloco_rt.deploy.k8s_sizing import sizing_from_config
 from noloco_rt.deploy.k8s_workers import worker_job, worker_pdb
@@ -51,6 +52,15 @@ def render(overlay: str = "base", *, generate_secrets: bool = False, **changes: 
     for stage in range(p.stages):
         docs += [worker_job(p, stage, sizing), worker_pdb(stage)]
     return docs
+
+
+def render_transfer_pod(overlay: str = "base", **changes: Any) -> list[dict[str, Any]]:
+    """Only the pod that mounts the run's volumes for `kubectl cp` (same options as render)."""
+    from noloco_rt.deploy.render_checks import check_profile
+
+    p = profile_for(overlay, **changes)
+    check_profile(p)
+    return [transfer_pod(p)]
 
 
 def to_yaml(docs: list[dict[str, Any]]) -> str:

@@ -33,6 +33,7 @@ REDIS_CONF = "/tmp/redis.conf"
 REDIS_SCRIPT = (f'umask 077 && printf "requirepass %s\\n" "$REDIS_PASSWORD" > {REDIS_CONF} '
                 f'&& exec redis-server {REDIS_CONF} "$@"')
 REDIS_ARGS = ["--save", "", "--appendonly", "no"]
+TRANSFER_POD = "noloco-transfer"
 
 
 def config_map(p: Profile) -> dict[str, Any]:
@@ -53,6 +54,20 @@ def claims(p: Profile, sizing: PodSizing) -> list[dict[str, Any]]:
     once by a transfer pod, read by every pod: so ReadWriteMany as well)."""
     store = claim(p, STORE_CLAIM, p.store_size or sizing.store, p.store_access_mode)
     return [store, claim(p, DATA_CLAIM, p.data_size, "ReadWriteMany")] if p.dataset else [store]
+
+
+def transfer_pod(p: Profile) -> dict[str, Any]:
+    """A pod that only sleeps, mounting the store and the data volume writable, for
+    `kubectl cp` both ways: the prepared data up, the consensus down (docs/deploy.md). The
+    run's image: it has tar (kubectl cp needs it) and the run's uid and group."""
+    writable = [{**m, "readOnly": False} for m in mounts(p) if m["name"] in ("store", "dataset")]
+    claimed = [{"name": v["name"], "persistentVolumeClaim": {"claimName": v["persistentVolumeClaim"]["claimName"]}}
+               for v in volumes(p) if "persistentVolumeClaim" in v]
+    container = {"name": "transfer", "image": p.image, "command": ["sleep", "infinity"],
+                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                 "volumeMounts": writable, "securityContext": container_security()}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": TRANSFER_POD, "labels": labels("transfer")},
+            "spec": {"securityContext": pod_security(), "containers": [container], "volumes": claimed}}
 
 
 def coordinator_args(p: Profile) -> list[str]:
