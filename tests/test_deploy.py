@@ -1,6 +1,7 @@
 """Deployment artefacts: the Dockerfile lints clean, the Kubernetes manifests validate against the
-1.30 schemas (offline), the checked-in kustomize tree equals the project's renderer, and what the
-manifests run is what the CLI and the config accept (flags, probe ports, termination grace)."""
+1.30 schemas (offline) and the Job API's own rules, the checked-in kustomize tree equals the
+project's renderer, and what the manifests run is what the CLI and the config accept (flags,
+probe ports, termination grace, exit codes, volumes)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import yaml
 
 from noloco_rt.cli import cli
 from noloco_rt.config import Config, load_config
-from noloco_rt.deploy import k8s_render
+from noloco_rt.deploy import k8s_profile, k8s_render
+from tests.k8s_rules import job_api_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"
@@ -44,9 +46,24 @@ def _by_key(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]
     return keyed
 
 
-def _deployments(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == "Deployment"
+def _workloads(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    """The Jobs (workers) or Deployments (coordinator, Redis) of one component."""
+    return [d for d in docs if d["kind"] in ("Job", "Deployment")
             and d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+
+
+def _pod(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def _expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """$(VAR) in a container's args as the kubelet expands them."""
+    out = []
+    for arg in args:
+        for name, value in env.items():
+            arg = arg.replace(f"$({name})", value)
+        out.append(arg)
+    return out
 
 
 def _rendered_config(docs: list[dict[str, Any]], tmp_path: Path) -> Config:
@@ -55,9 +72,9 @@ def _rendered_config(docs: list[dict[str, Any]], tmp_path: Path) -> Config:
     path = tmp_path / "config.toml"
     path.write_text(cm["data"]["config.toml"])
     tomllib.loads(cm["data"]["config.toml"])
-    (worker, *_) = _deployments(docs, "worker")
+    (worker, *_) = _workloads(docs, "worker")
     env = {}
-    for var in worker["spec"]["template"]["spec"]["containers"][0]["env"]:
+    for var in _pod(worker)["containers"][0]["env"]:
         if var["name"].startswith("NOLOCO_"):  # downward API / $(VAR) values: what the kubelet would set
             value = var.get("value", "10.0.0.7").replace("$(REDIS_PASSWORD)", "pw")
             env[var["name"]] = value
@@ -103,10 +120,15 @@ def test_rendered_manifests_validate_offline_strict(overlay: str) -> None:
     docs = k8s_render.render(overlay, generate_secrets=True)
     _validate_all(docs)
     kinds = {d["kind"] for d in docs}
-    assert {"ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
-    # The validator really is strict: an unknown field is refused.
-    broken = yaml.safe_load(yaml.safe_dump(_deployments(docs, "worker")[0]))
-    broken["spec"]["template"]["spec"]["containers"][0]["probe"] = {}
+    assert {"ConfigMap", "Secret", "PersistentVolumeClaim", "Job", "Deployment", "Service", "PodDisruptionBudget",
+            "NetworkPolicy"} <= kinds
+    # The validator really is strict: an unknown field is refused, in a pod and in a failure policy.
+    broken = yaml.safe_load(yaml.safe_dump(_workloads(docs, "worker")[0]))
+    _pod(broken)["containers"][0]["probe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+    broken = yaml.safe_load(yaml.safe_dump(_workloads(docs, "worker")[0]))
+    broken["spec"]["podFailurePolicy"]["rules"][0]["onExitCode"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
 
@@ -115,13 +137,12 @@ def test_rendered_manifests_validate_offline_strict(overlay: str) -> None:
 def test_render_any_stage_count(stages: int, replicas: int, tmp_path: Path) -> None:
     docs = k8s_render.render("spot-gpu", stages=stages, replicas=replicas, image="example/noloco:1")
     _validate_all(docs)
-    workers = _deployments(docs, "worker")
-    assert [w["spec"]["template"]["spec"]["containers"][0]["args"][2] for w in workers] == [
-        str(s) for s in range(stages)]
-    assert {w["spec"]["replicas"] for w in workers} == {replicas}
+    workers = _workloads(docs, "worker")
+    assert [_pod(w)["containers"][0]["args"][2] for w in workers] == [str(s) for s in range(stages)]
+    assert {(w["spec"]["completions"], w["spec"]["parallelism"]) for w in workers} == {(replicas, replicas)}
     cfg = _rendered_config(docs, tmp_path)
     assert (cfg.pipeline.stages, cfg.pipeline.replicas) == (stages, replicas)
-    assert all(w["spec"]["template"]["spec"]["containers"][0]["image"] == "example/noloco:1" for w in workers)
+    assert all(_pod(w)["containers"][0]["image"] == "example/noloco:1" for w in workers)
     pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
     assert len(pdbs) == stages
 
@@ -131,8 +152,10 @@ def test_commands_parse_with_the_real_cli(overlay: str, tmp_path: Path) -> None:
     docs = k8s_render.render(overlay)
     cfg = _rendered_config(docs, tmp_path)
     parsed = 0
-    for dep in _deployments(docs, "worker") + _deployments(docs, "coordinator"):
-        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    for workload in _workloads(docs, "worker") + _workloads(docs, "coordinator"):
+        # Replica 3 of its stage: the kubelet expands $(JOB_COMPLETION_INDEX), which the Job controller sets.
+        args = _expand(_pod(workload)["containers"][0]["args"], {"JOB_COMPLETION_INDEX": "3"})
+        assert not any("$(" in a for a in args), args
         ctx = click.Context(cli)
         command = cli.get_command(ctx, args[0])
         assert command is not None, f"unknown command {args[0]!r}"
@@ -144,6 +167,7 @@ def test_commands_parse_with_the_real_cli(overlay: str, tmp_path: Path) -> None:
             assert sub.params["stage"] < cfg.pipeline.stages
             assert sub.params["metrics_port"] == cfg.network.metrics_port
             assert sub.params["config_path"] == f"{k8s_render.CONFIG_MOUNT}/config.toml"
+            assert sub.params["name"] == f"stage{sub.params['stage']}-r3"  # stable per index: same data stream
         else:
             assert sub.params["status_port"] == cfg.coordinator.status_port
         parsed += 1
@@ -155,34 +179,109 @@ def test_commands_parse_with_the_real_cli(overlay: str, tmp_path: Path) -> None:
 def test_probes_ports_and_grace_match_the_config(overlay: str, tmp_path: Path) -> None:
     docs = k8s_render.render(overlay)
     cfg = _rendered_config(docs, tmp_path)
+    profile = k8s_render.profile_for(overlay)
     assert cfg.network.advertise_host == "10.0.0.7" and cfg.network.redis_url.startswith("redis://:pw@")
     assert cfg.network.curve_key_dir == k8s_render.CURVE_MOUNT
-    for dep in _deployments(docs, "worker"):
-        pod = dep["spec"]["template"]["spec"]
+    for job in _workloads(docs, "worker"):
+        pod = _pod(job)
         (c,) = pod["containers"]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["metrics"] == cfg.network.metrics_port
         assert ports["data"] == cfg.network.data_port and ports["exchange"] == cfg.network.exchange_port
-        for probe in ("readinessProbe", "livenessProbe"):
-            assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
-        assert pod["terminationGracePeriodSeconds"] >= cfg.worker.leave_grace_s + 10
+        assert c["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+        for probe in ("startupProbe", "livenessProbe"):  # both read the file the training loop touches
+            command = c[probe]["exec"]["command"]
+            assert command[-2] == cfg.worker.alive_file and c[probe]["timeoutSeconds"] >= 2
+        assert pod["terminationGracePeriodSeconds"] >= cfg.worker.leave_grace_s + 5
+        if profile.spot:  # within the spot provider's notice (docs/deploy.md, "Spot timing")
+            assert pod["terminationGracePeriodSeconds"] <= k8s_profile.SPOT_NOTICE_S
         assert "preStop" in c["lifecycle"]
         env = {e["name"]: e for e in c["env"]}
         assert env["NOLOCO_NETWORK_ADVERTISE_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert "--bind-host" in c["args"] and c["args"][c["args"].index("--bind-host") + 1] == "0.0.0.0"
         assert not any("REDIS_PASSWORD" in a or "redis://" in a for a in c["args"])  # never on the command line
         gpu = c["resources"]["limits"].get("nvidia.com/gpu")
-        assert gpu == ("1" if k8s_render.profile_for(overlay).gpu else None)
+        assert gpu == ("1" if profile.gpu else None)
         if overlay == "spot-gpu":
             assert pod["priorityClassName"] == k8s_render.SPOT_PRIORITY_CLASS and pod["tolerations"]
-    (coord,) = _deployments(docs, "coordinator")
-    (c,) = coord["spec"]["template"]["spec"]["containers"]
+    (coord,) = _workloads(docs, "coordinator")
+    (c,) = _pod(coord)["containers"]
     assert c["ports"] == [{"name": "status", "containerPort": cfg.coordinator.status_port}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/status", "port": "status"}
     (svc,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "noloco-coordinator"]
     assert svc["spec"]["ports"][0]["port"] == cfg.coordinator.status_port
-    (redis,) = _deployments(docs, "redis")
-    assert "$(REDIS_PASSWORD)" in redis["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_rendered_config_is_what_the_manifests_assume(overlay: str, tmp_path: Path) -> None:
+    """The ConfigMap, loaded by the real loader, names the Job's exit code for a worker that
+    left early, the file the probes read, and the store and data where the PVCs are mounted."""
+    docs = k8s_render.render(overlay)
+    cfg = _rendered_config(docs, tmp_path)
+    assert cfg.worker.left_exit_code == 75 == k8s_profile.LEFT_EXIT_CODE
+    assert cfg.worker.alive_file == k8s_profile.ALIVE_FILE and cfg.worker.redis_wait_s >= 120
+    assert cfg.store.url == k8s_profile.STORE_MOUNT
+    claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    dataset = k8s_render.profile_for(overlay).dataset
+    assert cfg.data.source == ("tokens" if dataset else "stdlib")
+    for workload in _workloads(docs, "worker") + _workloads(docs, "coordinator"):
+        pod = _pod(workload)
+        claim_of = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+                    if "persistentVolumeClaim" in v}
+        mounted = {m["mountPath"]: (claim_of.get(m["name"]), m.get("readOnly", False))
+                   for m in pod["containers"][0]["volumeMounts"]}
+        assert mounted[cfg.store.url] == (k8s_profile.STORE_CLAIM, False)  # both write the store
+        if dataset:
+            (prepared,) = cfg.data.paths
+            assert mounted[str(Path(prepared).parent)] == (k8s_profile.DATA_CLAIM, True)
+        else:
+            assert k8s_profile.DATA_CLAIM not in claim_of.values()
+    assert set(claims) == ({k8s_profile.STORE_CLAIM, k8s_profile.DATA_CLAIM} if dataset else {k8s_profile.STORE_CLAIM})
+    mode = claims[k8s_profile.STORE_CLAIM]["spec"]["accessModes"]
+    assert mode == (["ReadWriteMany"] if overlay != "cpu-dev" else ["ReadWriteOnce"])  # cpu-dev: one node
+
+
+def _failure_action(job: dict[str, Any], exit_code: int, conditions: tuple[str, ...] = ()) -> str:
+    """What the Job controller does with a failed pod: the first matching rule, else Count."""
+    for rule in job["spec"]["podFailurePolicy"]["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes and (exit_code in codes["values"]) == (codes["operator"] == "In"):
+            return rule["action"]
+        if any(c["type"] in conditions and c["status"] == "True" for c in rule.get("onPodConditions", [])):
+            return rule["action"]
+    return "Count"
+
+
+def test_worker_jobs_follow_the_job_api_and_count_only_real_failures(overlay: str, tmp_path: Path) -> None:
+    docs = k8s_render.render(overlay)
+    cfg = _rendered_config(docs, tmp_path)
+    for job in _workloads(docs, "worker"):
+        assert job["kind"] == "Job" and job_api_errors(job) == []
+        assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["backoffLimitPerIndex"] >= 1
+        assert _failure_action(job, 137, ("DisruptionTarget",)) == "Ignore"  # spot reclaim, drain, preemption
+        assert _failure_action(job, cfg.worker.left_exit_code) == "Ignore"  # left on SIGTERM: replaced
+        assert _failure_action(job, 2) == "FailJob"  # bad config or flags: every replica would fail alike
+        assert _failure_action(job, 3) == _failure_action(job, 1) == "Count"  # progress lost, crashes: retried
+    broken = yaml.safe_load(yaml.safe_dump(_workloads(docs, "worker")[0]))
+    broken["spec"]["parallelism"] += 1
+    _pod(broken)["restartPolicy"] = "OnFailure"
+    broken["spec"]["podFailurePolicy"]["rules"][1]["onExitCodes"]["values"] = [75, 0]
+    assert len(job_api_errors(broken)) == 3  # the rules can fail
+    for pdb in (d for d in docs if d["kind"] == "PodDisruptionBudget"):
+        # Pods of a Job: only an integer minAvailable is allowed (no maxUnavailable, no percentage).
+        assert pdb["spec"] == {"minAvailable": 1, "selector": pdb["spec"]["selector"]}
+
+
+def test_replicas_of_a_stage_spread_over_nodes_and_zones() -> None:
+    docs = k8s_render.render("spot-gpu")
+    for job in _workloads(docs, "worker"):
+        pod = _pod(job)
+        stage_labels = job["spec"]["template"]["metadata"]["labels"]
+        spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+        assert set(spread) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+        for constraint in spread.values():  # counts this stage's pods only, as a preference
+            assert constraint["labelSelector"] == {"matchLabels": stage_labels} and constraint["maxSkew"] == 1
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        assert stage_labels["noloco-rt/stage"] == _pod(job)["containers"][0]["args"][2]
 
 
 def test_checked_in_base_equals_renderer() -> None:
@@ -222,6 +321,9 @@ def test_k8s_render_command(tmp_path: Path) -> None:
     (["--overlay", "cpu-dev", "--stages", "5"], "preset tiny has 4 layers, so at most 4 stages (the rendered"),
     (["--image", "Noloco RT:latest"], "invalid --image = 'Noloco RT:latest': not an image reference"),
     (["--image", "noloco-rt:"], "not an image reference"),
+    (["--store-size", "100GB"], "invalid --store-size = '100GB': not a volume size"),
+    (["--data-size", "-5Gi"], "invalid --data-size = '-5Gi': not a volume size"),
+    (["--storage-class", "Fast SSD"], "invalid --storage-class = 'Fast SSD': not a StorageClass name"),
 ])
 def test_k8s_render_refuses_what_would_crash_loop_or_never_pull(capsys, args, fragment) -> None:
     from noloco_rt.cli import main

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+from typing import TYPE_CHECKING
 
-from noloco_rt.config import ConfigError, load_config
+from noloco_rt.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from noloco_rt.deploy.k8s_profile import Profile
 
 # An image reference as a registry resolves it: [host[:port]/]path[:tag][@digest]. Path
 # components are lowercase; tags up to 128 characters; digests algorithm:hex.
@@ -17,6 +21,11 @@ _HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0
 _IMAGE = re.compile(rf"^{_HOST}?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
                     rf"(?:@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-fA-F0-9]{{32,}})?$")
 MAX_IMAGE_LENGTH = 255
+# A volume size as a PVC accepts it, in the plain forms people write (100Gi, 500G, 2Ti);
+# "100GB" is the usual slip, and the API server would refuse it only at apply time.
+_SIZE = re.compile(r"^[1-9][0-9]*(?:[KMGTP]i|[kMGTP])?$")
+# A StorageClass name: a DNS subdomain (lowercase, digits, '-', '.').
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$")
 
 
 def check_image_reference(image: str) -> None:
@@ -26,11 +35,24 @@ def check_image_reference(image: str) -> None:
                                             "lowercase name, e.g. ghcr.io/me/noloco-rt:0.1.0-cuda")
 
 
-def check_rendered_config(text: str) -> None:
-    """Load the ConfigMap's config.toml as every pod will (the real loader, no environment):
-    an invalid value, such as more stages than the preset has layers, is refused here."""
+def check_profile(p: Profile) -> None:
+    """Raise ConfigError for a value of the render's options that a cluster would refuse."""
+    check_image_reference(p.image)
+    if p.storage_class and (len(p.storage_class) > 253 or not _DNS_SUBDOMAIN.match(p.storage_class)):
+        raise ConfigError("--storage-class", p.storage_class, "not a StorageClass name (lowercase letters, "
+                                                              "digits, '-' and '.'), e.g. standard-rwx")
+    for flag, size in (("--store-size", p.store_size), ("--data-size", p.data_size)):
+        if size and not _SIZE.match(size):
+            raise ConfigError(flag, size, "not a volume size: a whole number with Ki, Mi, Gi, Ti, Pi "
+                                          "(or k, M, G, T, P), e.g. 200Gi")
+
+
+def check_rendered_config(text: str) -> Config:
+    """Load the ConfigMap's config.toml as every pod will (the real loader, no environment)
+    and return it: an invalid value, such as more stages than the preset has layers, is
+    refused here."""
     try:
-        load_config(environ={}, overrides=[tomllib.loads(text)])
+        return load_config(environ={}, overrides=[tomllib.loads(text)])
     except ConfigError as exc:
         raise ConfigError(exc.field_name, exc.value,
                           f"{exc.allowed} (the rendered config.toml would crash-loop every pod)") from None

@@ -1,0 +1,131 @@
+"""How much disk the pods need and how long they may take, from the run's config.
+
+The arithmetic is pure (parameter counts and config values in, numbers out) so tests can
+check it by hand; `sizing_from_config` only counts the stages' parameters (on torch's meta
+device: shapes without memory) and feeds them in. docs/deploy.md ("Sizing the pods")
+explains each rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from noloco_rt.config import Config
+
+FP32_BYTES = 4
+# A stage checkpoint holds five fp32 tensors per parameter: slow and fast weights, outer
+# momentum, and Adam's two moments. A bootstrap sends two (slow weights and momentum).
+CHECKPOINT_TENSORS = 5
+BOOTSTRAP_TENSORS = 2
+# The worker's own rule for worker.min_bandwidth_mbit_s: the time the bytes take at that
+# rate, three times over.
+TRANSFER_MARGIN = 3
+GIB = 1024**3
+SCRATCH_BYTES = GIB  # logs, metrics and the alive file beside the checkpoints
+STORE_HEADROOM = 1.25  # a filesystem is slow when full; sizes also round up to whole GiB
+# Beyond waiting for Redis and downloading state: importing torch, initialising CUDA,
+# building the stage and its first inner step.
+STARTUP_SLACK_S = 180
+ALIVE_STALE_FLOOR_S = 120  # the loop touches the file about once a second
+PROBE_PERIOD_S = 10
+
+
+def transfer_s(n_bytes: float, mbit_s: float) -> float:
+    """Seconds `n_bytes` may take on the slowest allowed link, margin included."""
+    return TRANSFER_MARGIN * n_bytes * 8 / (mbit_s * 1e6)
+
+
+def checkpoint_bytes(stage_params: int) -> int:
+    return stage_params * FP32_BYTES * CHECKPOINT_TENSORS
+
+
+def store_bytes(stage_params: Sequence[int], *, keep: int) -> int:
+    """store.keep checkpoints per stage plus the one being written, and the consensus
+    (fp32 weights of the whole model) plus its temporary copy, with headroom."""
+    checkpoints = (keep + 1) * sum(checkpoint_bytes(n) for n in stage_params)
+    consensus = 2 * sum(stage_params) * FP32_BYTES
+    return math.ceil((checkpoints + consensus) * STORE_HEADROOM)
+
+
+def worker_ephemeral_bytes(stage_params: int) -> int:
+    """The local checkpoint under paths.checkpoint_dir and its temporary copy while written."""
+    return 2 * checkpoint_bytes(stage_params) + SCRATCH_BYTES
+
+
+def coordinator_ephemeral_bytes(model_params: int) -> int:
+    """The coordinator's consensus under --out and its temporary copy."""
+    return 2 * model_params * FP32_BYTES + SCRATCH_BYTES
+
+
+def bootstrap_deadline_s(stage_params: int, *, mbit_s: float, floor_s: float) -> float:
+    """worker.bootstrap_timeout_s as the worker stretches it for a large stage."""
+    return max(floor_s, transfer_s(stage_params * FP32_BYTES * BOOTSTRAP_TENSORS, mbit_s))
+
+
+def exchange_deadline_s(stage_params: int, *, mbit_s: float, floor_s: float) -> float:
+    """worker.exchange_timeout_s as the worker stretches it (an uncompressed fp32 snapshot)."""
+    return max(floor_s, transfer_s(stage_params * FP32_BYTES, mbit_s))
+
+
+def startup_budget_s(stage_params: int, *, mbit_s: float, redis_wait_s: float, bootstrap_floor_s: float) -> float:
+    """Worst case from container start to the first touch of the alive file: Redis comes up
+    last, a bootstrap from a peer times out, then the stage's durable checkpoint is read."""
+    return (redis_wait_s + bootstrap_deadline_s(stage_params, mbit_s=mbit_s, floor_s=bootstrap_floor_s)
+            + transfer_s(checkpoint_bytes(stage_params), mbit_s) + STARTUP_SLACK_S)
+
+
+def alive_stale_s(exchange_deadline: float) -> int:
+    """Age of the alive file that means a hung loop: twice the longest wait the loop makes."""
+    return math.ceil(max(ALIVE_STALE_FLOOR_S, 2 * exchange_deadline))
+
+
+def probe_failures(budget_s: float, period_s: int = PROBE_PERIOD_S) -> int:
+    """failureThreshold that gives a probe at least `budget_s` seconds."""
+    return max(1, math.ceil(budget_s / period_s))
+
+
+def gib_quantity(n_bytes: int) -> str:
+    """A Kubernetes quantity in whole GiB, rounded up (at least 1Gi)."""
+    return f"{max(1, math.ceil(n_bytes / GIB))}Gi"
+
+
+@dataclass(frozen=True)
+class PodSizing:
+    store: str
+    worker_ephemeral: str
+    coordinator_ephemeral: str
+    startup_failures: int
+    alive_stale_s: int
+
+
+def sizing(stage_params: Sequence[int], *, keep: int, mbit_s: float, redis_wait_s: float,
+           bootstrap_floor_s: float, exchange_floor_s: float) -> PodSizing:
+    """Every size and threshold of the manifests, for stages of `stage_params` parameters."""
+    largest = max(stage_params)
+    budget = startup_budget_s(largest, mbit_s=mbit_s, redis_wait_s=redis_wait_s, bootstrap_floor_s=bootstrap_floor_s)
+    return PodSizing(
+        store=gib_quantity(store_bytes(stage_params, keep=keep)),
+        worker_ephemeral=gib_quantity(worker_ephemeral_bytes(largest)),
+        coordinator_ephemeral=gib_quantity(coordinator_ephemeral_bytes(sum(stage_params))),
+        startup_failures=probe_failures(budget),
+        alive_stale_s=alive_stale_s(exchange_deadline_s(largest, mbit_s=mbit_s, floor_s=exchange_floor_s)),
+    )
+
+
+def stage_param_counts(cfg: Config) -> list[int]:
+    """Parameters of each stage of the run's model (exact: the model's own modules)."""
+    from noloco_rt.export import stage_parameter_shapes
+
+    return [sum(math.prod(shape) for _, shape in stage_parameter_shapes(cfg, stage))
+            for stage in range(cfg.pipeline.stages)]
+
+
+def sizing_from_config(cfg: Config) -> PodSizing:
+    worker = cfg.worker
+    return sizing(stage_param_counts(cfg), keep=cfg.store.keep, mbit_s=worker.min_bandwidth_mbit_s,
+                  redis_wait_s=worker.redis_wait_s, bootstrap_floor_s=worker.bootstrap_timeout_s,
+                  exchange_floor_s=worker.exchange_timeout_s)
