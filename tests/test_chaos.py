@@ -22,7 +22,7 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
     out = tmp_path / "chaos"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
     result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "chaos", "--steps", "40", "--every", "2",
-                             "--seed", "1", "--baseline", "--out", str(out), "--timeout", "150",
+                             "--seed", "1", "--replicas", "2", "--baseline", "--out", str(out), "--timeout", "150",
                              "--net-loss", "0.02", "--net-delay-ms", "1"],
                             env=env, capture_output=True, text=True, timeout=380)
     tail = (result.stdout + result.stderr)[-6000:]

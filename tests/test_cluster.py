@@ -91,21 +91,9 @@ def _start_two_by_two(cluster):
     return workers
 
 
-def test_worker_joining_mid_run_bootstraps_from_a_peer(cluster):
-    workers = _start_two_by_two(cluster)
-    for worker in workers[2:]:
-        cluster.wait_event(worker, "peer_exchange_done", timeout_s=90)
-    joiner = cluster.start_worker(1, "b-late")
-    booted = cluster.wait_event(joiner, "bootstrapped", timeout_s=60)
-    served = [e for w in workers[2:] for e in w.events("bootstrap_served")]
-    # The joiner's slow weights are exactly what a donor served (checksum of the payload).
-    assert booted["checksum"] in {e["checksum"] for e in served}
-    assert booted["outer_step"] >= 1
-    cluster.wait_event(joiner, "member_online", timeout_s=10)
-    cluster.wait_event(joiner, "train_progress", timeout_s=90)  # it received microbatches and stepped
-
-
-def test_sigterm_leaves_the_table_at_once_and_exits_cleanly(cluster):
+def test_sigterm_leaves_the_table_at_once_and_a_restart_resumes_while_a_joiner_bootstraps(cluster):
+    """One cluster for both (its start is most of the cost): a SIGTERMed worker leaves at once
+    and resumes its own checkpoint when started again; a new worker bootstraps from a peer."""
     workers = _start_two_by_two(cluster)
     victim = workers[3]
     victim_id = victim.events("worker_started")[0]["worker"]
@@ -131,24 +119,16 @@ def test_sigterm_leaves_the_table_at_once_and_exits_cleanly(cluster):
                          what=f"{worker.name} to keep training")
         assert not [e for e in worker.events() if e.get("level") == "error"], worker.name
 
-
-def test_redis_outage_training_goes_on_and_workers_reregister(cluster):
-    workers = _start_two_by_two(cluster)
-    cluster.redis.stop()
-    stopped = time.monotonic()
-    during = {w.name: w.latest_inner_step() for w in workers}
-    while time.monotonic() - stopped < 10:
-        assert all(w.process.poll() is None for w in workers)
-        time.sleep(0.2)
-    advanced = {w.name: w.latest_inner_step() - during[w.name] for w in workers}
-    cluster.redis.start()
-    back = time.monotonic()
-    cluster.wait_for(lambda: len(cluster.members({WorkerState.ONLINE})) == 4, timeout_s=5,
-                     what="all four workers back in the table", interval_s=0.05)
-    assert time.monotonic() - back < 5
-    assert all(w.process.poll() is None for w in workers)
-    assert all(steps > 0 for steps in advanced.values()), advanced  # training went on without Redis
-    assert all(w.events("redis_unreachable") for w in workers)
+    # A joiner downloads its stage's state from a live peer, exactly what a donor served.
+    for worker in (workers[2], again):
+        cluster.wait_event(worker, "outer_step_done", timeout_s=90)
+    joiner = cluster.start_worker(1, "b-late")
+    booted = cluster.wait_event(joiner, "bootstrapped", timeout_s=60)
+    served = [e for w in (workers[2], again) for e in w.events("bootstrap_served")]
+    assert booted["checksum"] in {e["checksum"] for e in served}
+    assert booted["outer_step"] >= 1
+    cluster.wait_event(joiner, "member_online", timeout_s=10)
+    cluster.wait_event(joiner, "train_progress", timeout_s=90)  # it received microbatches and stepped
 
 
 def test_killed_downstream_worker_microbatches_are_resent(cluster):
@@ -167,7 +147,8 @@ def test_killed_downstream_worker_microbatches_are_resent(cluster):
                          what=f"{worker.name} to keep training")
 
 
-def test_garbage_on_both_sockets_is_rejected_and_counted(cluster):
+def test_garbage_is_rejected_and_counted_and_a_redis_outage_does_not_stop_training(cluster):
+    """One cluster for both (its start is most of the cost)."""
     import random
 
     import zmq
@@ -195,9 +176,28 @@ def test_garbage_on_both_sockets_is_rejected_and_counted(cluster):
         ctx.term()
     before = target.latest_inner_step()
     cluster.wait_for(lambda: target.latest_inner_step() >= before + 10, timeout_s=90, what="training after garbage")
+    _redis_outage_training_goes_on_and_workers_reregister(cluster, workers)
     assert cluster.stop(target) == 0
     rejected = target.events("worker_summary")[-1]["rejected"]
     assert sum(rejected.values()) >= 205, rejected
+
+
+def _redis_outage_training_goes_on_and_workers_reregister(cluster, workers):
+    cluster.redis.stop()
+    stopped = time.monotonic()
+    during = {w.name: w.latest_inner_step() for w in workers}
+    while time.monotonic() - stopped < 10:
+        assert all(w.process.poll() is None for w in workers)
+        time.sleep(0.2)
+    advanced = {w.name: w.latest_inner_step() - during[w.name] for w in workers}
+    cluster.redis.start()
+    back = time.monotonic()
+    cluster.wait_for(lambda: len(cluster.members({WorkerState.ONLINE})) == 4, timeout_s=5,
+                     what="all four workers back in the table", interval_s=0.05)
+    assert time.monotonic() - back < 5
+    assert all(w.process.poll() is None for w in workers)
+    assert all(steps > 0 for steps in advanced.values()), advanced  # training went on without Redis
+    assert all(w.events("redis_unreachable") for w in workers)
 
 
 def test_downstream_workers_finish_with_their_upstream_whatever_their_own_count(cluster):

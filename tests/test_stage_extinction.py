@@ -19,7 +19,7 @@ from tests.test_cluster import _val_loss
 
 pytestmark = pytest.mark.timeout(360)
 
-STEPS = 60
+STEPS = 45
 
 
 def _kill_stage_1_and_replace(cluster: LocalCluster, checkpoints: StageCheckpoints, first: list[WorkerProcess],
