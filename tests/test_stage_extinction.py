@@ -92,6 +92,8 @@ def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_
             assert worker.process.wait(20) == 0
         for worker in again[2:]:
             assert cluster.stop(worker) == 0
+        written = [w.events("worker_summary")[-1]["store"] for w in again]
+        assert sum(c["written"] for c in written) >= 1 and all(c["failed"] == 0 for c in written), written
     finally:
         cluster.close()
     weights = [load_checkpoint(tmp_path / "again" / f"{name}.pt", run_id="default", stage=s)["fast"]

@@ -55,6 +55,10 @@ class DurableStageState:
         self._thread = threading.Thread(target=self._drain, name="durable-writer", daemon=True)
         self._thread.start()
 
+    def counts(self) -> dict[str, int]:
+        """For the worker's summary line: stage checkpoints written, writes failed, skipped while busy."""
+        return {"written": self.written, "failed": self.failed, "skipped_busy": self.skipped_busy}
+
     # -- resume ------------------------------------------------------------------------------
 
     def latest(self) -> LoadedStageCheckpoint | None:

@@ -265,6 +265,7 @@ class StageWorker:
         faults = self.data_faults
         self.log.info("worker_summary", **self.counters.summary(), link=asdict(link),
                       rejected=merged_counts(self.data_path.ctx.rejected, self.snapshots.rejected),
+                      **({"store": self.durable.counts()} if self.durable is not None else {}),
                       **({"injected_lost": faults.dropped, "injected_delayed": faults.delayed} if faults else {}))
 
 

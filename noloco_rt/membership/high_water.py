@@ -54,11 +54,7 @@ class StageHighWater:
 
     def durable_of(self, stage: int) -> int | None:
         """The outer step of the stage's newest durable checkpoint (0: none); None if Redis is unreachable."""
-        try:
-            value = self.client.hget(self.durable_key, str(stage))
-        except REDIS_ERRORS:
-            return None
-        return int(value) if value is not None else 0
+        return self._step(self.durable_key, stage)
 
     def by_stage(self) -> dict[int, tuple[int, int]]:
         """stage -> (furthest outer step reached, outer step of the newest durable checkpoint),
@@ -71,8 +67,11 @@ class StageHighWater:
 
     def of(self, stage: int) -> int | None:
         """The furthest outer step stage `stage` reached (0: none yet); None if Redis is unreachable."""
+        return self._step(self.key, stage)
+
+    def _step(self, key: str, stage: int) -> int | None:
         try:
-            value = self.client.hget(self.key, str(stage))
+            value = self.client.hget(key, str(stage))
         except REDIS_ERRORS:
             return None
         return int(value) if value is not None else 0
