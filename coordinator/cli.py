@@ -43,7 +43,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
 
     from coordinator.observer import Observer
     from coordinator.pull import RateLimiter, SnapshotPuller
-    from coordinator.server import CoordinatorMetrics, StatusServer
+    from coordinator.server import CoordinatorMetrics
     from noloco_rt.commands._store import check_store
     from noloco_rt.logs import get_logger
     from noloco_rt.membership.table import Membership
@@ -63,12 +63,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         puller = SnapshotPuller(cfg, started.ctx, metrics=metrics, log=log,
                                 limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
         observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log, scalar_log=scalar_log)
-        try:
-            server = StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
-                                  status_json=observer.status_json, registry=metrics.registry)
-        except OSError as exc:
-            raise click.ClickException(f"cannot serve on {cfg.network.bind_host}:{cfg.coordinator.status_port}: "
-                                       f"{exc.strerror}") from None
+        server = _status_server(cfg, observer, metrics)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: set_event_from_signal_handler(stop))
@@ -82,6 +77,18 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
             if scalar_log is not None:
                 scalar_log.close()
             log.info("coordinator_stopped", evaluations=observer.status.evaluations)
+
+
+def _status_server(cfg, observer, metrics):
+    """/status and /metrics on coordinator.status_port; a port in use: one line."""
+    from coordinator.server import StatusServer
+
+    try:
+        return StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
+                            status_json=observer.status_json, registry=metrics.registry)
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {cfg.network.bind_host}:{cfg.coordinator.status_port}: "
+                                   f"{exc.strerror}") from None
 
 
 def _open_curves(cfg, tensorboard_dir: str | None, with_wandb: bool):
