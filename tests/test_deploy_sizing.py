@@ -14,8 +14,8 @@ from noloco_rt.deploy.k8s_sizing import GIB
 
 
 def test_transfers_take_their_bytes_at_the_slowest_link_three_times_over() -> None:
-    assert sizing.transfer_s(25e6, mbit_s=200) == pytest.approx(3.0)  # 200 Mbit = 25 MB per second
-    assert sizing.transfer_s(25e6, mbit_s=100) == pytest.approx(6.0)
+    assert sizing.transfer_s(25e6, 200) == pytest.approx(3.0)  # 200 Mbit = 25 MB per second
+    assert sizing.transfer_s(25e6, 100) == pytest.approx(6.0)
     # Deadlines never drop below the configured floors, and grow past them for large stages.
     assert sizing.bootstrap_deadline_s(1000, mbit_s=200, floor_s=60) == 60
     assert sizing.bootstrap_deadline_s(300_000_000, mbit_s=200, floor_s=60) == pytest.approx(288.0)  # 2.4 GB

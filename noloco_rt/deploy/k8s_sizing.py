@@ -13,17 +13,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+# The worker's own rule for worker.min_bandwidth_mbit_s (the bytes' time at that rate, three
+# times over) and its bytes per parameter, so probes and deadlines cannot disagree on them.
+from noloco_rt.transfer_time import BOOTSTRAP_BYTES_PER_PARAM, EXCHANGE_BYTES_PER_PARAM, transfer_s
+
 if TYPE_CHECKING:
     from noloco_rt.config import Config
 
 FP32_BYTES = 4
 # A stage checkpoint holds five fp32 tensors per parameter: slow and fast weights, outer
-# momentum, and Adam's two moments. A bootstrap sends two (slow weights and momentum).
+# momentum, and Adam's two moments.
 CHECKPOINT_TENSORS = 5
-BOOTSTRAP_TENSORS = 2
-# The worker's own rule for worker.min_bandwidth_mbit_s: the time the bytes take at that
-# rate, three times over.
-TRANSFER_MARGIN = 3
 GIB = 1024**3
 SCRATCH_BYTES = GIB  # logs, metrics and the alive file beside the checkpoints
 STORE_HEADROOM = 1.25  # a filesystem is slow when full; sizes also round up to whole GiB
@@ -32,11 +32,6 @@ STORE_HEADROOM = 1.25  # a filesystem is slow when full; sizes also round up to 
 STARTUP_SLACK_S = 180
 ALIVE_STALE_FLOOR_S = 120  # the loop touches the file about once a second
 PROBE_PERIOD_S = 10
-
-
-def transfer_s(n_bytes: float, mbit_s: float) -> float:
-    """Seconds `n_bytes` may take on the slowest allowed link, margin included."""
-    return TRANSFER_MARGIN * n_bytes * 8 / (mbit_s * 1e6)
 
 
 def checkpoint_bytes(stage_params: int) -> int:
@@ -63,12 +58,12 @@ def coordinator_ephemeral_bytes(model_params: int) -> int:
 
 def bootstrap_deadline_s(stage_params: int, *, mbit_s: float, floor_s: float) -> float:
     """worker.bootstrap_timeout_s as the worker stretches it for a large stage."""
-    return max(floor_s, transfer_s(stage_params * FP32_BYTES * BOOTSTRAP_TENSORS, mbit_s))
+    return max(floor_s, transfer_s(stage_params * BOOTSTRAP_BYTES_PER_PARAM, mbit_s))
 
 
 def exchange_deadline_s(stage_params: int, *, mbit_s: float, floor_s: float) -> float:
     """worker.exchange_timeout_s as the worker stretches it (an uncompressed fp32 snapshot)."""
-    return max(floor_s, transfer_s(stage_params * FP32_BYTES, mbit_s))
+    return max(floor_s, transfer_s(stage_params * EXCHANGE_BYTES_PER_PARAM, mbit_s))
 
 
 def startup_budget_s(stage_params: int, *, mbit_s: float, redis_wait_s: float, bootstrap_floor_s: float) -> float:
