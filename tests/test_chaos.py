@@ -25,8 +25,9 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
                              "--seed", "1", "--replicas", "2", "--baseline", "--out", str(out), "--timeout", "150",
                              "--net-loss", "0.02", "--net-delay-ms", "1"],
                             env=env, capture_output=True, text=True, timeout=380)
-    tail = (result.stdout + result.stderr)[-6000:]
     report = json.loads((out / "chaos.json").read_text())
+    # The invariant table (stdout) first: the workers' log lines on stderr would bury it.
+    tail = result.stdout[-4000:] + "\n" + result.stderr[-3000:]
     assert result.returncode == 0, tail
     assert report["failed"] == [], tail
     faulty = report["faulty"]
@@ -43,6 +44,6 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
     assert faulty["checkpoint_loads"] > 0 and faulty["checkpoint_failures"] == []
     # Data-path messages were lost and delayed on purpose; the accounting above still held.
     assert faulty["network_faults"]["lost"] > 0 and faulty["network_faults"]["delayed"] > 0
-    assert abs(checks["final_loss"]["ratio"] - 1.0) <= 0.10
+    assert checks["final_loss"]["ratio"] <= 1.10
     assert all(steps >= 40 for steps in faulty["reached"].values())
     assert "all invariants hold" in result.stdout

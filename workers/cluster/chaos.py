@@ -94,7 +94,6 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
                               "hold_s": hold_s, "recover_s": recover_s, "stall_bound_s": stall_bound_s,
                               "stages": stages, "replicas": replicas, "net_loss": net_loss,
                               "net_delay_ms": net_delay_ms}
-    baseline_loss = None
     if baseline_from:
         previous = json.loads(Path(baseline_from).read_text())
         if (previous.get("steps"), previous.get("seed")) != (steps, seed) or not previous.get("baseline"):
@@ -103,13 +102,11 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
         report["baseline"] = previous["baseline"]
     elif baseline:
         report["baseline"] = run_phase(cfg, out / "baseline", steps, [], stall_bound_s, timeout_s)
-    if report.get("baseline"):
-        baseline_loss = report["baseline"].get("val_loss")
     names = names_by_stage(cfg)
     schedule = build_schedule(seed, timeout_s, every_s, names, wanted, hold_s=hold_s, recover_s=recover_s)
     report["faulty"] = run_phase(cfg, out / "faulty", steps, schedule, stall_bound_s, timeout_s,
                                  extra_env=data_faults_env(net_loss, net_delay_ms))
-    report["invariants"] = invariants(report["faulty"], cfg.pipeline.max_inflight, stall_bound_s, baseline_loss)
+    report["invariants"] = invariants(report["faulty"], cfg.pipeline.max_inflight, stall_bound_s, report.get("baseline"))
     report["failed"] = [name for name, check in report["invariants"].items() if not check["ok"]]
     (out / "chaos.json").write_text(json.dumps(report, indent=2, default=str))
     click.echo(render(report))
