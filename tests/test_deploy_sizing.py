@@ -11,15 +11,23 @@ import pytest
 from noloco_rt.config import load_config
 from noloco_rt.deploy import k8s_sizing as sizing
 from noloco_rt.deploy.k8s_sizing import GIB
+from noloco_rt.transfer_time import stage_timeouts
+
+WORKER_1B = load_config(environ={}, overrides=[{"worker": {"min_bandwidth_mbit_s": 200, "exchange_timeout_s": 10,
+                                                           "bootstrap_timeout_s": 60, "redis_wait_s": 300}}]).worker
 
 
 def test_transfers_take_their_bytes_at_the_slowest_link_three_times_over() -> None:
     assert sizing.transfer_s(25e6, 200) == pytest.approx(3.0)  # 200 Mbit = 25 MB per second
     assert sizing.transfer_s(25e6, 100) == pytest.approx(6.0)
-    # Deadlines never drop below the configured floors, and grow past them for large stages.
-    assert sizing.bootstrap_deadline_s(1000, mbit_s=200, floor_s=60) == 60
-    assert sizing.bootstrap_deadline_s(300_000_000, mbit_s=200, floor_s=60) == pytest.approx(288.0)  # 2.4 GB
-    assert sizing.exchange_deadline_s(300_000_000, mbit_s=200, floor_s=10) == pytest.approx(144.0)  # 1.2 GB
+    # The worker's deadlines never drop below the configured floors, and grow past them for
+    # large stages: one pull of 2.4 GB takes 288 s, and a joiner's search allows two.
+    worker = WORKER_1B
+    small = stage_timeouts(1000, worker)
+    assert (small.exchange_s, small.bootstrap_pull_s, small.bootstrap_s) == (10, 10, 60)
+    large = stage_timeouts(300_000_000, worker)
+    assert large.bootstrap_pull_s == pytest.approx(288.0) and large.bootstrap_s == pytest.approx(576.0)
+    assert large.exchange_s == pytest.approx(144.0)  # 1.2 GB
 
 
 def test_disk_sizes_count_every_copy() -> None:
@@ -33,10 +41,12 @@ def test_disk_sizes_count_every_copy() -> None:
 
 
 def test_probe_thresholds() -> None:
-    # Startup: Redis wait + bootstrap deadline + reading the stage's checkpoint + slack.
-    budget = sizing.startup_budget_s(300_000_000, mbit_s=200, redis_wait_s=300, bootstrap_floor_s=60)
-    assert budget == pytest.approx(300 + 288 + 720 + sizing.STARTUP_SLACK_S)  # 6 GB checkpoint: 720 s
-    assert sizing.probe_failures(budget) == 149 and sizing.probe_failures(0.5) == 1
+    # Startup: Redis wait + the worker's whole donor search (two pulls) + reading the stage's
+    # checkpoint + slack.
+    timeouts = stage_timeouts(300_000_000, WORKER_1B)
+    budget = sizing.startup_budget_s(300_000_000, timeouts, mbit_s=200, redis_wait_s=300)
+    assert budget == pytest.approx(300 + 576 + 720 + sizing.STARTUP_SLACK_S)  # 6 GB checkpoint: 720 s
+    assert sizing.probe_failures(budget) == 178 and sizing.probe_failures(0.5) == 1
     assert sizing.probe_failures(641, period_s=10) == 65  # never less time than the budget
     # A hung loop: the file is older than twice the longest wait, at least two minutes.
     assert sizing.alive_stale_s(10) == sizing.ALIVE_STALE_FLOOR_S == 120
@@ -87,6 +97,8 @@ def test_a_1b_stage_gets_room_for_its_checkpoint_and_time_for_its_download() -> 
     startup_s = pods.startup_failures * sizing.PROBE_PERIOD_S
     download_s = 2.5e9 * 8 / (cfg.worker.min_bandwidth_mbit_s * 1e6)
     assert startup_s > cfg.worker.redis_wait_s + 3 * download_s
+    # ... and never less than the worker's own donor search, however many pulls it allows.
+    assert startup_s > cfg.worker.redis_wait_s + stage_timeouts(largest, cfg.worker).bootstrap_s
 
 
 def test_a_slower_link_gives_the_probes_more_time() -> None:

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-# The worker's own rule for worker.min_bandwidth_mbit_s (the bytes' time at that rate, three
-# times over) and its bytes per parameter, so probes and deadlines cannot disagree on them.
-from noloco_rt.transfer_time import BOOTSTRAP_BYTES_PER_PARAM, EXCHANGE_BYTES_PER_PARAM, transfer_s
+# The worker's own deadlines (stage_timeouts), so probes and the worker cannot disagree on them.
+from noloco_rt.transfer_time import StageTimeouts, stage_timeouts, transfer_s
 
 if TYPE_CHECKING:
-    from noloco_rt.config import Config
+    from noloco_rt.config import Config, WorkerConfig
 
 FP32_BYTES = 4
 # A stage checkpoint holds five fp32 tensors per parameter: slow and fast weights, outer
@@ -56,21 +55,12 @@ def coordinator_ephemeral_bytes(model_params: int) -> int:
     return 2 * model_params * FP32_BYTES + SCRATCH_BYTES
 
 
-def bootstrap_deadline_s(stage_params: int, *, mbit_s: float, floor_s: float) -> float:
-    """worker.bootstrap_timeout_s as the worker stretches it for a large stage."""
-    return max(floor_s, transfer_s(stage_params * BOOTSTRAP_BYTES_PER_PARAM, mbit_s))
-
-
-def exchange_deadline_s(stage_params: int, *, mbit_s: float, floor_s: float) -> float:
-    """worker.exchange_timeout_s as the worker stretches it (an uncompressed fp32 snapshot)."""
-    return max(floor_s, transfer_s(stage_params * EXCHANGE_BYTES_PER_PARAM, mbit_s))
-
-
-def startup_budget_s(stage_params: int, *, mbit_s: float, redis_wait_s: float, bootstrap_floor_s: float) -> float:
+def startup_budget_s(stage_params: int, timeouts: StageTimeouts, *, mbit_s: float, redis_wait_s: float) -> float:
     """Worst case from container start to the first touch of the alive file: Redis comes up
-    last, a bootstrap from a peer times out, then the stage's durable checkpoint is read."""
-    return (redis_wait_s + bootstrap_deadline_s(stage_params, mbit_s=mbit_s, floor_s=bootstrap_floor_s)
-            + transfer_s(checkpoint_bytes(stage_params), mbit_s) + STARTUP_SLACK_S)
+    last, the worker's whole search for a donor times out (timeouts.bootstrap_s, which allows
+    two pulls), then the stage's durable checkpoint is read."""
+    return (redis_wait_s + timeouts.bootstrap_s + transfer_s(checkpoint_bytes(stage_params), mbit_s)
+            + STARTUP_SLACK_S)
 
 
 def alive_stale_s(exchange_deadline: float) -> int:
@@ -97,17 +87,19 @@ class PodSizing:
     alive_stale_s: int
 
 
-def sizing(stage_params: Sequence[int], *, keep: int, mbit_s: float, redis_wait_s: float,
-           bootstrap_floor_s: float, exchange_floor_s: float) -> PodSizing:
-    """Every size and threshold of the manifests, for stages of `stage_params` parameters."""
+def sizing(stage_params: Sequence[int], worker: WorkerConfig, *, keep: int) -> PodSizing:
+    """Every size and threshold of the manifests, for stages of `stage_params` parameters
+    run by workers configured as `worker`."""
     largest = max(stage_params)
-    budget = startup_budget_s(largest, mbit_s=mbit_s, redis_wait_s=redis_wait_s, bootstrap_floor_s=bootstrap_floor_s)
+    timeouts = stage_timeouts(largest, worker)
+    budget = startup_budget_s(largest, timeouts, mbit_s=worker.min_bandwidth_mbit_s,
+                              redis_wait_s=worker.redis_wait_s)
     return PodSizing(
         store=gib_quantity(store_bytes(stage_params, keep=keep)),
         worker_ephemeral=gib_quantity(worker_ephemeral_bytes(largest)),
         coordinator_ephemeral=gib_quantity(coordinator_ephemeral_bytes(sum(stage_params))),
         startup_failures=probe_failures(budget),
-        alive_stale_s=alive_stale_s(exchange_deadline_s(largest, mbit_s=mbit_s, floor_s=exchange_floor_s)),
+        alive_stale_s=alive_stale_s(timeouts.exchange_s),
     )
 
 
@@ -120,7 +112,4 @@ def stage_param_counts(cfg: Config) -> list[int]:
 
 
 def sizing_from_config(cfg: Config) -> PodSizing:
-    worker = cfg.worker
-    return sizing(stage_param_counts(cfg), keep=cfg.store.keep, mbit_s=worker.min_bandwidth_mbit_s,
-                  redis_wait_s=worker.redis_wait_s, bootstrap_floor_s=worker.bootstrap_timeout_s,
-                  exchange_floor_s=worker.exchange_timeout_s)
+    return sizing(stage_param_counts(cfg), cfg.worker, keep=cfg.store.keep)
