@@ -13,6 +13,7 @@ from noloco_rt.checkpoint import load_checkpoint
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.cursors import DataCursors
+from noloco_rt.store.run_mark import RunFinishedMark
 from noloco_rt.store.stage_checkpoints import StageCheckpoints
 from tests.cluster import LocalCluster, WorkerProcess
 from tests.test_cluster import _val_loss
@@ -90,8 +91,10 @@ def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_
         for worker in again[:2]:
             cluster.wait_event(worker, "steps_done", timeout_s=240)
             assert worker.process.wait(20) == 0
-        for worker in again[2:]:
-            assert cluster.stop(worker) == 0
+        for worker in again[2:]:  # stage 1 finishes with its upstream, and marks the run finished
+            cluster.wait_event(worker, "steps_done", timeout_s=60)
+            assert worker.process.wait(20) == 0
+        assert RunFinishedMark(store, "default").steps() is not None
         written = [w.events("worker_summary")[-1]["store"] for w in again]
         assert sum(c["written"] for c in written) >= 1 and all(c["failed"] == 0 for c in written), written
     finally:

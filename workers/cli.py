@@ -16,6 +16,7 @@ from noloco_rt.commands._store import check_store
 
 if TYPE_CHECKING:  # the command body imports these when it runs, so that `--help` stays fast
     from noloco_rt.config import Config
+    from noloco_rt.membership.table import Membership
     from noloco_rt.startup import Started
 
 
@@ -96,6 +97,8 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
     metrics_port_bound = metrics.serve(cfg.network.metrics_port, host=cfg.network.bind_host)
     membership = Membership(started.client, run_id=cfg.run.run_id,
                             heartbeat_interval_s=cfg.worker.heartbeat_interval_s)
+    if _run_already_over(cfg, stage, name, membership):
+        return 0  # a Job's late pod completes instead of training with nobody downstream
     stage_worker = StageWorker(cfg, stage, membership=membership, ctx=started.ctx, name=name,
                                device=pick_device(int(os.environ.get("LOCAL_RANK", "0"))),
                                checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics,
@@ -112,3 +115,17 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
     # stop racing our own exit would turn exit 0 into death by signal: ignore it from here on.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return code
+
+
+def _run_already_over(cfg: Config, stage: int, name: str, membership: Membership) -> bool:
+    """The run's last stage finished before we started (workers/run_finished.py): say so."""
+    from noloco_rt.logs import get_logger
+    from workers.run_finished import finished_steps, run_is_over
+
+    log = get_logger(run=cfg.run.run_id, stage=stage, name=name)
+    marked = finished_steps(cfg, membership, log)
+    if not run_is_over(marked, cfg.run.steps):
+        return False
+    log.warning("run_already_finished", finished_steps=marked,
+                note="the run's last stage finished before this worker started: nothing to train, exit 0")
+    return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.table import Membership
@@ -38,21 +38,28 @@ class StepLimit:
 class UpstreamFinished:
     """A later stage: done when idle and every upstream worker has finished.
 
-    "Every upstream worker has finished": none is live in the table for UPSTREAM_GONE_S
-    (a margin over a restarting upstream's absence), while Redis answers, and we either
-    saw one (live in the table, or by its forwards) or one marked its stage finished (we
-    restarted after they left)."""
+    "Every upstream worker has finished": none is live in the table for UPSTREAM_GONE_S (a
+    margin over a restarting upstream's absence), while Redis answers, and a worker of the
+    upstream stage marked it finished since it last had a live worker. An upstream stage that
+    vanished without that mark (all its machines reclaimed at once) is waited for: its
+    replacements resume from their checkpoints or the durable store and need a downstream.
+    Only after `lost_s` without a live upstream or a mark (the mark itself lost with Redis'
+    data) do we finish anyway, with a warning."""
 
     def __init__(self, membership: Membership, stage: int, *, idle: Callable[[], bool],
-                 received_from_upstream: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+                 received_from_upstream: Callable[[], bool], lost_s: float, log: Any,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.membership = membership
         self.upstream_stage = stage - 1
         self.idle = idle
         self.received_from_upstream = received_from_upstream
+        self.lost_s = lost_s
+        self.log = log
         self.clock = clock
         self._checked_at = float("-inf")
-        self._gone_since: float | None = None
+        self._absent_since: float | None = None
         self._seen_live = False
+        self._marked = False
 
     def finished(self) -> bool:
         if not self.idle():
@@ -61,16 +68,26 @@ class UpstreamFinished:
         if now - self._checked_at >= UPSTREAM_CHECK_S:
             self._checked_at = now
             self._check_upstream(now)
-        return self._gone_since is not None and now - self._gone_since >= UPSTREAM_GONE_S
+        if self._absent_since is None:
+            return False
+        absent_s = now - self._absent_since
+        if self._marked:
+            return absent_s >= UPSTREAM_GONE_S
+        if absent_s < self.lost_s or not (self._seen_live or self.received_from_upstream()):
+            return False
+        self.log.warning("upstream_lost", stage=self.upstream_stage, absent_s=round(absent_s, 1),
+                         note="no live upstream worker and no finished mark for worker.upstream_lost_s: finishing")
+        return True
 
     def _check_upstream(self, now: float) -> None:
         upstream = self.membership.live_members(stage=self.upstream_stage,
                                                 states={WorkerState.JOINING, WorkerState.ONLINE})
-        self._seen_live = self._seen_live or bool(upstream)
-        seen = self._seen_live or self.received_from_upstream()
-        gone = (not upstream and self.membership.redis_available
-                and (seen or self.membership.stage_finished(self.upstream_stage)))
-        if not gone:
-            self._gone_since = None
-        elif self._gone_since is None:
-            self._gone_since = now
+        if upstream:
+            self._seen_live = True
+            self._marked = False  # the stage trains again: an earlier finish no longer speaks for it
+        elif self.membership.stage_finished(self.upstream_stage):
+            self._marked = True  # kept should Redis lose it
+        if upstream or not self.membership.redis_available:
+            self._absent_since = None
+        elif self._absent_since is None:
+            self._absent_since = now

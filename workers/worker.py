@@ -55,6 +55,7 @@ from workers.outer.exchanger import OuterExchanger
 from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
 from workers.outer.step import OuterStep
+from workers.run_finished import mark_run_finished
 
 __all__ = ["StageWorker", "default_worker_name", "install_signal_handlers", "pick_device"]
 
@@ -94,7 +95,8 @@ class StageWorker:
             cfg=cfg, stage=stage, worker_id=self.worker_id, replica=self.replica, staging=staging,
             data=self.data, peers=self.peers, counters=self.counters, metrics=metrics, log=self.log,
             leave_requested=self.leave_requested), cfg.pipeline.stages)
-        self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps)
+        self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps,
+                                                      upstream_lost_s=cfg.worker.upstream_lost_s)
         self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
                                          blacklist=self.peers.blacklist,
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])
@@ -233,6 +235,8 @@ class StageWorker:
         self.outer.finish()
         self.membership.heartbeat(state=WorkerState.LEAVING, **asdict(self.progress()))
         self.membership.mark_stage_finished(self.stage)
+        if self.stage == self.cfg.pipeline.stages - 1:  # every upstream stage finished before us
+            mark_run_finished(self.cfg, self.membership, name=self.name, log=self.log)
         self.checkpoint.save("finished")
         if self.durable is not None:  # the stage's final state outlives this machine
             writer = is_elected_writer(self.worker_id, [m.worker_id for m in self.peers.members(self.stage)])

@@ -87,6 +87,12 @@ class WorkerConfig:
     """At start, how long a worker (or the coordinator) retries an unreachable Redis, warning
     every 5 s, before it exits 2 (on Kubernetes Redis may start after the workers). An outage
     later in the run never stops training: workers use their cached view."""
+    upstream_lost_s: float = 600.0
+    """A later stage finishes once its upstream stage marked itself finished and has no live
+    worker. An upstream stage that vanished without finishing (every machine of it reclaimed)
+    is waited for this long, so its replacements, resuming from the durable store, find a
+    downstream; then the stage finishes anyway (only if the mark was lost with Redis' data
+    should that happen). Kubernetes manifests set it above the startup probe's budget."""
     leave_grace_s: float = 20.0
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
     checkpoint_every: int = 1
@@ -112,7 +118,7 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval_s", "exchange_timeout_s", "deadline_floor_s", "bootstrap_timeout_s",
-                     "leave_grace_s"):
+                     "leave_grace_s", "upstream_lost_s"):
             value = getattr(self, name)
             require(value > 0, "worker", name, value, "must be > 0")
         require(self.deadline_ceiling_s >= self.deadline_floor_s, "worker", "deadline_ceiling_s",

@@ -27,6 +27,10 @@ CONFIG_ERROR_EXIT_CODE = 2  # bad config or flags (noloco_rt.cli): retrying cann
 # How long a pod waits for Redis at start (worker.redis_wait_s): Redis may be scheduled and
 # pulled after the workers, and an unreachable Redis ends in exit 2, which fails the Job.
 REDIS_WAIT_S = 300
+# How long a later stage waits for an upstream stage that vanished unfinished (worker.upstream_lost_s):
+# a reclaimed stage's replacements need new nodes, an image pull and a store read (the 1b
+# startup probe allows about 30 min), and they need a downstream when they come back.
+UPSTREAM_LOST_S = 3600
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ def config_toml(p: Profile) -> str:
         f'curve_key_dir = "{CURVE_MOUNT}"', "",
         "[worker]", f"leave_grace_s = {float(p.leave_grace_s)}", f"min_bandwidth_mbit_s = {float(p.min_bandwidth_mbit_s)}",
         f"left_exit_code = {LEFT_EXIT_CODE}",
-        f'alive_file = "{ALIVE_FILE}"', f"redis_wait_s = {float(REDIS_WAIT_S)}", "",
+        f'alive_file = "{ALIVE_FILE}"', f"redis_wait_s = {float(REDIS_WAIT_S)}",
+        f"upstream_lost_s = {float(UPSTREAM_LOST_S)}", "",
         "[coordinator]", f"status_port = {p.status_port}", "",
         "[store]", f'url = "{STORE_MOUNT}"', "",
         "[paths]", f'out_dir = "{WORK_MOUNT}"', "",

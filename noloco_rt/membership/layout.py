@@ -53,6 +53,10 @@ class TableKeys:
     def finished(self, stage: int) -> str:
         return f"{self.base}:finished:{stage}"
 
+    def run_finished(self) -> str:
+        """String: run.steps of a run whose last stage finished (workers/run_finished.py)."""
+        return f"{self.base}:run-finished"
+
     def ready(self, stage: int) -> str:
         return f"{self.base}:stage:{stage}:ready"
 

@@ -91,6 +91,28 @@ class Membership:
             self._mark(False, exc)
             return False
 
+    def mark_run_finished(self, steps: int) -> bool:
+        """Say that the run's last stage finished `steps` (run.steps): a worker that starts
+        later has nothing to train with and nobody downstream. False if Redis is unreachable."""
+        try:
+            self.client.set(self.keys.run_finished(), str(steps))
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
+            return False
+        return True
+
+    def run_finished_steps(self) -> int | None:
+        """run.steps of the run's finish, if it finished; None if not (or Redis is unreachable)."""
+        try:
+            value = self.client.get(self.keys.run_finished())
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
+            return None
+        try:
+            return int(value) if value is not None else None
+        except ValueError:  # not ours: someone else wrote the key
+            return None
+
     def _mark(self, available: bool, error: Exception | None = None) -> None:
         if available and not self.redis_available:
             self.log.info("redis_recovered")
