@@ -182,7 +182,7 @@ def _read_tensors(handle: Any, expected: dict[str, torch.Size], path: Path) -> d
     return tensors
 
 
-def _verify_contents(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], path: Path) -> None:
+def verify_contents(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], path: Path) -> None:
     """Refuse a damaged file (checksum) and weights no model should hold (NaN or inf)."""
     expected = metadata.get("sha256")
     if expected is None:
@@ -217,7 +217,7 @@ def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Conf
             model = _empty_stage(cfg, 0, 1)
             expected = {name: param.shape for name, param in model.named_parameters()}
             tensors = _read_tensors(handle, expected, path)
-            _verify_contents(tensors, metadata, path)
+            verify_contents(tensors, metadata, path)
     except SafetensorError as exc:
         raise ExportError(f"{path}: not a readable safetensors file ({exc})") from None
     except OSError as exc:  # e.g. no permission to read it

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from noloco_rt.config import Config
-from noloco_rt.export import CONSENSUS_FORMAT
+from noloco_rt.export import CONSENSUS_FORMAT, ExportError, verify_contents
 from noloco_rt.hf_format import HFFormatError, check_hf_config, from_hf, hf_name
 from noloco_rt.model import PRESETS, ModelShape, PipelineStage
 
@@ -177,6 +177,22 @@ def check_init_source(cfg: Config) -> None:
     if extra:
         raise InitWeightsError(f"init-from {source.path}: tensor {extra[0]} has no place in the run's model "
                                f"(preset {cfg.model.preset})" + (f", nor {len(extra) - 1} more" if len(extra) > 1 else ""))
+    if not source.hf:
+        _verify_consensus(source.path)
+
+
+def _verify_consensus(path: Path) -> None:
+    """A consensus file's SHA-256 over all its tensors, and finite values, as `eval` checks
+    them: a damaged file must not seed a run. Reads the whole file once."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+            metadata = dict(handle.metadata() or {})
+        verify_contents(tensors, metadata, path)
+    except (SafetensorError, OSError) as exc:
+        raise InitWeightsError(f"init-from {path}: not a readable safetensors file ({exc})") from None
+    except ExportError as exc:
+        raise InitWeightsError(f"init-from {exc}") from None
 
 
 @torch.no_grad()

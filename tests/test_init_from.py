@@ -139,6 +139,21 @@ def test_a_consensus_of_another_preset_is_one_line_naming_the_tensor(command, co
     assert list(tmp_path.iterdir()) == []  # nothing was started
 
 
+@pytest.mark.parametrize("command", ["simulate", "up", "worker"])
+def test_a_damaged_consensus_is_refused_before_anything_starts(command, consensus, tmp_path, capsys):
+    """A flipped byte in the tensor data keeps every shape: only the file's checksum sees it."""
+    damaged = tmp_path / "damaged.safetensors"
+    data = bytearray(consensus[0].read_bytes())
+    data[len(data) - len(data) // 3] ^= 0x10  # in the tensor data, far from the header
+    damaged.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    args = _worker_args(damaged) if command == "worker" else [command, "--init-from", damaged]
+    code, _, err = run_main(capsys, *args, "--set", f"paths.out_dir={out}")
+    assert code == 2
+    assert err.splitlines() == [f"Error: init-from {damaged}: checksum mismatch: the file is damaged"]
+    assert not out.exists()  # nothing was started
+
+
 def _edited_copy(hf_folder, folder, *, config=None, drop=None):
     folder.mkdir()
     tensors = load_file(hf_folder / "model.safetensors")
