@@ -6,6 +6,7 @@ Never re-seeded. One run for both, because a cluster's start is most of the cost
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from noloco_rt.store.run_mark import RunFinishedMark
 from noloco_rt.store.stage_checkpoints import StageCheckpoints
 from tests.cluster import LocalCluster, WorkerProcess
 from tests.test_cluster import _val_loss
+from workers.finish import UPSTREAM_GONE_S
 
 pytestmark = pytest.mark.timeout(360)
 
@@ -51,7 +53,16 @@ def _kill_stage_1_and_replace(cluster: LocalCluster, checkpoints: StageCheckpoin
 
 def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProcess], cursors: DataCursors,
                                  fresh_dir: str) -> list[WorkerProcess]:
-    for worker in workers:
+    first, later = [w for w in workers if w.stage == 0], [w for w in workers if w.stage == 1]
+    for worker in first:  # stage 0 goes first, every replica at once
+        cluster.stop(worker, signal.SIGKILL)
+    # Stage 1 must wait for its upstream's replacements, not take its absence for a finish.
+    until = time.monotonic() + UPSTREAM_GONE_S + 2
+    while time.monotonic() < until:  # bounded; each pass can fail
+        for worker in later:
+            assert worker.process.poll() is None and not worker.events("steps_done"), worker.log_text()[-2000:]
+        time.sleep(0.2)
+    for worker in later:
         cluster.stop(worker, signal.SIGKILL)
     cluster.redis.stop()  # the membership table, high-water marks and all, is gone
     saved_cursor = cursors.load("a0")
