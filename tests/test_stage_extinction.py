@@ -1,6 +1,7 @@
 """Durable run state with real processes (redis-server, workers, a folder store;
 docs/architecture.md §4-§5): a stage whose replicas all die resumes from the store while the
-other stage goes on, then every worker and Redis die and the run continues from the store.
+other stage goes on, then every worker and Redis die (stage 0 first, and stage 1 must wait
+for it rather than finish) and the run continues from the store.
 Never re-seeded. One run for both, because a cluster's start is most of the cost."""
 
 from __future__ import annotations
