@@ -135,6 +135,11 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         assert row.split()[:4] == ["1", "abcdef01", "-", "ONLINE"] and "tcp://10.0.0.7:5000" in row
         assert "…" not in result.stdout
         assert "(stage 1 reached outer step 3, durable 2)" in result.stdout.splitlines()[0]
+        assert "finished" not in result.stdout.splitlines()[0]
+        marks_finished = Membership(connect(server.url), run_id="default")
+        marks_finished.mark_run_finished(40)
+        after = run_cli("status", "--redis-url", server.url, env={"COLUMNS": "80"})
+        assert after.stdout.splitlines()[0].endswith("; finished (40 steps)"), after.stdout
         as_json = run_cli("status", "--json", "--redis-url", server.url)
         assert as_json.returncode == 0, as_json.stderr
         [member] = [json.loads(line) for line in as_json.stdout.splitlines()]

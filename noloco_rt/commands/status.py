@@ -45,7 +45,9 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
 
     def title(records: list) -> str:
         marks = progress_line(membership.high_water.by_stage())
-        return f"run {cfg.run.run_id}: {len(records)} workers" + (f" ({marks})" if marks else "")
+        finished = membership.run_finished_steps()
+        return (f"run {cfg.run.run_id}: {len(records)} workers" + (f" ({marks})" if marks else "")
+                + (f"; finished ({finished} steps)" if finished is not None else ""))
 
     if as_json or not sys.stdout.isatty():
         def render_text() -> str:
