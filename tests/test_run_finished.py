@@ -40,6 +40,13 @@ def _upstream(server: EmbeddedRedis, worker_id: str) -> Membership:
     return membership
 
 
+def _stage_1_rule(server: EmbeddedRedis, clock: Clock) -> UpstreamFinished:
+    """Stage 1's finishing rule, always idle (nothing of its own in flight), on `clock`."""
+    return UpstreamFinished(Membership(connect(server.url), run_id="default"), 1, idle=lambda: True,
+                            received_from_upstream=lambda: False, lost_s=LOST_S,
+                            log=get_logger(test="finish"), clock=clock)
+
+
 def _finished_after(rule: UpstreamFinished, clock: Clock, seconds: float) -> bool:
     """Poll the rule as the training loop does (every 0.1 s) for `seconds` of the fake clock."""
     for _ in range(round(seconds / 0.1)):
@@ -52,9 +59,7 @@ def _finished_after(rule: UpstreamFinished, clock: Clock, seconds: float) -> boo
 def test_a_later_stage_waits_for_an_upstream_that_vanished_unfinished():
     with EmbeddedRedis() as server:
         clock = Clock()
-        rule = UpstreamFinished(Membership(connect(server.url), run_id="default"), 1, idle=lambda: True,
-                                received_from_upstream=lambda: False, lost_s=LOST_S,
-                                log=get_logger(test="finish"), clock=clock)
+        rule = _stage_1_rule(server, clock)
         first = _upstream(server, "a" * 32)
         assert not _finished_after(rule, clock, 2.0)  # live upstream
 
@@ -71,9 +76,7 @@ def test_a_later_stage_waits_for_an_upstream_that_vanished_unfinished():
 def test_a_finish_mark_stops_counting_once_the_upstream_stage_trains_again():
     with EmbeddedRedis() as server:
         clock = Clock()
-        rule = UpstreamFinished(Membership(connect(server.url), run_id="default"), 1, idle=lambda: True,
-                                received_from_upstream=lambda: False, lost_s=LOST_S,
-                                log=get_logger(test="finish"), clock=clock)
+        rule = _stage_1_rule(server, clock)
         early = _upstream(server, "a" * 32)
         early.mark_stage_finished(0)
         early.leave()
