@@ -1,35 +1,52 @@
-"""`make gpu-check`: `noloco-rt up` on CUDA, 2 stages x 2 replicas on one GPU, with the small
-and 125m presets; per worker: tokens/s, peak GPU memory and model FLOPs utilisation (MFU).
+"""`make gpu-check`: a gate on `noloco-rt up` on CUDA, and its speed beside a plain PyTorch loop.
 
-    .venv/bin/python -m benchmarks.gpu_check [--presets small,125m] [--steps 60] [--seq-len 1024]
-        [--peak-tflops 989] [--out benchmarks/results/gpu_check.md]
+    python -m benchmarks.gpu_check [--presets small,125m,1b] [--steps 60] [--seq-len 1024]
+        [--outer-h 10] [--peak-tflops 989] [--out benchmarks/results/gpu_check.md]
 
-Tokens/s per worker: inner steps between its second and last progress lines (start-up and
-warm-up left out) times the tokens of an inner step (pipeline.max_inflight microbatches of
-data.batch_size x model.seq_len), over the time between them. Peak memory: the largest
-`gpu_peak_mib` the worker logged (torch.cuda.max_memory_allocated). MFU: the stage's model
-FLOPs per token, 6·N for forward and backward of its N parameters plus 12·L·T·d for the
-attention scores (L layers of width d, T tokens of context), times tokens/s, over the GPU's
-dense bfloat16 peak (known for common GPUs; else --peak-tflops). The workers share one GPU,
-so the GPU's MFU is the sum of theirs. Without CUDA this says so in one line and exits 2.
+Per preset, on one GPU: `up` with 2 stages x 2 replicas and with 1 x 1 (one worker holding the
+whole model), then benchmarks/plain_loop.py eager and compiled with the same tokens per step
+(pipeline.max_inflight x data.batch_size x model.seq_len). One table: tokens/s and their ratio
+to the plain eager loop, MFU, peak memory per worker, and per outer step the exchange's seconds,
+its wire bytes and the training thread's blocked share. Exit 1, one `gpu-check: FAIL` line each,
+when a run exits non-zero, a worker logs too little progress, an outer step of a multi-replica
+run is not matched, any event is logged at error level, or a worker's loss does not fall.
+
+Tokens/s of a worker: inner steps between its second and last progress lines (start-up left
+out) times the tokens of an inner step, over the time between them; a run's: the sum over its
+stage-0 workers. MFU: model FLOPs per token, 6·N for forward and backward of N parameters plus
+12·L·T·d for the attention scores (L layers of width d, T tokens of context), times tokens/s,
+over the GPU's dense bfloat16 peak (known for common GPUs; else --peak-tflops), summed over a
+run's workers. Without CUDA this says so in one line and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from statistics import mean
 
+from benchmarks.plain_loop import MODES, PlainLoopResult
 from benchmarks.table import emit, markdown_table
-from noloco_rt.logs import read_json_lines
+from noloco_rt.logs import LogRecord, read_json_lines
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
 """Dense bfloat16 tensor-core peaks from the vendors' data sheets (no sparsity)."""
+PRESET_SETTINGS = {"1b": ("pipeline.max_inflight=1",)}
+PRESET_NOTES = {"1b": "1b: pipeline.max_inflight=1 until the scale issue lands"}
+SHAPES = ((2, 2), (1, 1))
+"""(stages, replicas) of the runtime's runs."""
+MIN_PROGRESS_LINES = 3  # step 1 (with start-up), and two more to measure a rate between
+ERROR_LEVELS = frozenset({"error", "critical", "exception"})
+EventsByWorker = dict[str, list[LogRecord]]
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,19 @@ class WorkerFigures:
     stage: int
     tokens_per_s: float
     gpu_peak_mib: float
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One row of the table: a runtime run or a plain loop; None where it does not apply."""
+
+    name: str
+    tokens_per_s: float
+    mfu: float
+    peak_mib: float
+    exchange_s: float | None = None
+    wire_bytes: float | None = None
+    blocked_share: float | None = None
 
 
 def flops_per_token(preset: str, *, stage: int, stages: int, seq_len: int, vocab_size: int) -> float:
@@ -60,13 +90,21 @@ def _seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def worker_figures(logs: Path, tokens_per_step: int) -> list[WorkerFigures]:
-    """One row per worker log that has enough progress lines to measure."""
+def _named(events: list[LogRecord], name: str) -> list[LogRecord]:
+    return [e for e in events if e.get("event") == name]
+
+
+def read_worker_events(logs: Path) -> EventsByWorker:
+    """Each worker log's JSON events, by file stem (name.incarnation)."""
+    return {path.stem: read_json_lines(path)[0] for path in sorted(logs.glob("*.log"))}
+
+
+def worker_figures(events_by_worker: EventsByWorker, tokens_per_step: int) -> list[WorkerFigures]:
+    """One row per worker that has enough progress lines to measure."""
     rows = []
-    for path in sorted(logs.glob("*.log")):
-        events, _ = read_json_lines(path)
-        progress = [e for e in events if e.get("event") == "train_progress"]
-        if len(progress) < 3:
+    for name, events in events_by_worker.items():
+        progress = _named(events, "train_progress")
+        if len(progress) < MIN_PROGRESS_LINES:
             continue
         first, last = progress[1], progress[-1]  # the first line (step 1) includes start-up
         span = _seconds(last["timestamp"]) - _seconds(first["timestamp"])
@@ -74,67 +112,214 @@ def worker_figures(logs: Path, tokens_per_step: int) -> list[WorkerFigures]:
             continue
         rate = (last["inner_step"] - first["inner_step"]) * tokens_per_step / span
         peak = max((e.get("gpu_peak_mib", 0.0) for e in progress), default=0.0)
-        rows.append(WorkerFigures(path.stem, int(last.get("stage", -1)), rate, peak))
+        rows.append(WorkerFigures(name, int(last.get("stage", -1)), rate, peak))
     return rows
 
 
-def run_up(preset: str, args: argparse.Namespace, out: Path) -> None:
-    command = [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", "2", "--replicas", "2", "--steps",
-               str(args.steps), "--preset", preset, "--out", str(out), "--no-coordinator",
-               "--set", f"model.seq_len={args.seq_len}"]
+def _progress_failures(events_by_worker: EventsByWorker) -> list[str]:
+    if not events_by_worker:
+        return ["no worker log"]
+    counts = {name: len(_named(events, "train_progress")) for name, events in events_by_worker.items()}
+    return [f"too little progress on {name} ({count} train_progress lines, need {MIN_PROGRESS_LINES})"
+            for name, count in counts.items() if count < MIN_PROGRESS_LINES]
+
+
+def _outer_step_failures(events_by_worker: EventsByWorker) -> list[str]:
+    kinds = Counter(e.get("kind", "no kind") for events in events_by_worker.values()
+                    for e in _named(events, "outer_step_done"))
+    if not kinds:
+        return ["no outer step logged"]
+    unmatched = {kind: count for kind, count in kinds.most_common() if kind != "matched"}
+    if not unmatched:
+        return []
+    by_kind = ", ".join(f"{kind} {count}" for kind, count in unmatched.items())
+    return [f"{sum(unmatched.values())} of {kinds.total()} outer steps not matched ({by_kind})"]
+
+
+def _error_failures(events_by_worker: EventsByWorker) -> list[str]:
+    errors = Counter(e.get("event", "?") for events in events_by_worker.values() for e in events
+                     if str(e.get("level", "")).lower() in ERROR_LEVELS)
+    if not errors:
+        return []
+    return ["error-level events: " + ", ".join(f"{event} {count}" for event, count in errors.most_common())]
+
+
+def _loss_failures(events_by_worker: EventsByWorker) -> list[str]:
+    failures, checked = [], 0
+    for name, events in events_by_worker.items():
+        losses = [e["loss"] for e in _named(events, "train_progress") if "loss" in e]
+        if len(losses) < 2:
+            continue  # not the last stage, or too little progress (reported apart)
+        checked += 1
+        if not losses[-1] < losses[0]:
+            failures.append(f"loss did not fall on {name}: {losses[0]} -> {losses[-1]}")
+    return failures if checked else ["no worker logged a training loss twice"]
+
+
+def gate_failures(run_label: str, events_by_worker: EventsByWorker, *, replicas: int,
+                  returncode: int = 0) -> list[str]:
+    """What is wrong with one fault-free run, one line each; [] when it passes. A run with one
+    replica per stage has no partners: its outer steps are local by design, so only runs with
+    several replicas are held to matching."""
+    failures = [f"exited with code {returncode}"] if returncode != 0 else []
+    failures += _progress_failures(events_by_worker)
+    if replicas > 1:
+        failures += _outer_step_failures(events_by_worker)
+    failures += _error_failures(events_by_worker) + _loss_failures(events_by_worker)
+    return [f"gpu-check: FAIL {run_label}: {failure}" for failure in failures]
+
+
+def _blocked_share(events: list[LogRecord]) -> float | None:
+    """outer_blocked_s of the worker's summary over its training span: from its first progress
+    line to its last training event (an outer step can follow the last progress line)."""
+    summary = _named(events, "worker_summary")
+    stamps = [_seconds(e["timestamp"]) for e in events
+              if e.get("event") in ("train_progress", "outer_step_done", "steps_done")]
+    progress = _named(events, "train_progress")
+    if not summary or not progress or max(stamps) <= _seconds(progress[0]["timestamp"]):
+        return None
+    return summary[-1].get("outer_blocked_s", 0.0) / (max(stamps) - _seconds(progress[0]["timestamp"]))
+
+
+def runtime_row(name: str, events_by_worker: EventsByWorker, *, tokens_per_step: int,
+                flops_of_stage: dict[int, float], tflops: float) -> Measured:
+    """A run's row: pipeline tokens/s (its stage-0 workers), summed MFU, the largest worker peak,
+    and per outer step the means over its workers."""
+    figures = worker_figures(events_by_worker, tokens_per_step)
+    outer = [e for events in events_by_worker.values() for e in _named(events, "outer_step_done")]
+    exchange_s = [e["exchange_s"] for e in outer if "exchange_s" in e]
+    wire_bytes = [e["wire_bytes"] for e in outer if "wire_bytes" in e]
+    shares = [s for events in events_by_worker.values() if (s := _blocked_share(events)) is not None]
+    return Measured(name=name, tokens_per_s=sum(f.tokens_per_s for f in figures if f.stage == 0),
+                    mfu=sum(f.tokens_per_s * flops_of_stage[f.stage] for f in figures) / (tflops * 1e12),
+                    peak_mib=max((f.gpu_peak_mib for f in figures), default=0.0),
+                    exchange_s=mean(exchange_s) if exchange_s else None,
+                    wire_bytes=mean(wire_bytes) if wire_bytes else None,
+                    blocked_share=mean(shares) if shares else None)
+
+
+def _cell(value: float | None, spec: str, scale: float = 1.0, unit: str = "") -> str:
+    return "–" if value is None else f"{value * scale:{spec}}{unit}"
+
+
+def render_table(title: str, rows_by_preset: dict[str, list[Measured]], notes: list[str]) -> str:
+    """One markdown table of every preset's rows, tokens/s also as a ratio to its plain eager row."""
+    header = ["preset", "run", "tokens/s", "× plain eager", "MFU", "peak MiB per worker",
+              "exchange s per outer step", "wire MiB per exchange", "blocked share"]
+    table = []
+    for preset, rows in rows_by_preset.items():
+        eager = next((r.tokens_per_s for r in rows if r.name == "plain eager"), None)
+        for row in rows:
+            ratio = row.tokens_per_s / eager if eager else None
+            table.append([preset, row.name, f"{row.tokens_per_s:,.0f}", _cell(ratio, ".2f", unit="×"),
+                          _cell(row.mfu, ".2f", 100, " %"), f"{row.peak_mib:,.0f}", _cell(row.exchange_s, ".3f"),
+                          _cell(row.wire_bytes, ".2f", 1 / 2**20), _cell(row.blocked_share, ".1f", 100, " %")])
+    return markdown_table(title, header, table) + "".join(f"\n{note}\n" for note in notes)
+
+
+def _child_env() -> dict[str, str]:
+    """Children find this checkout's packages without an install (the GPU machine has no venv)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+
+
+def run_bounded(command: list[str], timeout_s: float, *, capture: bool = False) -> tuple[int, str]:
+    """Run a command in its own process group (`up` starts workers); on timeout end the whole
+    group and return 124. Returns the exit code and, when captured, stdout."""
     print(f"gpu-check: {' '.join(command[2:])}", flush=True)
-    subprocess.run(command, check=True, timeout=args.timeout_s)
+    with subprocess.Popen(command, env=_child_env(), start_new_session=True, text=True,
+                          stdout=subprocess.PIPE if capture else None) as child:
+        try:
+            stdout, _ = child.communicate(timeout=timeout_s)
+            return child.returncode, stdout or ""
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            return 124, ""
 
 
-def report(results: dict[str, list[WorkerFigures]], args: argparse.Namespace, device_name: str,
-           tflops: float, tokens_per_step: int) -> str:
-    rows: list[list[Any]] = []
-    for preset, figures in results.items():
-        total_mfu = 0.0
-        for fig in figures:
-            flops = flops_per_token(preset, stage=fig.stage, stages=2, seq_len=args.seq_len, vocab_size=256)
-            mfu = fig.tokens_per_s * flops / (tflops * 1e12)
-            total_mfu += mfu
-            rows.append([preset, fig.name, fig.stage, f"{fig.tokens_per_s:.0f}", f"{fig.gpu_peak_mib:.0f}",
-                         f"{100 * mfu:.2f} %"])
-        rows.append([preset, "**the GPU (4 workers)**", "", f"{sum(f.tokens_per_s for f in figures if f.stage == 0):.0f}",
-                     f"{sum(f.gpu_peak_mib for f in figures):.0f}", f"{100 * total_mfu:.2f} %"])
-    title = (f"`noloco-rt up` on {device_name} (dense bf16 peak {tflops:.0f} TFLOPS), 2 stages × 2 replicas on "
-             f"one GPU, {args.steps} steps, {tokens_per_step} tokens per inner step (seq_len {args.seq_len}); "
-             "the GPU row: tokens/s through the pipeline (stage 0's workers), memory and MFU summed")
-    return markdown_table(title, ["preset", "worker", "stage", "tokens/s", "peak GPU MiB", "MFU"], rows)
+def runtime_settings(preset: str, args: argparse.Namespace) -> list[str]:
+    return [f"model.seq_len={args.seq_len}", f"outer.h={args.outer_h}", *PRESET_SETTINGS.get(preset, ())]
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class PresetCheck:
+    rows: list[Measured]
+    failures: list[str]
+    sequences_per_step: int
+    """max_inflight x batch_size: of the runtime's inner step and of the plain loop's step."""
+
+
+def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float) -> PresetCheck:
+    """The runtime's runs and the plain loops of one preset: their rows and the gate's failures."""
+    from noloco_rt.config import load_config, parse_assignment
+
+    settings = runtime_settings(preset, args)
+    cfg = load_config(environ={}, overrides=[parse_assignment(s) for s in settings])
+    sequences = cfg.pipeline.max_inflight * cfg.data.batch_size
+    tokens_per_step, vocab = sequences * cfg.model.seq_len, cfg.model.vocab_size
+    rows, failures = [], []
+    for stages, replicas in SHAPES:
+        label, run_out = f"{preset} {stages}x{replicas}", out / f"{stages}x{replicas}"
+        code, _ = run_bounded([sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(stages), "--replicas",
+                               str(replicas), "--steps", str(args.steps), "--preset", preset, "--out", str(run_out),
+                               "--no-coordinator", *(f for s in settings for f in ("--set", s))], args.timeout_s)
+        events = read_worker_events(run_out / "logs")
+        failures += gate_failures(label, events, replicas=replicas, returncode=code)
+        flops = {s: flops_per_token(preset, stage=s, stages=stages, seq_len=args.seq_len, vocab_size=vocab)
+                 for s in range(stages)}
+        rows.append(runtime_row(f"noloco-rt {stages}x{replicas}", events, tokens_per_step=tokens_per_step,
+                                flops_of_stage=flops, tflops=tflops))
+    whole_model = flops_per_token(preset, stage=0, stages=1, seq_len=args.seq_len, vocab_size=vocab)
+    for mode in MODES:
+        code, stdout = run_bounded([sys.executable, "-m", "benchmarks.plain_loop", "--preset", preset, "--mode", mode,
+                                    "--sequences", str(sequences), "--seq-len",
+                                    str(args.seq_len), "--vocab-size", str(vocab), "--steps", str(args.plain_steps)],
+                                   args.timeout_s, capture=True)
+        lines = stdout.strip().splitlines()
+        if code != 0 or not lines:
+            failures.append(f"gpu-check: FAIL {preset} plain {mode}: exited with code {code}, no result")
+            continue
+        result = PlainLoopResult(**json.loads(lines[-1]))
+        rows.append(Measured(f"plain {mode}", result.tokens_per_s, result.tokens_per_s * whole_model / (tflops * 1e12),
+                             result.peak_mib))
+    return PresetCheck(rows, failures, sequences)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", default="small,125m")
+    parser.add_argument("--presets", default="small,125m,1b")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--outer-h", type=int, default=10, help="inner steps per outer step: several per run")
+    parser.add_argument("--plain-steps", type=int, default=30, help="timed steps of the plain loop")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, if not known")
-    parser.add_argument("--timeout-s", type=float, default=1200.0, help="per preset")
+    parser.add_argument("--timeout-s", type=float, default=1200.0, help="per run")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit("gpu-check: no CUDA device here (torch.cuda.is_available() is False); nothing was run")
+        print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); nothing was run", file=sys.stderr)
+        raise SystemExit(2)
     device_name = torch.cuda.get_device_name(0)
     tflops = args.peak_tflops or peak_tflops(device_name)
     if tflops is None:
-        raise SystemExit(f"gpu-check: the bf16 peak of {device_name!r} is not known; pass --peak-tflops")
-    from noloco_rt.config import load_config
-
-    cfg = load_config(environ={}, overrides=[{"model": {"seq_len": args.seq_len}}])
-    tokens_per_step = cfg.pipeline.max_inflight * cfg.data.batch_size * args.seq_len
-    results: dict[str, list[WorkerFigures]] = {}
+        print(f"gpu-check: the bf16 peak of {device_name!r} is not known; pass --peak-tflops", file=sys.stderr)
+        raise SystemExit(2)
+    presets = [p.strip() for p in args.presets.split(",")]
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        for preset in [p.strip() for p in args.presets.split(",")]:
-            out = Path(tmp) / preset
-            run_up(preset, args, out)
-            results[preset] = worker_figures(out / "logs", tokens_per_step)
-            if not results[preset]:
-                raise SystemExit(f"gpu-check: {preset}: no worker logged enough progress; see {out / 'logs'}")
-    emit(report(results, args, device_name, tflops, tokens_per_step), args.out)
+        checks = {preset: check_preset(preset, args, Path(tmp) / preset, tflops) for preset in presets}
+    title = (f"`noloco-rt up` against a plain PyTorch loop on {device_name} (dense bf16 peak {tflops:.0f} TFLOPS), "
+             f"{args.steps} steps, outer.h = {args.outer_h}, seq_len {args.seq_len}; the plain loop trains the "
+             "tokens of the runtime's inner step in one batch")
+    notes = [f"{preset}: {check.sequences_per_step} x {args.seq_len} tokens per step, runtime and plain loop"
+             + (f" ({PRESET_NOTES[preset]})" if preset in PRESET_NOTES else "") for preset, check in checks.items()]
+    failures = [line for check in checks.values() for line in check.failures]
+    verdict = "\n".join(failures) or f"gpu-check: PASS ({len(presets) * len(SHAPES)} runs)"
+    table = render_table(title, {preset: check.rows for preset, check in checks.items()}, notes)
+    emit(table + f"\n```\n{verdict}\n```\n", args.out)
+    raise SystemExit(1 if failures else 0)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from noloco_rt.algo.spread_sample import finite_or_none
 from noloco_rt.config import Config
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.export import ScoredConsensus, write_scored_consensus
+from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
 from noloco_rt.model import build_stage
@@ -116,6 +117,8 @@ class ObserverStatus:
     run_id: str
     started_at: float
     members_per_stage: dict[int, int] = field(default_factory=dict)
+    outer_steps_by_stage: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Outer steps by kind (matched, partial, local, dropped_late, failed) over the stage's live members."""
     redis_available: bool = True
     pulls_ok: int = 0
     pulls_failed: int = 0
@@ -184,6 +187,7 @@ class Observer:
                 by_stage[member.stage].append(member)
         with self._lock:
             self.status.members_per_stage = {k: len(v) for k, v in by_stage.items()}
+            self.status.outer_steps_by_stage = outer_kinds_by_stage(members)
             self.status.redis_available = self.membership.redis_available
         for stage, stage_members in by_stage.items():
             self.metrics.members.labels(stage=str(stage)).set(len(stage_members))

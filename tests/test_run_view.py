@@ -25,7 +25,7 @@ class Proc:
 def record(name: str, stage: int, *, step: int, loss: float | None, beat: float, state=WorkerState.ONLINE):
     return MemberRecord(worker_id=f"id-{name}-{beat}", run_id="r", stage=stage, data_addr="tcp://x:1",
                         exchange_addr="tcp://x:2", state=state, heartbeat_time=beat, name=name, inner_step=step,
-                        loss=loss, tokens_per_s=100.0, peer_exchanges=2, retried=1)
+                        loss=loss, tokens_per_s=100.0, outer_matched=2, outer_local=1, retried=1)
 
 
 def test_sample_takes_the_newest_record_per_name_and_keeps_figures_of_workers_that_left():

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from noloco_rt.membership.progress import WorkerProgress
+from noloco_rt.membership.progress import OUTER_STEP_KINDS, WorkerProgress, outer_kind_fields
 
 TOKEN_WINDOW = 64
 """Recent token counts the throughput is measured over."""
@@ -17,8 +17,10 @@ TOKEN_WINDOW = 64
 class Counters:
     inner_steps: int = 0
     outer_steps: int = 0
-    peer_exchanges: int = 0
-    local_outer_steps: int = 0
+    outer_kinds: collections.Counter = field(default_factory=collections.Counter)
+    """Outer steps taken by this incarnation, by kind (OUTER_STEP_KINDS)."""
+    unmatched_reasons: collections.Counter = field(default_factory=collections.Counter)
+    """Why outer steps were not matched (workers.outer.step.unmatched_reason), by reason."""
     microbatches: int = 0
     """Microbatches whose backward this worker completed."""
     sent: int = 0
@@ -30,18 +32,27 @@ class Counters:
     routed_to: collections.Counter = field(default_factory=collections.Counter)
     """Successful sends by peer (short id)."""
 
+    def count_outer_step(self, kind: str, reason: str | None) -> None:
+        if kind not in OUTER_STEP_KINDS:
+            raise ValueError(f"unknown outer step kind {kind!r}; one of {', '.join(OUTER_STEP_KINDS)}")
+        self.outer_kinds[kind] += 1
+        if reason is not None:
+            self.unmatched_reasons[reason] += 1
+
     def summary(self) -> dict[str, Any]:
         """Every count by name, for the worker_summary log line."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["routed_to"] = dict(self.routed_to)
+        values["outer_kinds"] = {kind: self.outer_kinds[kind] for kind in OUTER_STEP_KINDS}
+        values["unmatched_reasons"] = dict(self.unmatched_reasons)
         values["outer_blocked_s"] = round(self.outer_blocked_s, 3)
         return values
 
     def progress(self, *, queue_depth: int, loss: float | None, tokens_per_s: float) -> WorkerProgress:
         """What the heartbeat publishes, from these counts and the live figures given."""
         return WorkerProgress(outer_step=self.outer_steps, queue_depth=queue_depth, inner_step=self.inner_steps,
-                              loss=loss, tokens_per_s=round(tokens_per_s, 1), peer_exchanges=self.peer_exchanges,
-                              local_outer_steps=self.local_outer_steps, retried=self.retried, dropped=self.dropped)
+                              loss=loss, tokens_per_s=round(tokens_per_s, 1), retried=self.retried,
+                              dropped=self.dropped, **outer_kind_fields(self.outer_kinds))
 
 
 class TokenRate:

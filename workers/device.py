@@ -54,8 +54,10 @@ class HostStaging:
 
     def to_host(self, tensors: list[torch.Tensor]) -> HostCopy:
         tensors = [t.detach().contiguous() for t in tensors]
-        if self._copy_stream is None:
+        if self.device.type == "cpu":
             return HostCopy(tensors)
+        if self._copy_stream is None:  # another accelerator: a plain, synchronous copy
+            return HostCopy([t.to("cpu") for t in tensors])
         side = self._copy_stream
         side.wait_stream(torch.cuda.current_stream(self.device))  # the tensors are computed
         hosts = []
@@ -80,3 +82,11 @@ class HostStaging:
         if self._copy_stream is None:
             return tensor
         return self.pinned(tensor).to(self.device, non_blocking=True)
+
+    def copy_to_device(self, hosts: list[torch.Tensor], like: list[torch.Tensor]) -> list[torch.Tensor]:
+        """New tensors shaped, typed and placed like `like`, holding `hosts` (pinned first on
+        CUDA, by the caller's background thread, for the copy not to block)."""
+        if self.device.type == "cpu":
+            return [host.to(target.dtype) for host, target in zip(hosts, like, strict=True)]
+        return [torch.empty_like(target).copy_(host, non_blocking=self._copy_stream is not None)
+                for host, target in zip(hosts, like, strict=True)]

@@ -22,7 +22,7 @@ class WorkerMetrics:
         self.rejected = Counter("noloco_messages_rejected", "Messages rejected by validation", ["reason"],
                                 registry=r)
         self.inner_steps = Counter("noloco_inner_steps", "Inner optimizer steps", registry=r)
-        self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind: matched, partial, local, dropped_late",
+        self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind: matched, partial, local, dropped_late, failed",
                                    ["kind"], registry=r)
         self.outer_blocked_seconds = Counter("noloco_outer_blocked_seconds",
                                              "Seconds the training thread waited for outer exchanges", registry=r)

@@ -51,6 +51,7 @@ from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import bootstrap_from_stage, check_may_seed
+from workers.outer.device_boundary import ExchangeBoundary
 from workers.outer.exchanger import OuterExchanger
 from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
@@ -98,7 +99,7 @@ class StageWorker:
         self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps,
                                                       upstream_lost_s=cfg.worker.upstream_lost_s)
         self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
-                                         blacklist=self.peers.blacklist,
+                                         blacklist=self.peers.blacklist, boundary=ExchangeBoundary(staging),
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])
         self.exchange_server = ExchangeServer(ctx, bind_host=cfg.network.bind_host, port=cfg.network.exchange_port,
                                               advertise_host=cfg.network.advertise_host,

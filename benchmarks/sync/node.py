@@ -27,11 +27,12 @@ import torch.distributed as dist
 import zmq
 
 from noloco_rt.algo.matching import matched_partners
-from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState
 from noloco_rt.config import Config, load_config
 from noloco_rt.membership.peers import Blacklist
 from noloco_rt.model import build_model
 from noloco_rt.net.transport import ExchangeServer
+from workers.outer.device_boundary import HostContribution
 from workers.outer.exchanger import OuterExchanger, OuterRound
 from workers.outer.partners import Partner
 from workers.outer.service import SnapshotService
@@ -111,6 +112,15 @@ def _start_together(margin_s: float) -> float:
     return float(start.item())
 
 
+COEFFS = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7)
+"""NoLoCo's defaults: the exchanger computes the correction as a worker's does."""
+
+
+def _on_host(exchanger: OuterExchanger, tensors: list[torch.Tensor]) -> HostContribution:
+    """Our contribution as a worker's outer step hands it to the exchanger."""
+    return exchanger.service.boundary.contribution_to_host(PeerOuterState(fast=tensors))
+
+
 def _overlapped_step(exchanger: OuterExchanger, rank: int, world: int, step: int, addrs: list[str],
                      tensors: list[torch.Tensor], compute_s: float) -> dict[str, Any]:
     """The overlapped outer step (docs/architecture.md §4) as a worker takes it: the inner phase up to the
@@ -120,7 +130,7 @@ def _overlapped_step(exchanger: OuterExchanger, rank: int, world: int, step: int
     time.sleep(compute_s)  # the inner phase that ends at this outer step (GPU work: no CPU)
     reached = time.time()
     partners = partners_of(rank, world, step, addrs)
-    exchanger.begin(OuterRound(step, PeerOuterState(fast=tensors), partners))
+    exchanger.begin(OuterRound(step, _on_host(exchanger, tensors), partners, COEFFS))
     time.sleep(compute_s)  # the next inner phase, on the provisional weights
     done = time.time()
     result = exchanger.result(step, wait_s=3 * exchanger.collect_s)
@@ -172,7 +182,7 @@ def run(plan: dict[str, Any]) -> None:
                 time.sleep(timed_compute_s)
             if exchanger is not None:
                 partners = partners_of(rank, world, step, addrs)
-                exchanger.begin(OuterRound(step, PeerOuterState(fast=tensors), partners))
+                exchanger.begin(OuterRound(step, _on_host(exchanger, tensors), partners, COEFFS))
                 result = exchanger.result(step, wait_s=3 * plan["exchange_timeout_s"])
                 done = time.time()
                 record.update(wire_bytes=result.sent_wire_bytes if result else 0,

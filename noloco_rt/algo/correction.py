@@ -29,7 +29,9 @@ from noloco_rt.algo.optim import (
     TensorList,
     mean_of,
     outer_gradient,
+    state_tensors,
 )
+from noloco_rt.device_check import one_device
 
 
 @torch.no_grad()
@@ -37,10 +39,12 @@ def correction_term(own: PeerOuterState, peers: Sequence[PeerOuterState], coeffs
     """c for worker i from its own step-k state and the partners' step-k states.
 
     `own` holds θ_i (shortcut) or φ_i and Δ_i as they were at step k, before the
-    provisional step; every state must be of the same kind.
+    provisional step; every state must be of the same kind and on the same device
+    (ValueError naming both devices otherwise).
     """
     if not peers:
         raise ValueError("a correction needs at least one partner's state")
+    one_device(*(state_tensors(s) for s in (own, *peers)), what="correction_term")
     states = [own, *peers]
     if all(s.slow is not None and s.outer_grad is not None for s in states):
         mean_grad = mean_of([s.outer_grad for s in states])  # type: ignore[misc]

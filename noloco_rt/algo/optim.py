@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from noloco_rt.config import OptimConfig, ResolvedOuter
+from noloco_rt.device_check import one_device
 
 TensorList = list[torch.Tensor]
 
@@ -65,6 +66,11 @@ class PeerOuterState:
         if theta_only:
             return cls(fast=fast)
         return cls(slow=slow, outer_grad=outer_gradient(fast, slow))
+
+
+def state_tensors(state: PeerOuterState) -> TensorList:
+    """Every tensor a contribution holds (θ, or φ and Δ)."""
+    return [*(state.fast or []), *(state.slow or []), *(state.outer_grad or [])]
 
 
 def outer_gradient(fast: Sequence[torch.Tensor], slow: Sequence[torch.Tensor]) -> TensorList:
@@ -120,7 +126,9 @@ def outer_step_from_fast(slow: TensorList, momentum: TensorList, fast: TensorLis
 def group_outer_step(slow: TensorList, momentum: TensorList, fast: TensorList,
                      peers: Sequence[PeerOuterState], coeffs: OuterCoefficients) -> None:
     """Outer step of worker i with G = {i} ∪ peers, in place. Dispatches to the shortcut
-    when every peer sent θ only (which requires γ = β), else to the general formula."""
+    when every peer sent θ only (which requires γ = β), else to the general formula.
+    Our tensors and the peers' must be on one device (ValueError naming both otherwise)."""
+    one_device(slow, momentum, fast, *(state_tensors(p) for p in peers), what="group_outer_step")
     if all(p.slow is not None and p.outer_grad is not None for p in peers):
         mean_grad = mean_of([outer_gradient(fast, slow)] + [p.outer_grad for p in peers])  # type: ignore[misc]
         mean_slow = mean_of([slow] + [p.slow for p in peers])  # type: ignore[misc]

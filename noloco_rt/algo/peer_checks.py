@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.algo.optim import PeerOuterState, state_tensors
+from noloco_rt.device_check import one_device
 
 EPSILON = 1e-12
 
@@ -64,7 +65,9 @@ def check_peer_distance(peer: PeerOuterState, own: PeerOuterState, *, max_ratio:
     """Compare a peer's contribution with ours; ok when every ratio is <= max_ratio.
 
     A peer sending another kind of state than ours (fast vs slow+grad) is treated as
-    infinitely far: honest members of one run all use the same γ and so the same kind."""
+    infinitely far: honest members of one run all use the same γ and so the same kind.
+    Both states must be on one device (ValueError naming both otherwise)."""
+    one_device(state_tensors(peer), state_tensors(own), what="check_peer_distance")
     if own.fast is not None:
         ratios = {"fast": distance_ratio(peer.fast, own.fast, own.fast) if peer.fast is not None else math.inf}
         return PeerCheck(ratios, max_ratio)

@@ -28,7 +28,12 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required")
 
-    from noloco_rt.commands.status_rows import json_lines, plain_table, progress_line
+    from noloco_rt.commands.status_rows import (
+        json_lines,
+        outer_steps_line,
+        plain_table,
+        progress_line,
+    )
     from noloco_rt.membership.redis_access import check_access, connect, redact_url
     from noloco_rt.membership.table import Membership
 
@@ -46,8 +51,9 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
     def title(records: list) -> str:
         marks = progress_line(membership.high_water.by_stage())
         finished = membership.run_finished_steps()
+        outer = outer_steps_line(records)
         return (f"run {cfg.run.run_id}: {len(records)} workers" + (f" ({marks})" if marks else "")
-                + (f"; finished ({finished} steps)" if finished is not None else ""))
+                + (f"; finished ({finished} steps)" if finished is not None else "") + (f"\n{outer}" if outer else ""))
 
     if as_json or not sys.stdout.isatty():
         def render_text() -> str:

@@ -10,13 +10,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from noloco_rt.membership.progress import progress_of
+from noloco_rt.membership.progress import (
+    OUTER_STEP_KINDS,
+    outer_kind_counts,
+    outer_kinds_by_stage,
+    outer_kinds_text,
+    progress_of,
+)
 from noloco_rt.membership.records import MemberRecord
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("stage", "stage"), ("worker", "worker"), ("name", "name"), ("state", "state"),
     ("data address", "data_addr"), ("exchange address", "exchange_addr"), ("step", "inner_step"),
-    ("outer step", "outer_step"), ("loss", "loss"), ("tokens/s", "tokens_per_s"), ("queue", "queue_depth"),
+    ("outer step", "outer_step"), ("/".join(OUTER_STEP_KINDS), "outer_kinds"), ("loss", "loss"), ("tokens/s", "tokens_per_s"), ("queue", "queue_depth"),
     ("heartbeat age s", "heartbeat_age_s"),
 )
 
@@ -28,6 +34,11 @@ def progress_line(marks: dict[int, tuple[int, int]]) -> str:
         return ""
     return "; ".join(f"stage {stage} reached outer step {reached}, durable {durable if durable else 'none'}"
                      for stage, (reached, durable) in sorted(marks.items()))
+
+
+def outer_steps_line(records: Sequence[MemberRecord]) -> str:
+    """Outer steps by kind per stage, over the listed workers."""
+    return "outer steps " + outer_kinds_text(outer_kinds_by_stage(records)) if records else ""
 
 
 def sorted_members(records: Sequence[MemberRecord]) -> list[MemberRecord]:
@@ -50,7 +61,8 @@ def json_lines(records: Sequence[MemberRecord], now: float) -> str:
 def text_row(record: MemberRecord, now: float) -> list[str]:
     loss = "-" if record.loss is None else f"{record.loss:.3f}"
     return [str(record.stage), record.worker_id[:8], record.name or "-", record.state.value, record.data_addr,
-            record.exchange_addr, str(record.inner_step), str(record.outer_step), loss,
+            record.exchange_addr, str(record.inner_step), str(record.outer_step),
+            "/".join(str(n) for n in outer_kind_counts(record).values()), loss,
             f"{record.tokens_per_s:.0f}", str(record.queue_depth), f"{now - record.heartbeat_time:.1f}"]
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from noloco_rt.device_check import one_device
 from noloco_rt.net.codec_names import CODECS
 from noloco_rt.net.codecs import codec_named, is_lossless
 from noloco_rt.net.codecs.base import ALLOWED_DTYPES, CodecError, EncodedTensors, TensorSpec, planes
@@ -50,12 +51,14 @@ def fresh_generator() -> torch.Generator:
 
 def encode_tensors(tensors: Sequence[torch.Tensor], codec: str, level: int = 3, *,
                    generator: torch.Generator | None = None) -> EncodedTensors:
-    """Compress tensors (any device, any layout) into one payload.
+    """Compress tensors (any layout, all on one device: ValueError naming two otherwise)
+    into one payload.
 
     `generator` drives the stochastic rounding of the quantised codecs (None: a fresh one
     from os.urandom); the others ignore it. Raises CodecError for an unknown codec, a dtype
     outside ALLOWED_DTYPES or a bad level.
     """
+    one_device(tensors, what="encode_tensors")
     family = codec_named(codec)
     if family.stochastic and generator is None:
         generator = fresh_generator()

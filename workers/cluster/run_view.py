@@ -13,7 +13,12 @@ from typing import Any
 
 from rich.table import Table
 
-from noloco_rt.membership.progress import WorkerProgress, progress_of
+from noloco_rt.membership.progress import (
+    WorkerProgress,
+    outer_kind_counts,
+    outer_kinds_by_stage,
+    progress_of,
+)
 from noloco_rt.membership.records import MemberRecord
 
 
@@ -124,6 +129,14 @@ def _duration(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
+OUTER_KINDS_COLUMN = "matched/partial/local/late/failed"
+
+
+def outer_kinds_cell(row: Any) -> str:
+    """A worker's outer steps by kind, in OUTER_STEP_KINDS order, for a table cell."""
+    return "/".join(str(count) for count in outer_kind_counts(row).values())
+
+
 def headline(sample: RunSample) -> str:
     return (f"{sample.progress:6.1%} elapsed {_duration(sample.elapsed_s)} remaining {_duration(sample.remaining_s)}"
             f" | val loss {_fmt(sample.val_loss, '.3f')} (step {sample.eval_step if sample.eval_step is not None else '-'})"
@@ -134,13 +147,13 @@ def render_table(sample: RunSample, *, title: str) -> Table:
     table = Table(title=title, caption=headline(sample), caption_justify="left")
     for column, justify in (("stage", "right"), ("worker", "left"), ("state", "left"), ("step", "right"),
                             ("loss", "right"), ("tokens/s", "right"), ("outer", "right"),
-                            ("peer/local", "right"), ("retried", "right"), ("dropped", "right"),
+                            (OUTER_KINDS_COLUMN, "right"), ("retried", "right"), ("dropped", "right"),
                             ("restarts", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in sorted(sample.workers, key=lambda r: (r.stage, r.name)):
         table.add_row(str(row.stage), row.name, row.state, f"{row.inner_step}/{sample.steps}",
                       _fmt(row.loss, ".3f"), _fmt(row.tokens_per_s, ".0f"), str(row.outer_step),
-                      f"{row.peer_exchanges}/{row.local_outer_steps}", str(row.retried), str(row.dropped),
+                      outer_kinds_cell(row), str(row.retried), str(row.dropped),
                       str(row.restarts))
     return table
 
@@ -156,7 +169,7 @@ def log_fields(sample: RunSample) -> dict[str, Any]:
             "min_step": min((w.inner_step for w in sample.workers), default=0),
             "train_loss": round(sum(losses) / len(losses), 4) if losses else None,
             "tokens_per_s": round(sum(w.tokens_per_s for w in sample.workers if w.stage == 0)),
-            "peer_exchanges": sum(w.peer_exchanges for w in sample.workers),
+            "outer_steps": {str(stage): counts for stage, counts in outer_kinds_by_stage(sample.workers).items()},
             "retried": sum(w.retried for w in sample.workers), "dropped": sum(w.dropped for w in sample.workers),
             "restarts": sum(w.restarts for w in sample.workers), "states": states,
             "val_loss": sample.val_loss, "spread": sample.spread, "coordinator": sample.coordinator,

@@ -54,7 +54,8 @@ from workers.cluster.processes import (
 )
 from workers.cluster.run_curves import WorkerLogCurves
 from workers.cluster.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
-from workers.cluster.run_view import RunSample, build_sample, log_fields, render_table
+from workers.cluster.run_outcome import final_row, incarnation_logs, outer_outcome, worker_summaries
+from workers.cluster.run_view import RunSample, WorkerRow, build_sample, log_fields, render_table
 from workers.methods import worker_outer_error
 from workers.supervise.elastic import quiet_torch_elastic_logs
 from workers.supervise.supervisor import ProcessSpec, ProcessStatus, RestartPolicy, Supervisor
@@ -208,6 +209,10 @@ class UpRun:
         self.started = time.time()
         self.curves_settings = curves or CurvesSettings(None, False)
         self.curves: WorkerLogCurves | None = None
+        self.last_seen: dict[str, WorkerRow] = {}
+        """Each worker's newest row while watching (kept once it left the membership table)."""
+        self._earlier_logs: set[Path] = set()
+        """Worker logs of an earlier `up` in the same OUT (resumed): not this run's outcome."""
 
     # -- processes ------------------------------------------------------------------------
 
@@ -260,6 +265,7 @@ class UpRun:
                       logs=str(self.out / "logs"), tensorboard=str(self.curves_settings.tensorboard or "off"),
                       status=f"http://127.0.0.1:{self.coordinator_port}/status" if self.with_coordinator else None)
         metrics = MetricsLog(self.out / "metrics.jsonl")
+        self._earlier_logs = set((self.out / "logs").glob("*.log"))
         self._open_curves()  # before the workers start: their log files of earlier runs are skipped
         membership = Membership(connect(redis_url), run_id=self.cfg.run.run_id)
         gave_up = False
@@ -271,11 +277,13 @@ class UpRun:
             supervisor.stop(grace_s=0)
         finally:
             codes = supervisor.stop()
+            final = self._final_sample(supervisor, membership)  # Redis still up: the last records too
+            metrics.write(final.to_json())
             if redis is not None:
                 redis.stop()
             self.log.info("processes_stopped", codes=codes)
         try:
-            self._finalise(metrics)
+            self._finalise(metrics, final)
         finally:
             metrics.close()
             if self.curves is not None:
@@ -288,7 +296,6 @@ class UpRun:
         """Poll until every worker has finished (or gave up) or we are told to stop; True if one gave up."""
         console = Console()
         live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
-        last_seen: dict[str, Any] = {}
         seen_evals: set[tuple[str, Any]] = set()
         next_sample = next_line = time.monotonic()
         if live:
@@ -303,7 +310,7 @@ class UpRun:
                 if time.monotonic() >= next_sample:
                     next_sample = time.monotonic() + self.interval_s
                     coordinator_status = self._coordinator_status()
-                    sample = self._sample(statuses, membership, last_seen, coordinator_status)
+                    sample = self._sample(statuses, membership, self.last_seen, coordinator_status)
                     metrics.write(sample.to_json())
                     self._record_coordinator(coordinator_status, seen_evals, metrics)
                     if self.curves is not None:
@@ -352,14 +359,36 @@ class UpRun:
 
     # -- the end ---------------------------------------------------------------------------
 
-    def _finalise(self, metrics: MetricsLog) -> None:
-        """Consensus of the workers' last checkpoints: written, scored, plotted."""
+    def _summaries(self, name: str) -> list[dict[str, Any]]:
+        """The worker_summary lines of this run's incarnations of `name`, oldest first."""
+        return worker_summaries(p for p in incarnation_logs(self.out / "logs", name) if p not in self._earlier_logs)
+
+    def _final_sample(self, supervisor: Supervisor, membership: Membership) -> RunSample:
+        """The run as it ended: a last sample, each worker's row completed from its summary lines."""
+        statuses = {s.name: s for s in supervisor.statuses()}
+        sample = self._sample(statuses, membership, self.last_seen, None)
+        sample.workers = [final_row(row, self._summaries(row.name)) for row in sample.workers]
+        sample.extra["final"] = True
+        return sample
+
+    def _finalise(self, metrics: MetricsLog, final_sample: RunSample) -> None:
+        """Consensus of the workers' last checkpoints: written, scored, plotted; then the
+        outer steps by kind, and a warning when too few were matched."""
+        outer, warning = outer_outcome(final_sample.workers, {n: self._summaries(n) for n in self.names_by_stage},
+                                       self.names_by_stage)
+        try:
+            self._consensus(metrics, outer)
+        finally:
+            if warning is not None:
+                self.log.warning("outer_steps_unmatched", detail=warning, outer_steps=outer)
+
+    def _consensus(self, metrics: MetricsLog, outer: str) -> None:
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"
         try:
             final = consensus_of_checkpoints(self.cfg, checkpoint_dir, path, source="final checkpoints").to_json()
         except ExportError as exc:
-            self.log.warning("no_consensus", reason=str(exc))
+            self.log.warning("no_consensus", reason=str(exc), outer_steps=outer)
             return
         metrics.write({"kind": "final", **final})
         if self.curves is not None:
@@ -369,7 +398,8 @@ class UpRun:
                                    f"{self.cfg.pipeline.replicas} replicas, {self.cfg.model.preset}",
                              lr=self._lr_at, total_steps=self.cfg.run.steps)
         self.log.info("up_done", step=final["step"], val_loss=round(final["val_loss"], 4),
-                      val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", consensus=str(path),
+                      val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", outer_steps=outer,
+                      consensus=str(path),
                       curves=str(self.out / "curves.png"),
                       elapsed_s=round(time.time() - self.started, 1),
                       next=f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")

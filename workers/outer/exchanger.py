@@ -8,6 +8,11 @@ exchange server's thread keeps in the inbox. A partner's state is used only when
 push arrived and ours to it was acknowledged, so both sides of a pair use each other's
 (the replicas' mean is kept) unless one of them gives up late. The round ends when every
 partner is settled, when the training thread cancels it, or after the collection window.
+
+Everything here is host tensors (workers/outer/device_boundary.py): the round's first act
+is to wait for our contribution's copy to the host, its last to compute the correction the
+training thread will copy back to the device. A round that raises is counted as failed
+(kind "failed", by exception type), never passed off as a local step.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import zmq
 
-from noloco_rt.algo.optim import PeerOuterState
+from noloco_rt.algo.correction import correction_term
+from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState, TensorList
 from noloco_rt.algo.peer_checks import check_peer_distance
 from noloco_rt.net.snapshot import Snapshot, SnapshotRejected
 from noloco_rt.net.wire import MessageKind
+from workers.outer.device_boundary import HostContribution
 from workers.outer.partners import Partner, ReadinessPairing
 from workers.outer.pusher import ChunkFeed, EncodedChunk, PushRefused, push_stream, start_encoding
 from workers.outer.service import SnapshotService
@@ -34,9 +42,11 @@ from workers.outer.service import SnapshotService
 @dataclass(frozen=True)
 class OuterRound:
     outer_step: int
-    own: PeerOuterState
-    """Our state at step k (before the step): what we push and what partners' are checked against."""
+    own: HostContribution
+    """Our state at step k (before the step), on its way to the host: what we push, what
+    partners' are checked against, and the base of the correction."""
     partners: list[Partner]
+    coeffs: OuterCoefficients
     """Our seeded group; with readiness pairing, the fallback when Redis is away."""
     by_readiness: bool = False
     window_s: float = 0.0
@@ -61,6 +71,12 @@ class RoundResult:
     """Our snapshot's size on the wire (what each push carries)."""
     sent_raw_bytes: int = 0
     seconds: float = 0.0
+    correction: TensorList | None = None
+    """c on the host (pinned on CUDA), when some partner's state was used."""
+    correction_sums: tuple[float, float] | None = None
+    """(Σ c, Σ |c|) in float64: over a matched group the c sum to 0 (the mean is kept)."""
+    failed: str | None = None
+    """The exception type that ended the round, if one did (the step stays local)."""
 
 
 class OuterExchanger:
@@ -121,9 +137,11 @@ class OuterExchanger:
         while (outer_round := self._rounds.get()) is not None:
             try:
                 result = self._exchange(outer_round)
-            except Exception as exc:  # the thread must outlive one bad round: the step stays local
+            except Exception as exc:  # the thread must outlive one bad round: the step stays local, counted as failed
                 self.log.error("outer_round_failed", outer_step=outer_round.outer_step, error=repr(exc), exc_info=exc)
-                result = RoundResult(outer_round.outer_step, missing={p.worker_id: "failed" for p in outer_round.partners})
+                result = RoundResult(outer_round.outer_step, partners=[p.worker_id for p in outer_round.partners],
+                                     missing={p.worker_id: "failed" for p in outer_round.partners},
+                                     failed=type(exc).__name__)
             self.service.inbox.advance(outer_round.outer_step + 1)  # later pushes for it are refused
             with self._done:
                 self._cancelled.discard(outer_round.outer_step)
@@ -137,7 +155,8 @@ class OuterExchanger:
         if self._is_cancelled(step):  # given up before it began (a backlog): push nothing, use nothing
             return RoundResult(step, partners=[p.worker_id for p in outer_round.partners],
                                missing={p.worker_id: "cancelled" for p in outer_round.partners})
-        feed = self._start_encoding(outer_round)  # before any waiting: chunks ready to push
+        own = outer_round.own.state()  # our contribution on the host: the one device -> host crossing
+        feed = self._start_encoding(step, own)  # before any waiting: chunks ready to push
         partners, pairing = self._partners(outer_round)
         pushes = {p.worker_id: self._pushers.submit(self._push, p, feed) for p in partners}
         ids = list(pushes)
@@ -152,17 +171,20 @@ class OuterExchanger:
             why = self._why_unusable(partner_id, arrived, pushes[partner_id], cancelled=self._is_cancelled(step))
             if why is None:
                 taken = self.service.inbox.take(step, partner_id)
-                why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=outer_round.own)
+                why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=own)
             if why is not None:
                 result.missing[partner_id] = why
+        if result.states:
+            correction = correction_term(own, result.states, outer_round.coeffs)
+            result.correction_sums = correction_sums(correction)
+            result.correction = self.service.boundary.ready_for_device(correction)
         result.seconds = time.monotonic() - started
         return result
 
-    def _start_encoding(self, outer_round: OuterRound) -> ChunkFeed:
+    def _start_encoding(self, step: int, own: PeerOuterState) -> ChunkFeed:
         """Our contribution's chunks, compressing in the background into a feed the pushers read."""
-        parts, parts_kind, plan = self.service.plan_contribution(outer_round.own)
+        parts, parts_kind, plan = self.service.plan_contribution(own)
         feed = ChunkFeed(total=len(plan))
-        step = outer_round.outer_step
         start_encoding(feed, lambda pieces: self.service.encode_chunk(parts, pieces, step, parts_kind), plan,
                        self._encoders)
         return feed
@@ -233,6 +255,11 @@ class OuterExchanger:
             return MessageKind(self.service.reader.message(reply).header.kind) == MessageKind.SNAPSHOT_ACK
         except (SnapshotRejected, ValueError):
             return False
+
+
+def correction_sums(correction: list[torch.Tensor]) -> tuple[float, float]:
+    """(Σ c, Σ |c|) over every element, in float64."""
+    return (float(sum(c.double().sum() for c in correction)), float(sum(c.double().abs().sum() for c in correction)))
 
 
 def _all_settled(pushes: dict[str, Future[bool]], here: set[str]) -> bool:

@@ -19,6 +19,7 @@ import zmq
 from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
+from noloco_rt.device_check import one_device
 from noloco_rt.membership.peers import Blacklist
 from noloco_rt.net.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
 from noloco_rt.net.codec_names import LOSSLESS_CODECS
@@ -34,8 +35,10 @@ from noloco_rt.net.snapshot import (
     snapshot_message,
 )
 from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
+from workers.device import HostCopy
 from workers.metrics import RejectCounter
 from workers.outer.assembly import PushAssemblies
+from workers.outer.device_boundary import ExchangeBoundary
 from workers.outer.faults import inject_snapshot_faults
 from workers.outer.inbox import SnapshotInbox
 
@@ -45,8 +48,11 @@ class SnapshotService:
     joiners (server thread)."""
 
     def __init__(self, cfg: Config, stage: int, worker_id: str, *, metrics: Any, log: Any,
-                 expected_shapes: list[tuple[int, ...]], blacklist: Blacklist | None = None) -> None:
+                 expected_shapes: list[tuple[int, ...]], blacklist: Blacklist | None = None,
+                 boundary: ExchangeBoundary | None = None) -> None:
         self.cfg = cfg
+        self.boundary = boundary or ExchangeBoundary.on("cpu")
+        """The exchange's device crossings (the replica's device <-> the host)."""
         self.stage = stage
         self.worker_id = worker_id
         self.metrics = metrics
@@ -59,7 +65,7 @@ class SnapshotService:
         self.rejected = RejectCounter(metrics.rejected)
         self.blacklist = blacklist or Blacklist()
         """Senders of refused contributions (shared with the worker's peer view)."""
-        self._bootstrap_parts: tuple[list[torch.Tensor], dict[str, int]] | None = None
+        self._bootstrap_parts: tuple[HostCopy, dict[str, int]] | None = None
         self._bootstrap: Snapshot | None = None
         self._bootstrap_lock = threading.Lock()
 
@@ -74,10 +80,14 @@ class SnapshotService:
     # -- encoding ---------------------------------------------------------------------------
 
     def plan_contribution(self, state: PeerOuterState) -> tuple[list[torch.Tensor], PartsKind, list[list[Piece]]]:
-        """Our contribution's tensors (fault injection applies here), what they are, and the
-        pieces of each chunk they stream in."""
+        """Our contribution's host tensors (fault injection applies here), what they are, and
+        the pieces of each chunk they stream in. ValueError for tensors not on the host:
+        the exchange crosses to the host once, in the device boundary, not here."""
         parts, parts_kind = contribution_parts(state)
-        parts = [t.detach().float().cpu().contiguous() for t in inject_snapshot_faults(parts, self.cfg)]
+        if (device := one_device(parts, what="plan_contribution")) is not None and device.type != "cpu":
+            raise ValueError(f"plan_contribution: our contribution is on {device}, expected host tensors "
+                             "(workers/outer/device_boundary.py copies it at the outer step)")
+        parts = [t.detach().float().contiguous() for t in inject_snapshot_faults(parts, self.cfg)]
         chunk_elems = max(ALIGN, int(self.cfg.worker.snapshot_chunk_mb * (1 << 20)) // 4)
         return parts, parts_kind, plan_chunks([t.numel() for t in parts], chunk_elems)
 
@@ -94,8 +104,9 @@ class SnapshotService:
                              for_step=for_step)
 
     def publish_bootstrap(self, replica: StageReplica, inner_steps: int, outer_steps: int) -> None:
-        """Copy our slow weights and momentum for joiners (training thread: a copy, no encoding)."""
-        parts = [t.detach().to("cpu", copy=True) for t in (*replica.slow, *replica.momentum)]
+        """Start copying our slow weights and momentum to the host for joiners (training thread:
+        the copy is not waited for, nothing is encoded)."""
+        parts = self.boundary.weights_to_host([*replica.slow, *replica.momentum])
         with self._bootstrap_lock:
             self._bootstrap_parts = (parts, {"inner_steps": inner_steps, "outer_steps": outer_steps})
             self._bootstrap = None
@@ -106,9 +117,11 @@ class SnapshotService:
         with self._bootstrap_lock:
             if self._bootstrap is None and self._bootstrap_parts is not None:
                 parts, counters = self._bootstrap_parts
+                if parts.ready is not None:
+                    parts.ready()
                 codec = self.cfg.worker.snapshot_codec
                 lossless = codec if codec in LOSSLESS_CODECS else "shuffle-zstd"
-                self._bootstrap = encode_snapshot(parts, lossless, counters["outer_steps"], PartsKind.SLOW_MOMENTUM,
+                self._bootstrap = encode_snapshot(parts.tensors, lossless, counters["outer_steps"], PartsKind.SLOW_MOMENTUM,
                                                   counters)
             return self._bootstrap
 

@@ -1,7 +1,11 @@
 """The outer step (docs/architecture.md §1, §4) on the training thread: hand the round to the exchanger,
 and either wait for it (blocking, the paper's semantics) or take the provisional local
 step at once and correct it exactly at the first inner-step boundary after the partners'
-states are in (overlap). A correction later than outer.max_delay_steps is dropped."""
+states are in (overlap). A correction later than outer.max_delay_steps is dropped.
+
+The training thread crosses the device boundary twice per outer step and never waits on
+it: our contribution starts its copy to the host at the step, and the correction (computed
+on the host by the exchanger) comes back to the device where it is applied."""
 
 from __future__ import annotations
 
@@ -9,11 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from noloco_rt.algo.correction import correction_term
 from noloco_rt.algo.matching import matched_partners
-from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState
+from noloco_rt.algo.optim import OuterCoefficients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.membership.peers import PeerView
@@ -48,7 +49,6 @@ class PendingRound:
     """An overlapped outer step whose correction has not been applied yet."""
 
     outer_step: int
-    own: PeerOuterState
     inner_step: int
     """Our inner step count when the provisional step was taken."""
     group: list[str]
@@ -94,9 +94,10 @@ class OuterStep:
         if not partners:
             self._record(outer_step, None, delay=0)
         else:
-            self.exchanger.begin(OuterRound(outer_step, own, [Partner.of(p, outer_step) for p in partners],
+            self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own),
+                                            [Partner.of(p, outer_step) for p in partners], self.coeffs,
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s()))
-            self.pending = PendingRound(outer_step, own, self.counters.inner_steps, [p.worker_id for p in partners])
+            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners])
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         blocked = time.monotonic() - started
@@ -141,27 +142,22 @@ class OuterStep:
         if result is None:
             self.exchanger.cancel(pending.outer_step)  # its late result is discarded
             self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group)
-        elif result.states and delay > self.max_delay_steps:
+        elif result.correction is not None and delay > self.max_delay_steps:
             self._record(pending.outer_step, result, delay=delay, dropped=True)
         else:
-            shift = None
-            if result.states:
-                correction = correction_term(pending.own, result.states, self.coeffs)
-                self.replica.correct_outer_step(correction)
+            if result.correction is not None:  # the host -> device crossing, then δ, φ, θ += c
+                self.replica.correct_outer_step(self.service.boundary.to_device(result.correction,
+                                                                                like=self.replica.slow))
                 self.metrics.correction_delay.observe(delay)
-                shift = correction_sums(correction)
-            self._record(pending.outer_step, result, delay=delay, shift=shift)
+            self._record(pending.outer_step, result, delay=delay)
 
     def _record(self, outer_step: int, result: RoundResult | None, *,
-                delay: int, dropped: bool = False, shift: tuple[float, float] | None = None,
-                group: list[str] | None = None) -> None:
+                delay: int, dropped: bool = False, group: list[str] | None = None) -> None:
         used = [] if dropped or result is None else result.used
         group = result.partners if result is not None else (group or [])
-        kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used))
-        if used:
-            self.counters.peer_exchanges += 1
-        else:
-            self.counters.local_outer_steps += 1
+        kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used),
+                                                             failed=result is not None and result.failed is not None)
+        self.counters.count_outer_step(kind, unmatched_reason(kind, group, result))
         self.metrics.outer_steps.labels(kind=kind).inc()
         fields: dict[str, Any] = {}
         if result is not None:
@@ -170,8 +166,11 @@ class OuterStep:
             self.metrics.exchange_latency.observe(result.seconds)
             fields = {"exchange_s": round(result.seconds, 3), "pairing": result.pairing, "wire_bytes": result.wire_bytes,
                       "raw_bytes": result.raw_bytes, "missing": {k[:8]: v for k, v in result.missing.items()}}
-        if shift is not None:  # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
-            fields.update(correction_sum=shift[0], correction_abs=shift[1])
+            if result.failed is not None:
+                fields["failed"] = result.failed
+            if used and result.correction_sums is not None:
+                # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
+                fields.update(correction_sum=result.correction_sums[0], correction_abs=result.correction_sums[1])
         self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
                       used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec, **fields)
@@ -187,13 +186,27 @@ class OuterStep:
         return [view[i] for i in ids if not self.peers.blacklist.blocked(i)]
 
 
-def correction_sums(correction: list[torch.Tensor]) -> tuple[float, float]:
-    """(Σ c, Σ |c|) over every element, in float64."""
-    return (float(sum(c.double().sum() for c in correction)), float(sum(c.double().abs().sum() for c in correction)))
-
-
-def outer_step_kind(partners: int, used: int) -> str:
-    """matched: every computed partner's state was used; partial: some; local: none (or alone)."""
+def outer_step_kind(partners: int, used: int, *, failed: bool = False) -> str:
+    """matched: every computed partner's state was used; partial: some; local: none (or
+    alone); failed: the round raised (the step stayed local, and that is a bug to see)."""
+    if failed:
+        return "failed"
     if partners and used == partners:
         return "matched"
     return "partial" if used else "local"
+
+
+def unmatched_reason(kind: str, group: list[str], result: RoundResult | None) -> str | None:
+    """Why an outer step was not matched, in one word (None when it was): the exception type
+    of a failed round, dropped_late, alone (no partner to pair with), else the most frequent
+    reason a partner's state was not used (no_push, push_failed, too_far, cancelled)."""
+    if kind == "matched":
+        return None
+    if kind == "failed" and result is not None and result.failed is not None:
+        return f"failed:{result.failed}"
+    if kind == "dropped_late":
+        return "dropped_late"
+    if not group:
+        return "alone"
+    reasons = list(result.missing.values()) if result is not None else []
+    return max(set(reasons), key=reasons.count) if reasons else "unknown"

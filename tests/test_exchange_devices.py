@@ -1,0 +1,225 @@
+"""The outer exchange with the replica on another device than the host, on a CPU-only machine.
+
+On CUDA every outer round once failed: the peer check compared a partner's state, decoded
+on the host, with our own state on the device, and a catch-all turned each failure into
+a silent local step. Here two workers' exchange parts (snapshot service, exchange server,
+exchanger, outer step) run for real over loopback ZeroMQ, each replica's tensors on the
+stand-in device of tests/other_device.py, which refuses host/device mixes as CUDA does.
+Only the membership view is given (no Redis): each worker sees the other.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+from noloco_rt.algo.correction import correction_term
+from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState, group_outer_step
+from noloco_rt.algo.peer_checks import check_peer_distance
+from noloco_rt.algo.replica import StageReplica
+from noloco_rt.config import load_config
+from noloco_rt.membership.peers import Blacklist
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.net.codec import encode_tensors
+from noloco_rt.net.snapshot import PartsKind
+from noloco_rt.net.transport import ExchangeServer
+from tests.other_device import OTHER_DEVICE, OnOtherDevice, on_other_device, values
+from workers.counters import Counters
+from workers.device import HostCopy
+from workers.metrics import WorkerMetrics
+from workers.outer.device_boundary import ExchangeBoundary, HostContribution
+from workers.outer.exchanger import OuterExchanger, OuterRound
+from workers.outer.partners import Partner
+from workers.outer.service import SnapshotService
+from workers.outer.step import OuterStep
+
+COEFFS = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7)
+
+
+@dataclass
+class RecordingLog:
+    """The structlog calls a part made, by level (the parts take their logger as an argument)."""
+
+    lines: list[tuple[str, str, dict]] = field(default_factory=list)
+
+    def _add(self, level: str, event: str, **fields: Any) -> None:
+        self.lines.append((level, event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._add("info", event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._add("warning", event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._add("error", event, **fields)
+
+    def errors(self) -> list[tuple[str, dict]]:
+        return [(event, fields) for level, event, fields in self.lines if level == "error"]
+
+
+class GivenViews:
+    def __init__(self, members: list[MemberRecord]) -> None:
+        self.members = members
+
+    def view(self, stage: int) -> list[MemberRecord]:
+        return [m for m in self.members if m.stage == stage]
+
+
+class GivenPeers:
+    """What the outer step asks of a PeerView: the stage's view and a blacklist."""
+
+    def __init__(self) -> None:
+        self.views = GivenViews([])
+        self.blacklist = Blacklist()
+
+
+@dataclass
+class ExchangeParts:
+    worker_id: str
+    replica: StageReplica
+    counters: Counters
+    log: RecordingLog
+    server: ExchangeServer
+    exchanger: OuterExchanger
+    step: OuterStep
+    peers: GivenPeers
+
+    def close(self) -> None:
+        self.exchanger.close()
+        self.server.stop()
+
+
+def _replica_on_other_device(cfg, seed: int) -> StageReplica:
+    """A small replica whose θ, φ and δ live on the stand-in device; θ moved away from φ as
+    inner steps would (each worker differently)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
+    from noloco_rt.algo.optim import InnerOptimizer
+
+    replica = StageReplica(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=10))
+    generator = torch.Generator().manual_seed(seed)
+    replica.fast = [on_other_device(t + 0.01 * torch.randn(t.shape, generator=generator)) for t in replica.slow]
+    replica.slow = [on_other_device(t) for t in replica.slow]
+    replica.momentum = [on_other_device(t) for t in replica.momentum]
+    return replica
+
+
+def _parts(ctx: zmq.Context, cfg, worker_id: str, seed: int) -> ExchangeParts:
+    replica = _replica_on_other_device(cfg, seed)
+    log, metrics, counters, peers = RecordingLog(), WorkerMetrics(), Counters(), GivenPeers()
+    service = SnapshotService(cfg, 0, worker_id, metrics=metrics, log=log, blacklist=peers.blacklist,
+                              expected_shapes=[tuple(t.shape) for t in replica.slow],
+                              boundary=ExchangeBoundary.on(OTHER_DEVICE))
+    server = ExchangeServer(ctx, bind_host="127.0.0.1", port=0, advertise_host="", handler=service.handle)
+    server.start()
+    exchanger = OuterExchanger(ctx, service, peers, collect_s=10.0, log=log)
+    step = OuterStep(cfg, exchanger=exchanger, service=service, replica=replica, peers=peers, counters=counters,
+                     metrics=metrics, log=log)
+    return ExchangeParts(worker_id, replica, counters, log, server, exchanger, step, peers)
+
+
+def _record(parts: ExchangeParts) -> MemberRecord:
+    return MemberRecord(worker_id=parts.worker_id, run_id="devices", stage=0, data_addr="tcp://127.0.0.1:1",
+                        exchange_addr=parts.server.address, state=WorkerState.ONLINE)
+
+
+@pytest.mark.parametrize("gamma", [0.7, 0.0], ids=["theta-only", "slow-and-outer-gradient"])
+def test_a_replica_on_a_device_exchanges_matched_and_applies_the_exact_group_step(gamma):
+    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
+                                              "outer": {"method": "noloco", "overlap": False, "gamma": gamma},
+                                              "worker": {"snapshot_codec": "shuffle-zstd"}}])  # lossless: exact
+    coeffs = OuterCoefficients.from_config(cfg.outer.resolved())
+    ctx = zmq.Context()
+    workers = [_parts(ctx, cfg, "a" * 32, seed=1), _parts(ctx, cfg, "b" * 32, seed=2)]
+    try:
+        workers[0].peers.views.members = [_record(workers[1])]
+        workers[1].peers.views.members = [_record(workers[0])]
+        before = [{name: [values(t) for t in getattr(w.replica, name)] for name in ("fast", "slow", "momentum")}
+                  for w in workers]
+        threads = [threading.Thread(target=w.step.take) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "an outer step did not return"
+
+        for index, worker in enumerate(workers):
+            assert worker.log.errors() == [], worker.log.errors()
+            assert dict(worker.counters.outer_kinds) == {"matched": 1}, (worker.counters.outer_kinds, worker.log.lines)
+            # The replica stayed on its device: the correction crossed back, nothing was swapped for host tensors.
+            assert all(isinstance(t, OnOtherDevice) for t in worker.replica.slow + worker.replica.fast
+                       + worker.replica.momentum)
+            # The same result as the paper's blocking group step on host copies of both replicas.
+            mine, theirs = before[index], before[1 - index]
+            expected = {name: [t.clone() for t in mine[name]] for name in ("fast", "slow", "momentum")}
+            partner = PeerOuterState.of(theirs["fast"], theirs["slow"], theta_only=coeffs.theta_shortcut)
+            group_outer_step(expected["slow"], expected["momentum"], expected["fast"], [partner], coeffs)
+            for name in ("fast", "slow", "momentum"):
+                for got, want in zip(getattr(worker.replica, name), expected[name], strict=True):
+                    torch.testing.assert_close(values(got), want, rtol=0, atol=1e-6)
+    finally:
+        for worker in workers:
+            worker.close()
+        ctx.term()
+
+
+def test_a_round_that_raises_is_counted_as_failed_not_passed_off_as_local():
+    """Our contribution handed to the exchanger still on the device (the boundary skipped):
+    the round fails at the encoder's door, and says so in the result and the log."""
+    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"}, "outer": {"method": "noloco"}}])
+    ctx = zmq.Context()
+    worker = _parts(ctx, cfg, "a" * 32, seed=1)
+    try:
+        skipped = HostContribution(HostCopy([t.clone() for t in worker.replica.fast]), PartsKind.FAST)
+        worker.exchanger.begin(OuterRound(1, skipped, [Partner("b" * 32, "tcp://127.0.0.1:1", 1)], COEFFS))
+        result = worker.exchanger.result(1, wait_s=30)
+        assert result is not None and result.failed == "ValueError" and result.used == []
+        (event, fields), = worker.log.errors()
+        assert event == "outer_round_failed" and "expected host tensors" in fields["error"]
+    finally:
+        worker.close()
+        ctx.term()
+
+
+def _host_and_device_states() -> tuple[PeerOuterState, PeerOuterState]:
+    host = [torch.ones(4, 3), torch.zeros(3)]
+    return PeerOuterState(fast=host), PeerOuterState(fast=[on_other_device(t) for t in host])
+
+
+def test_pure_functions_refuse_mixed_devices_naming_both():
+    host, device = _host_and_device_states()
+    calls = {
+        "check_peer_distance": lambda: check_peer_distance(host, device, max_ratio=1.0),
+        "correction_term": lambda: correction_term(device, [host], COEFFS),
+        "group_outer_step": lambda: group_outer_step([on_other_device(torch.ones(4, 3))],
+                                                     [on_other_device(torch.zeros(4, 3))],
+                                                     [on_other_device(torch.ones(4, 3))],
+                                                     [PeerOuterState(fast=[torch.ones(4, 3)])], COEFFS),
+        "encode_tensors": lambda: encode_tensors([host.fast[0], device.fast[1]], "int8-zstd"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=rf"{name}: tensors on two devices, (cpu and meta|meta and cpu)"):
+            call()
+
+
+def test_the_boundary_copies_both_ways_and_keeps_the_replica_dtype():
+    boundary = ExchangeBoundary.on(OTHER_DEVICE)
+    state = PeerOuterState(fast=[on_other_device(torch.arange(6.0).reshape(2, 3))])
+    host = boundary.contribution_to_host(state).state()
+    assert type(host.fast[0]) is torch.Tensor and host.fast[0].device.type == "cpu"
+    assert torch.equal(host.fast[0], torch.arange(6.0).reshape(2, 3))
+    like = [on_other_device(torch.zeros(2, 3, dtype=torch.bfloat16))]
+    back = boundary.to_device(boundary.ready_for_device(host.fast), like=like)
+    assert isinstance(back[0], OnOtherDevice) and back[0].dtype == torch.bfloat16
+    assert torch.equal(values(back[0]), torch.arange(6.0).reshape(2, 3).bfloat16())
+    # Live weights are cloned before they cross: a later in-place update does not reach the copy.
+    live = [on_other_device(torch.ones(3))]
+    copied = boundary.weights_to_host(live)
+    live[0].add_(on_other_device(torch.ones(3)))
+    assert torch.equal(copied.tensors[0], torch.ones(3))
