@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,15 @@ def read_events(log_path: Path, event: str | None = None) -> list[Event]:
     """The JSON log lines of a file (all, or those of one event); other lines are skipped."""
     records, _ = read_json_lines(log_path)
     return [r for r in records if event is None or r.get("event") == event]
+
+
+ERROR_LEVELS = ("error", "critical", "exception")
+
+
+def error_events(log_paths: Iterable[Path]) -> list[Event]:
+    """Error-level lines of these logs: a fault-free run must have none (an error on a
+    background path is a bug, even when training went on)."""
+    return [e | {"log": p.name} for p in log_paths for e in read_events(p) if e.get("level") in ERROR_LEVELS]
 
 
 @dataclass
@@ -127,6 +136,10 @@ class LocalCluster:
             worker.process.kill()
             worker.process.wait(5)
             raise AssertionError(f"{worker.name} did not exit within {timeout_s} s of signal {sig}") from None
+
+    def error_events(self) -> list[Event]:
+        """Error-level lines of every worker started (see `error_events`)."""
+        return error_events(w.log_path for w in self.workers)
 
     def close(self) -> None:
         for worker in self.workers:

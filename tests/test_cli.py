@@ -124,7 +124,7 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
     with EmbeddedRedis() as server:
         Membership(connect(server.url), run_id="default", heartbeat_interval_s=30).register(
             MemberRecord("abcdef0123", "default", 1, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",
-                         WorkerState.ONLINE, outer_step=3, queue_depth=2))
+                         WorkerState.ONLINE, outer_step=3, queue_depth=2, outer_matched=2, outer_failed=1))
         marks = Membership(connect(server.url), run_id="default").high_water
         marks.client.hset(marks.key, "1", "3")
         marks.record_durable(1, 2)
@@ -136,6 +136,10 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         assert "…" not in result.stdout
         assert "(stage 1 reached outer step 3, durable 2)" in result.stdout.splitlines()[0]
         assert "finished" not in result.stdout.splitlines()[0]
+        # Outer steps by kind: per stage under the title, per worker in the table.
+        assert result.stdout.splitlines()[1] == ("outer steps stage 1: 2 of 3 matched, 0 partial, 0 local, "
+                                                 "0 dropped_late, 1 failed")
+        assert " 2/0/0/0/1 " in row
         marks_finished = Membership(connect(server.url), run_id="default")
         marks_finished.mark_run_finished(40)
         after = run_cli("status", "--redis-url", server.url, env={"COLUMNS": "80"})
@@ -146,6 +150,8 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         assert (member["worker_id"], member["state"], member["outer_step"], member["queue_depth"]) == (
             "abcdef0123", "ONLINE", 3, 2)
         assert member["loss"] is None and member["heartbeat_age_s"] >= 0
+        assert {k: member[f"outer_{k}"] for k in ("matched", "partial", "local", "dropped_late", "failed")} == {
+            "matched": 2, "partial": 0, "local": 0, "dropped_late": 0, "failed": 1}
         url = server.url
     result = run_cli("status", "--redis-url", url)
     assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr

@@ -54,6 +54,7 @@ def test_two_by_two_trains_exchanges_and_routes_to_every_peer(tmp_path):
     cluster = LocalCluster(tmp_path, settings={"worker.exchange_timeout_s": 8.0})
     try:
         _two_by_two(cluster, tmp_path)
+        assert cluster.error_events() == []  # fault-free
     finally:
         cluster.close()
 

@@ -77,6 +77,9 @@ def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
         assert seen["last_spread"]["replicas_per_stage"] == [2, 1]
         assert seen["last_spread"]["spread_by_stage"][1] == 0.0  # one replica: no spread
         assert 0.0 < seen["last_eval"]["val_loss"] < 10.0 and seen["members_per_stage"] == {"0": 2, "1": 1}
+        # Outer steps by kind per stage, in the workers' words (stage 1 has one replica: local by design).
+        assert set(seen["outer_steps_by_stage"]) == {"0", "1"}
+        assert list(seen["outer_steps_by_stage"]["0"]) == ["matched", "partial", "local", "dropped_late", "failed"]
         cfg, model, metadata = load_consensus(out / "consensus.safetensors")
         assert cfg.pipeline.stages == 2 and metadata["replicas_per_stage"] == "2,1"
         assert sum(p.numel() for p in model.parameters()) > 0

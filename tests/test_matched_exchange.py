@@ -27,6 +27,7 @@ def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path,
             assert cluster.wait_exit(worker, timeout_s=240) == 0
         ids = {w.events("worker_started")[0]["worker"]: w.name for w in workers}
         steps = {(ids[e["worker"]], e["outer_step"]): e for w in workers for e in w.events("outer_step_done")}
+        assert cluster.error_events() == []  # fault-free
     finally:
         cluster.close()
     # 60 inner steps, h = 5: each worker logs every outer step up to 12 from its first (one that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from noloco_rt.algo.diagnostics import pooled_spread
 from noloco_rt.config import load_config
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from workers.cluster.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
-from workers.cluster.run_view import build_sample, headline, log_fields, render_table
+from workers.cluster.run_view import WorkerRow, build_sample, headline, log_fields, render_table
 
 
 @dataclass
@@ -143,3 +144,72 @@ def test_run_dir_config_never_holds_the_redis_password(tmp_path):
     cfg = load_config(None, environ={}, overrides=[{"network": {"redis_url": "redis://:s3cret@10.0.0.1:6379/0"}}])
     text = prepare_run_dir(tmp_path / "run", cfg).read_text()
     assert "s3cret" not in text and "[network]" in text
+
+
+def _row(name: str, stage: int, **fields) -> WorkerRow:
+    return WorkerRow(name=name, stage=stage, state="ONLINE", inner_step=10, outer_step=2, **fields)
+
+
+def test_outer_steps_are_counted_by_kind_per_stage_in_one_vocabulary():
+    from noloco_rt.membership.progress import (
+        OUTER_STEP_KINDS,
+        outer_kinds_by_stage,
+        outer_kinds_text,
+    )
+
+    rows = [_row("a", 0, outer_matched=3, outer_local=1), _row("b", 0, outer_matched=4),
+            _row("c", 1, outer_failed=2, outer_dropped_late=1, outer_partial=1)]
+    by_stage = outer_kinds_by_stage(rows)
+    assert by_stage == {0: {"matched": 7, "partial": 0, "local": 1, "dropped_late": 0, "failed": 0},
+                        1: {"matched": 0, "partial": 1, "local": 0, "dropped_late": 1, "failed": 2}}
+    assert list(by_stage[0]) == list(OUTER_STEP_KINDS)
+    assert outer_kinds_text(by_stage) == ("stage 0: 7 of 8 matched, 0 partial, 1 local, 0 dropped_late, 0 failed; "
+                                          "stage 1: 0 of 4 matched, 1 partial, 0 local, 1 dropped_late, 2 failed")
+    assert outer_kinds_text({}) == "no outer step yet"
+    sample = build_sample(now=1.0, started=0.0, steps=10, names_by_stage={}, processes={}, records=[],
+                          last_seen={}, coordinator_status=None, coordinator_state="off", redis_up=True)
+    sample.workers = rows
+    assert log_fields(sample)["outer_steps"]["1"]["failed"] == 2
+    assert render_table(sample, title="t").columns[7].header == "matched/partial/local/late/failed"
+
+
+def test_the_final_row_comes_from_every_incarnations_summary(tmp_path):
+    from workers.cluster.run_outcome import final_row, incarnation_logs, worker_summaries
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    summary = {"event": "worker_summary", "inner_steps": 12, "outer_steps": 3, "retried": 1, "dropped": 0,
+               "outer_kinds": {"matched": 2, "partial": 0, "local": 1, "dropped_late": 0, "failed": 0}}
+    (logs / "w.0.log").write_text(json.dumps(summary) + "\n")
+    (logs / "w.1.log").write_text('{"event": "train_progress"}\nnot json\n'
+                                  + json.dumps({**summary, "inner_steps": 20, "outer_steps": 5, "dropped": 2,
+                                                "outer_kinds": {"matched": 1, "failed": 1}}) + "\n")
+    (logs / "w.10.log").write_text("")  # an incarnation killed before its summary
+    (logs / "w.x.log").write_text(json.dumps(summary) + "\n")  # not an incarnation
+    (logs / "w2.0.log").write_text(json.dumps(summary) + "\n")  # another worker
+    paths = incarnation_logs(logs, "w")
+    assert [p.name for p in paths] == ["w.0.log", "w.1.log", "w.10.log"]
+    row = final_row(_row("w", 0, queue_depth=3, tokens_per_s=50.0), worker_summaries(paths))
+    assert (row.inner_step, row.outer_step, row.retried, row.dropped) == (20, 5, 2, 2)  # counts summed
+    assert (row.outer_matched, row.outer_local, row.outer_failed, row.queue_depth, row.tokens_per_s) == (3, 1, 1, 0, 0.0)
+    untouched = _row("v", 0, outer_matched=4)
+    assert final_row(untouched, []) == untouched
+
+
+def test_up_warns_when_a_stage_of_several_replicas_matched_under_ninety_percent():
+    from workers.cluster.run_outcome import matched_warning, outer_outcome
+
+    by_stage = {0: {"matched": 9, "local": 1}, 1: {"matched": 8, "local": 2}, 2: {"local": 10}}
+    reasons = {1: {"no_push": 1, "failed:RuntimeError": 1, "push_failed": 0}, 2: {"alone": 10}}
+    warning = matched_warning(by_stage, reasons, {0: 2, 1: 2, 2: 1})
+    # 90 % is enough; a stage of one replica has nobody to match with.
+    assert warning is not None and warning.startswith("stage 1 matched 8 of 10 outer steps (80%, under 90%)")
+    assert "stage 0" not in warning and "stage 2" not in warning
+    assert "most often no_push (1)" in warning or "most often failed:RuntimeError (1)" in warning
+    assert matched_warning({0: {"matched": 10}}, {}, {0: 2}) is None
+    rows = [_row("a", 0, outer_matched=1, outer_failed=3), _row("b", 0, outer_matched=1, outer_failed=3)]
+    summaries = {"a": [{"unmatched_reasons": {"failed:RuntimeError": 3}}],
+                 "b": [{"unmatched_reasons": {"failed:RuntimeError": 3}}]}
+    text, warning = outer_outcome(rows, summaries, {"a": 0, "b": 0})
+    assert text == "stage 0: 2 of 8 matched, 0 partial, 0 local, 0 dropped_late, 6 failed"
+    assert warning == "stage 0 matched 2 of 8 outer steps (25%, under 90%), most often failed:RuntimeError (6)"

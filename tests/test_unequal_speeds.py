@@ -29,6 +29,7 @@ def test_a_worker_slowed_twice_still_pairs_symmetrically(tmp_path):
         slow = cluster.start_worker(0, "slow", steps=30, **{"worker.fault_slowdown": 2.0})
         for worker in (*fast, slow):
             assert cluster.wait_exit(worker, timeout_s=240) == 0
+        assert cluster.error_events() == []  # slow, not faulty
     finally:
         cluster.close()
     workers = (*fast, slow)

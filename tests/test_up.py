@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from noloco_rt.logs import read_json_lines
+from noloco_rt.membership.progress import OUTER_STEP_KINDS
 from noloco_rt.tb_log import tag
+from tests.cluster import error_events
 from tests.test_tensorboard import HAVE_TENSORBOARD, read_scalars
 from workers.cluster.run_dir import read_metrics
 
@@ -97,10 +99,22 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
                for line in (out / "logs" / name).read_text().splitlines() if '"coordinator_started"' in line]
     assert started and started[0]["port"] == status_port, started
     assert f"127.0.0.1:{status_port}/status" in output
+    assert error_events((out / "logs").glob("*.log")) == []  # fault-free
     records = read_metrics(out / "metrics.jsonl")
     samples = [r for r in records if r["kind"] == "workers"]
     assert samples and {w["name"] for w in samples[-1]["workers"]} == {"s0-r0", "s0-r1", "s1-r0", "s1-r1"}
     assert any(w["loss"] is not None for s in samples for w in s["workers"])
+    # The last sample is the run as it ended: every worker's final figures, from its summary line.
+    last = samples[-1]
+    assert last["extra"] == {"final": True}, last["extra"]
+    stage0 = [w for w in last["workers"] if w["stage"] == 0]
+    assert all(w["inner_step"] == 40 and w["state"] == "finished" for w in stage0), stage0
+    outer = {w["name"]: {k: w[f"outer_{k}"] for k in OUTER_STEP_KINDS} for w in last["workers"]}
+    assert all(sum(k.values()) == 8 and k["failed"] == 0 for n, k in outer.items() if n.startswith("s0")), outer
+    # up's closing line reports them per stage, in the same words.
+    done = next(json.loads(line) for line in output.splitlines() if '"up_done"' in line)
+    assert done["outer_steps"].startswith("stage 0: ") and "; stage 1: " in done["outer_steps"], done
+    assert all(kind in done["outer_steps"] for kind in OUTER_STEP_KINDS), done
     final = [r for r in records if r["kind"] == "final"]
     assert len(final) == 1 and final[0]["step"] == 40 and final[0]["replicas_per_stage"] == [2, 2]
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -277,13 +277,17 @@ class UpRun:
             supervisor.stop(grace_s=0)
         finally:
             codes = supervisor.stop()
-            final = self._final_sample(supervisor, membership)  # Redis still up: the last records too
+            summaries = {name: self._summaries(name) for name in self.names_by_stage}
+            final = self._final_sample(supervisor, membership, summaries)  # Redis still up: the last records too
             metrics.write(final.to_json())
             if redis is not None:
                 redis.stop()
             self.log.info("processes_stopped", codes=codes)
         try:
-            self._finalise(metrics, final)
+            outer, warning = outer_outcome(final.workers, summaries, self.names_by_stage)
+            self._finalise(metrics, outer)
+            if warning is not None:  # the run's last line, whether or not a consensus could be made
+                self.log.warning("outer_steps_unmatched", detail=warning, outer_steps=outer)
         finally:
             metrics.close()
             if self.curves is not None:
@@ -363,26 +367,17 @@ class UpRun:
         """The worker_summary lines of this run's incarnations of `name`, oldest first."""
         return worker_summaries(p for p in incarnation_logs(self.out / "logs", name) if p not in self._earlier_logs)
 
-    def _final_sample(self, supervisor: Supervisor, membership: Membership) -> RunSample:
+    def _final_sample(self, supervisor: Supervisor, membership: Membership,
+                      summaries: dict[str, list[dict[str, Any]]]) -> RunSample:
         """The run as it ended: a last sample, each worker's row completed from its summary lines."""
-        statuses = {s.name: s for s in supervisor.statuses()}
-        sample = self._sample(statuses, membership, self.last_seen, None)
-        sample.workers = [final_row(row, self._summaries(row.name)) for row in sample.workers]
+        sample = self._sample({s.name: s for s in supervisor.statuses()}, membership, self.last_seen, None)
+        sample.workers = [final_row(row, summaries.get(row.name, [])) for row in sample.workers]
         sample.extra["final"] = True
         return sample
 
-    def _finalise(self, metrics: MetricsLog, final_sample: RunSample) -> None:
-        """Consensus of the workers' last checkpoints: written, scored, plotted; then the
-        outer steps by kind, and a warning when too few were matched."""
-        outer, warning = outer_outcome(final_sample.workers, {n: self._summaries(n) for n in self.names_by_stage},
-                                       self.names_by_stage)
-        try:
-            self._consensus(metrics, outer)
-        finally:
-            if warning is not None:
-                self.log.warning("outer_steps_unmatched", detail=warning, outer_steps=outer)
-
-    def _consensus(self, metrics: MetricsLog, outer: str) -> None:
+    def _finalise(self, metrics: MetricsLog, outer: str) -> None:
+        """Consensus of the workers' last checkpoints: written, scored, plotted; the closing
+        line reports outer steps by kind per stage (`outer`)."""
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"
         try:
@@ -399,7 +394,6 @@ class UpRun:
                              lr=self._lr_at, total_steps=self.cfg.run.steps)
         self.log.info("up_done", step=final["step"], val_loss=round(final["val_loss"], 4),
                       val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", outer_steps=outer,
-                      consensus=str(path),
-                      curves=str(self.out / "curves.png"),
+                      consensus=str(path), curves=str(self.out / "curves.png"),
                       elapsed_s=round(time.time() - self.started, 1),
                       next=f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")
