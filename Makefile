@@ -41,10 +41,14 @@ bench-convergence: $(STAMP)
 clean:
 	rm -rf $(VENV) runs .pytest_cache
 
-# On a machine with an NVIDIA GPU and a CUDA build of torch (the pinned wheel is CPU-only):
-# `up` with the small and 125m presets, then tokens/s, peak GPU memory and MFU per worker.
-gpu-check: $(STAMP)
-	$(BIN)/python -m benchmarks.gpu_check --out benchmarks/results/gpu_check.md
+# On a machine with an NVIDIA GPU and a CUDA build of torch: a gate (exit 1 when an outer step
+# is not matched, an error is logged or the loss does not fall) and tokens/s, MFU and memory of
+# `up` beside a plain PyTorch loop, with the small, 125m and 1b presets (benchmarks/README.md).
+# GPU_PYTHON=python3 runs it with that interpreter (its CUDA torch, the other packages on
+# PYTHONPATH) and builds no venv, which would install the pinned torch; unset: the venv's python.
+GPU_PYTHON ?=
+gpu-check: $(if $(GPU_PYTHON),,$(STAMP))
+	$(or $(GPU_PYTHON),$(BIN)/python) -m benchmarks.gpu_check --out benchmarks/results/gpu_check.md
 
 # Several minutes: a fault-free baseline, then the same cluster under a fault every 4 s.
 chaos: $(STAMP)

@@ -1,22 +1,16 @@
-"""`make gpu-check`: a gate on `noloco-rt up` on CUDA, and its speed beside a plain PyTorch loop.
+"""`make gpu-check`: a gate on `noloco-rt up` on CUDA, and its speed beside a plain PyTorch loop
+(benchmarks/README.md says what is run, checked and measured, column by column).
 
     python -m benchmarks.gpu_check [--presets small,125m,1b] [--steps 60] [--seq-len 1024]
         [--outer-h 10] [--peak-tflops 989] [--out benchmarks/results/gpu_check.md]
 
-Per preset, on one GPU: `up` with 2 stages x 2 replicas and with 1 x 1 (one worker holding the
-whole model), then benchmarks/plain_loop.py eager and compiled with the same tokens per step
-(pipeline.max_inflight x data.batch_size x model.seq_len). One table: tokens/s and their ratio
-to the plain eager loop, MFU, peak memory per worker, and per outer step the exchange's seconds,
-its wire bytes and the training thread's blocked share. Exit 1, one `gpu-check: FAIL` line each,
-when a run exits non-zero, a worker logs too little progress, an outer step of a multi-replica
-run is not matched, any event is logged at error level, or a worker's loss does not fall.
-
-Tokens/s of a worker: inner steps between its second and last progress lines (start-up left
-out) times the tokens of an inner step, over the time between them; a run's: the sum over its
-stage-0 workers. MFU: model FLOPs per token, 6·N for forward and backward of N parameters plus
-12·L·T·d for the attention scores (L layers of width d, T tokens of context), times tokens/s,
-over the GPU's dense bfloat16 peak (known for common GPUs; else --peak-tflops), summed over a
-run's workers. Without CUDA this says so in one line and exits 2.
+Per preset, on one GPU: `up` with 2 stages x 2 replicas and with 1 x 1, then
+benchmarks/plain_loop.py eager and compiled on the same tokens per step. One table: tokens/s and
+their ratio to the plain eager loop, MFU, peak memory per worker, and per outer step the
+exchange's seconds, its wire bytes and the training thread's blocked share. Exit 1, one
+`gpu-check: FAIL` line each, when a run exits non-zero, a worker logs too little progress, an
+outer step of a multi-replica run is not matched, any event is logged at error level, or a
+worker's loss does not fall. Without CUDA this says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ from statistics import mean
 
 from benchmarks.plain_loop import MODES, PlainLoopResult
 from benchmarks.table import emit, markdown_table
+from noloco_rt.config import Config, load_config, parse_assignment
 from noloco_rt.logs import LogRecord, read_json_lines
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
@@ -46,6 +41,7 @@ SHAPES = ((2, 2), (1, 1))
 """(stages, replicas) of the runtime's runs."""
 MIN_PROGRESS_LINES = 3  # step 1 (with start-up), and two more to measure a rate between
 ERROR_LEVELS = frozenset({"error", "critical", "exception"})
+TRAINING_EVENTS = frozenset({"train_progress", "outer_step_done", "steps_done"})
 EventsByWorker = dict[str, list[LogRecord]]
 
 
@@ -172,13 +168,12 @@ def gate_failures(run_label: str, events_by_worker: EventsByWorker, *, replicas:
 def _blocked_share(events: list[LogRecord]) -> float | None:
     """outer_blocked_s of the worker's summary over its training span: from its first progress
     line to its last training event (an outer step can follow the last progress line)."""
-    summary = _named(events, "worker_summary")
-    stamps = [_seconds(e["timestamp"]) for e in events
-              if e.get("event") in ("train_progress", "outer_step_done", "steps_done")]
-    progress = _named(events, "train_progress")
-    if not summary or not progress or max(stamps) <= _seconds(progress[0]["timestamp"]):
+    summary, progress = _named(events, "worker_summary"), _named(events, "train_progress")
+    if not summary or not progress:
         return None
-    return summary[-1].get("outer_blocked_s", 0.0) / (max(stamps) - _seconds(progress[0]["timestamp"]))
+    start = _seconds(progress[0]["timestamp"])
+    end = max(_seconds(e["timestamp"]) for e in events if e.get("event") in TRAINING_EVENTS)
+    return summary[-1].get("outer_blocked_s", 0.0) / (end - start) if end > start else None
 
 
 def runtime_row(name: str, events_by_worker: EventsByWorker, *, tokens_per_step: int,
@@ -233,13 +228,20 @@ def run_bounded(command: list[str], timeout_s: float, *, capture: bool = False) 
             stdout, _ = child.communicate(timeout=timeout_s)
             return child.returncode, stdout or ""
         except subprocess.TimeoutExpired:
+            print(f"gpu-check: timed out after {timeout_s:.0f} s; ending it (exit code 124)", flush=True)
             os.killpg(child.pid, signal.SIGKILL)
             child.communicate()
             return 124, ""
 
 
 def runtime_settings(preset: str, args: argparse.Namespace) -> list[str]:
+    """The --set flags of the preset's runs."""
     return [f"model.seq_len={args.seq_len}", f"outer.h={args.outer_h}", *PRESET_SETTINGS.get(preset, ())]
+
+
+def runtime_config(settings: list[str]) -> Config:
+    """The config `up` runs with under these --set flags (defaults otherwise)."""
+    return load_config(environ={}, overrides=[parse_assignment(s) for s in settings])
 
 
 @dataclass(frozen=True)
@@ -252,10 +254,8 @@ class PresetCheck:
 
 def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float) -> PresetCheck:
     """The runtime's runs and the plain loops of one preset: their rows and the gate's failures."""
-    from noloco_rt.config import load_config, parse_assignment
-
     settings = runtime_settings(preset, args)
-    cfg = load_config(environ={}, overrides=[parse_assignment(s) for s in settings])
+    cfg = runtime_config(settings)
     sequences = cfg.pipeline.max_inflight * cfg.data.batch_size
     tokens_per_step, vocab = sequences * cfg.model.seq_len, cfg.model.vocab_size
     rows, failures = [], []

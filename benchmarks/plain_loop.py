@@ -1,5 +1,5 @@
-"""The baseline `make gpu-check` holds the runtime against (docs DESIGN §9): a plain single-process
-PyTorch training loop of the whole model, eager or torch.compile'd, on random tokens.
+"""The baseline `make gpu-check` holds the runtime against: a plain single-process PyTorch
+training loop of the whole model, eager or torch.compile'd, on random tokens.
 
     python -m benchmarks.plain_loop [--preset 125m] [--mode eager|compiled] [--sequences 32]
         [--seq-len 1024] [--steps 30] [--warmup-steps 10] [--device cuda]
