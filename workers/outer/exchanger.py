@@ -46,8 +46,9 @@ class OuterRound:
     """Our state at step k (before the step), on its way to the host: what we push, what
     partners' are checked against, and the base of the correction."""
     partners: list[Partner]
-    coeffs: OuterCoefficients
     """Our seeded group; with readiness pairing, the fallback when Redis is away."""
+    coeffs: OuterCoefficients
+    """α, β, γ: the exchanger computes the correction on the host."""
     by_readiness: bool = False
     window_s: float = 0.0
     """By readiness: how long we wait in the queue for a partner."""
