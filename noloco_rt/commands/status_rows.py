@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from noloco_rt.membership.progress import (
-    OUTER_STEP_KINDS,
-    outer_kind_counts,
+    OUTER_KINDS_HEADER,
     outer_kinds_by_stage,
+    outer_kinds_cell,
     outer_kinds_text,
     progress_of,
 )
@@ -22,7 +22,8 @@ from noloco_rt.membership.records import MemberRecord
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("stage", "stage"), ("worker", "worker"), ("name", "name"), ("state", "state"),
     ("data address", "data_addr"), ("exchange address", "exchange_addr"), ("step", "inner_step"),
-    ("outer step", "outer_step"), ("/".join(OUTER_STEP_KINDS), "outer_kinds"), ("loss", "loss"), ("tokens/s", "tokens_per_s"), ("queue", "queue_depth"),
+    ("outer step", "outer_step"), (OUTER_KINDS_HEADER, "outer_kinds"), ("loss", "loss"),
+    ("tokens/s", "tokens_per_s"), ("queue", "queue_depth"),
     ("heartbeat age s", "heartbeat_age_s"),
 )
 
@@ -62,7 +63,7 @@ def text_row(record: MemberRecord, now: float) -> list[str]:
     loss = "-" if record.loss is None else f"{record.loss:.3f}"
     return [str(record.stage), record.worker_id[:8], record.name or "-", record.state.value, record.data_addr,
             record.exchange_addr, str(record.inner_step), str(record.outer_step),
-            "/".join(str(n) for n in outer_kind_counts(record).values()), loss,
+            outer_kinds_cell(record), loss,
             f"{record.tokens_per_s:.0f}", str(record.queue_depth), f"{now - record.heartbeat_time:.1f}"]
 
 

@@ -53,6 +53,15 @@ def outer_kind_counts(source: Any) -> dict[str, int]:
     return {kind: int(getattr(source, f"outer_{kind}", 0)) for kind in OUTER_STEP_KINDS}
 
 
+OUTER_KINDS_HEADER = "matched/partial/local/late/failed"
+"""The column heading of `outer_kinds_cell` in `up`'s and `status`'s tables."""
+
+
+def outer_kinds_cell(source: Any) -> str:
+    """A worker's outer steps by kind, in OUTER_STEP_KINDS order, for a table cell: "7/0/1/0/0"."""
+    return "/".join(str(count) for count in outer_kind_counts(source).values())
+
+
 def outer_kind_fields(counts: dict[str, int]) -> dict[str, int]:
     """The WorkerProgress fields of outer steps counted by kind."""
     return {f"outer_{kind}": int(counts.get(kind, 0)) for kind in OUTER_STEP_KINDS}

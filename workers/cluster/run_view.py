@@ -14,9 +14,10 @@ from typing import Any
 from rich.table import Table
 
 from noloco_rt.membership.progress import (
+    OUTER_KINDS_HEADER,
     WorkerProgress,
-    outer_kind_counts,
     outer_kinds_by_stage,
+    outer_kinds_cell,
     progress_of,
 )
 from noloco_rt.membership.records import MemberRecord
@@ -129,14 +130,6 @@ def _duration(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-OUTER_KINDS_COLUMN = "matched/partial/local/late/failed"
-
-
-def outer_kinds_cell(row: Any) -> str:
-    """A worker's outer steps by kind, in OUTER_STEP_KINDS order, for a table cell."""
-    return "/".join(str(count) for count in outer_kind_counts(row).values())
-
-
 def headline(sample: RunSample) -> str:
     return (f"{sample.progress:6.1%} elapsed {_duration(sample.elapsed_s)} remaining {_duration(sample.remaining_s)}"
             f" | val loss {_fmt(sample.val_loss, '.3f')} (step {sample.eval_step if sample.eval_step is not None else '-'})"
@@ -147,7 +140,7 @@ def render_table(sample: RunSample, *, title: str) -> Table:
     table = Table(title=title, caption=headline(sample), caption_justify="left")
     for column, justify in (("stage", "right"), ("worker", "left"), ("state", "left"), ("step", "right"),
                             ("loss", "right"), ("tokens/s", "right"), ("outer", "right"),
-                            (OUTER_KINDS_COLUMN, "right"), ("retried", "right"), ("dropped", "right"),
+                            (OUTER_KINDS_HEADER, "right"), ("retried", "right"), ("dropped", "right"),
                             ("restarts", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in sorted(sample.workers, key=lambda r: (r.stage, r.name)):
