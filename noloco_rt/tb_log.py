@@ -60,18 +60,36 @@ def _wandb_module() -> Any:
 
 
 class _TensorBoard:
-    def __init__(self, writer_class: Any, logdir: Path) -> None:
-        self.writer = writer_class(log_dir=str(logdir), flush_secs=FLUSH_SECS)
+    """One event file in `logdir`, or with `file_per_suffix` one more in `logdir/<suffix>` per
+    suffix. Several workers' curves must not share a file: their steps interleave, and a
+    reader (TensorBoard's EventAccumulator) takes a step that goes back as a restart and
+    drops that tag's points from there on."""
 
-    def add(self, values: Mapping[str, float], step: int) -> None:
+    def __init__(self, writer_class: Any, logdir: Path, *, file_per_suffix: bool = False) -> None:
+        self.writer_class = writer_class
+        self.logdir = logdir
+        self.file_per_suffix = file_per_suffix
+        self.writers: dict[str, Any] = {}
+
+    def _writer(self, suffix: str) -> Any:
+        key = suffix if self.file_per_suffix else ""
+        if key not in self.writers:
+            self.writers[key] = self.writer_class(log_dir=str(self.logdir / key if key else self.logdir),
+                                                  flush_secs=FLUSH_SECS)
+        return self.writers[key]
+
+    def add(self, values: Mapping[str, float], step: int, suffix: str = "") -> None:
+        writer = self._writer(suffix)
         for name, value in values.items():
-            self.writer.add_scalar(name, value, global_step=step)
+            writer.add_scalar(name, value, global_step=step)
 
     def flush(self) -> None:
-        self.writer.flush()
+        for writer in self.writers.values():
+            writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        for writer in self.writers.values():
+            writer.close()
 
 
 class _Wandb:
@@ -84,8 +102,8 @@ class _Wandb:
         # Curves of different workers arrive out of step order: plot them against their own step.
         self.run.define_metric("*", step_metric="inner_step")
 
-    def add(self, values: Mapping[str, float], step: int) -> None:
-        self.run.log({**values, "inner_step": step})
+    def add(self, values: Mapping[str, float], step: int, suffix: str = "") -> None:
+        self.run.log({**values, "inner_step": step})  # the suffix is in the tags already
 
     def flush(self) -> None:
         pass  # offline runs write as they go
@@ -105,7 +123,7 @@ class ScalarLog:
                   if value is not None and math.isfinite(value)}
         if tagged:
             for backend in self.backends:
-                backend.add(tagged, int(step))
+                backend.add(tagged, int(step), suffix)
 
     def flush(self) -> None:
         for backend in self.backends:
@@ -117,14 +135,16 @@ class ScalarLog:
 
 
 def open_scalar_log(tensorboard_dir: Path | None, *, wandb_dir: Path | None = None,
-                    run_name: str = "noloco-rt") -> ScalarLog | None:
+                    run_name: str = "noloco-rt", file_per_suffix: bool = False) -> ScalarLog | None:
     """A log writing to the backends asked for (None when none is); ScalarLogUnavailable if
-    one of them is not installed (nothing is created then: both imports come first)."""
+    one of them is not installed (nothing is created then: both imports come first).
+    `file_per_suffix`: each suffix's TensorBoard scalars in their own `tensorboard_dir/<suffix>`
+    (needed when the suffixes are processes whose steps interleave)."""
     writer_class = _summary_writer_class() if tensorboard_dir is not None else None
     wandb = _wandb_module() if wandb_dir is not None else None
     backends: list[Any] = []
     if tensorboard_dir is not None:
-        backends.append(_TensorBoard(writer_class, tensorboard_dir))
+        backends.append(_TensorBoard(writer_class, tensorboard_dir, file_per_suffix=file_per_suffix))
     if wandb_dir is not None:
         backends.append(_Wandb(wandb, wandb_dir, run_name))
     return ScalarLog(backends) if backends else None

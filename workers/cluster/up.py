@@ -82,7 +82,7 @@ EXIT_INTERRUPTED = 130
 @click.option("--secure", is_flag=True,
               help="CURVE on: use OUT/keys (a fresh key pair the first time) unless keys are configured.")
 @click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
-              help="TensorBoard scalars: DIR/workers (train loss, tokens/s, lr, exchange bytes per worker) and "
+              help="TensorBoard scalars: DIR/workers/<name> (train loss, tokens/s, lr, exchange bytes of each worker) and "
                    "DIR/coordinator (val loss/ppl, spread). Default: OUT/tb when tensorboard is installed.")
 @click.option("--no-tensorboard", is_flag=True, help="No TensorBoard scalars.")
 @click.option("--wandb", "with_wandb", is_flag=True, help="Also log the scalars to W&B, offline, under OUT/wandb.")
@@ -237,7 +237,7 @@ class UpRun:
         settings = self.curves_settings
         scalar_log = open_scalar_log(settings.tensorboard / "workers" if settings.tensorboard else None,
                                      wandb_dir=self.out / "wandb" if settings.wandb else None,
-                                     run_name=f"{self.cfg.run.run_id}-workers")
+                                     run_name=f"{self.cfg.run.run_id}-workers", file_per_suffix=True)
         if scalar_log is not None:
             self.curves = WorkerLogCurves(self.out / "logs", self.names_by_stage, scalar_log)
 
