@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.table import emit, markdown_table
-from noloco_rt.algo.simulator import Simulation
 from noloco_rt.config import load_config
-from noloco_rt.net.codec import CODECS, decode_tensors, encode_tensors
+from noloco_rt.outer.codec import CODECS, decode_tensors, encode_tensors
+from noloco_rt.simulation.simulator import Simulation
 
 
 def trained_weights(steps: int) -> list[torch.Tensor]:

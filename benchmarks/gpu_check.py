@@ -68,7 +68,8 @@ class Measured:
 
 def flops_per_token(preset: str, *, stage: int, stages: int, seq_len: int, vocab_size: int) -> float:
     """Model FLOPs of one token through one stage, forward and backward."""
-    from noloco_rt.model import PRESETS, build_stage, stage_layer_range
+    from noloco_rt.config.presets import PRESETS
+    from noloco_rt.model import build_stage, stage_layer_range
 
     shape = PRESETS[preset]
     module = build_stage(preset, vocab_size=vocab_size, stage=stage, num_stages=stages, seed=0, device="meta")

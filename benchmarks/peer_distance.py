@@ -1,7 +1,7 @@
 """Distance ratios between honest replicas at their outer exchanges (real 2 × 2 run).
 
 Starts a local cluster (redis-server, 2 stages × 2 workers), trains, and reads every
-`peer_exchange_done` event's distance_ratios (noloco_rt.algo.peer_checks): the figures the
+`peer_exchange_done` event's distance_ratios (noloco_rt.outer.peer_checks): the figures the
 default of worker.max_peer_distance_ratio must clear with margin.
 
     .venv/bin/python -m benchmarks.peer_distance --steps 200 --h 50 [--out table.md]

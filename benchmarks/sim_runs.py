@@ -63,7 +63,7 @@ def run_job(job: SimJob, out_root: Path) -> dict[str, Any]:
     """Run one simulation into out_root/group/label/seedN; return its records and timing."""
     import torch
 
-    from noloco_rt.algo.simulator import records_as_dicts, run_simulation
+    from noloco_rt.simulation.simulator import records_as_dicts, run_simulation
 
     torch.set_num_threads(job.threads)
     cfg = job_config(job)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.table import emit, markdown_table
+from noloco_rt.config.choices import WIRE_DTYPES
 from noloco_rt.logs import read_json_lines
-from noloco_rt.net.codec_names import WIRE_DTYPES
 
 BYTES_PER_ELEMENT = {"float32": "4", "bfloat16": "2", "float16": "2", "int8": "1 (+ 4 per token)"}
 

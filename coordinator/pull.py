@@ -21,8 +21,8 @@ import zmq
 from noloco_rt.config import Config
 from noloco_rt.export import stage_parameter_shapes
 from noloco_rt.membership.records import MemberRecord
-from noloco_rt.net.snapshot import SnapshotReader
-from noloco_rt.net.snapshot_client import pull_bootstrap
+from noloco_rt.outer.snapshot import SnapshotReader
+from noloco_rt.outer.snapshot_client import pull_bootstrap
 
 
 class RateLimiter:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from noloco_rt.config import DataConfig
+from noloco_rt.config.prepared_manifest import find_prepared_dir, read_manifest
 
 BYTE_VOCAB_SIZE = 256
 DOCUMENT_SEPARATOR = b"\n\n"
@@ -112,8 +113,6 @@ def _load_tokens(paths: list[Path], dtype: str) -> np.ndarray:
 
 def _load_prepared(directory: Path, val_percent: float) -> Corpus:
     """A `noloco-rt prepare` directory: its own train and val shards, in its dtype."""
-    from noloco_rt.prepare.manifest import read_manifest
-
     manifest = read_manifest(directory)
     try:
         train, val = (_load_tokens(manifest.train, manifest.token_dtype),
@@ -136,8 +135,6 @@ def _check_token_ids(corpus: Corpus, vocab_size: int) -> Corpus:
 
 def load_corpus(cfg: DataConfig, *, vocab_size: int = BYTE_VOCAB_SIZE, stdlib_root: Path | None = None) -> Corpus:
     if cfg.source == "tokens":
-        from noloco_rt.prepare.manifest import find_prepared_dir
-
         directory = find_prepared_dir(cfg.paths)
         if directory is not None:
             return _check_token_ids(_load_prepared(directory, cfg.val_percent), vocab_size)

@@ -35,9 +35,10 @@ from noloco_rt.algo.spread_sample import (
 )
 from noloco_rt.checkpoint import CHECKPOINT_VERSION, atomic_write_bytes
 from noloco_rt.config import Config, ConfigError, config_to_toml, load_config
+from noloco_rt.config.presets import PRESETS
 from noloco_rt.evaluation import Batch, validation_loss
 from noloco_rt.logs import get_logger
-from noloco_rt.model import PRESETS, PipelineStage
+from noloco_rt.model import PipelineStage
 
 CONSENSUS_FORMAT = "noloco-consensus/1"
 RESERVED_METADATA = ("format", "config", "sha256")

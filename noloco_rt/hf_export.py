@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from noloco_rt.checkpoint import atomic_write_bytes
 from noloco_rt.config import Config
+from noloco_rt.config.prepared_manifest import run_tokenizer_path
 from noloco_rt.hf_format import generation_config, hf_config, to_hf
 from noloco_rt.model import PipelineStage
 
@@ -66,8 +67,6 @@ def _write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 def run_tokenizer_file(cfg: Config) -> Path | None:
     """The tokenizer.json the run was trained with (data.tokenizer, or its prepared
     directory's), if it is here: a tokenizer.json file or a folder holding one."""
-    from noloco_rt.prepare.manifest import run_tokenizer_path
-
     path = run_tokenizer_path(cfg)
     if path is None:
         return None

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from noloco_rt.model import ModelShape
+from noloco_rt.config.presets import ModelShape
 
 ROPE_THETA = 10000.0
 """noloco_rt.model.rotary_tables' base."""

@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
+from noloco_rt.config.presets import PRESETS, ModelShape
 from noloco_rt.export import CONSENSUS_FORMAT, ExportError, verify_contents
 from noloco_rt.hf_format import HFFormatError, check_hf_config, from_hf, hf_name
-from noloco_rt.model import PRESETS, ModelShape, PipelineStage
+from noloco_rt.model import PipelineStage, build_stage
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
 _IGNORED_HF = ("rotary_emb.inv_freq",)  # buffers some older HF checkpoints saved; recomputed, not weights
@@ -193,6 +195,17 @@ def _verify_consensus(path: Path) -> None:
         raise InitWeightsError(f"init-from {path}: not a readable safetensors file ({exc})") from None
     except ExportError as exc:
         raise InitWeightsError(f"init-from {exc}") from None
+
+
+def initial_replica(cfg: Config, stage: int, *, device: torch.device | str = "cpu") -> StageReplica:
+    """A replica of `stage` as a run starts it: from the run seed, or from model.init_from's
+    weights when set; identical for every replica of a stage either way."""
+    if not cfg.model.init_from:
+        return StageReplica.create(cfg, stage, device=device)
+    module = build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=stage,
+                         num_stages=cfg.pipeline.stages, seed=cfg.run.seed, device=device)
+    load_stage_weights(module, cfg.model.init_from)
+    return StageReplica.of_module(module, cfg)
 
 
 @torch.no_grad()

@@ -22,9 +22,9 @@ import zmq.auth
 
 from noloco_rt.cli import main
 from noloco_rt.config import ConfigError, load_config
+from noloco_rt.config.toml_out import redact_url
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.records import WorkerState
-from noloco_rt.membership.redis_access import redact_url
 from noloco_rt.net import messages
 from noloco_rt.net.curve import CurveKeys, keys_from_dir, load_curve_keys, write_key_pair
 from noloco_rt.net.data_link import DataLink

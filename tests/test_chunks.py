@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noloco_rt.net.chunks import (
+from noloco_rt.net.wire import MessageKind
+from noloco_rt.outer.chunks import (
     ALIGN,
     ChunkAssembly,
     ChunkError,
@@ -23,15 +24,14 @@ from noloco_rt.net.chunks import (
     piece_views,
     plan_chunks,
 )
-from noloco_rt.net.codec import decode_tensors
-from noloco_rt.net.snapshot import (
+from noloco_rt.outer.codec import decode_tensors
+from noloco_rt.outer.snapshot import (
     PartsKind,
     SnapshotReader,
     SnapshotRejected,
     chunk_message,
     encode_snapshot,
 )
-from noloco_rt.net.wire import MessageKind
 from workers.outer.assembly import PushAssemblies
 
 RUN = "run-chunks"

@@ -23,7 +23,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
 def test_help_lists_every_command_without_importing_them():
     code = ("import sys\nfrom noloco_rt.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "loaded = [m for m in ('torch', 'workers', 'coordinator', 'noloco_rt.algo.simulator') if m in sys.modules]\n"
+            "loaded = [m for m in ('torch', 'workers', 'coordinator', 'noloco_rt.simulation.simulator') if m in sys.modules]\n"
             "print('LOADED', loaded)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -10,7 +10,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noloco_rt.net.codec import (
+from noloco_rt.outer.codec import (
     ALLOWED_DTYPES,
     CODECS,
     CodecError,
@@ -23,8 +23,8 @@ from noloco_rt.net.codec import (
     shuffle_bytes,
     unshuffle_bytes,
 )
-from noloco_rt.net.codecs import FAMILIES
-from noloco_rt.net.codecs.base import Codec
+from noloco_rt.outer.codecs import FAMILIES
+from noloco_rt.outer.codecs.base import Codec
 
 BOUND = 1 << 26
 LOSSLESS = ("raw", "zstd", "shuffle-zstd")
@@ -477,7 +477,7 @@ def test_every_codec_name_has_one_family():
 
 
 def test_the_lossless_list_that_bootstraps_use_agrees_with_the_codecs():
-    from noloco_rt.net.codec_names import CODECS, LOSSLESS_CODECS
-    from noloco_rt.net.codecs import is_lossless
+    from noloco_rt.config.choices import CODECS, LOSSLESS_CODECS
+    from noloco_rt.outer.codecs import is_lossless
 
     assert set(LOSSLESS_CODECS) == {name for name in CODECS if is_lossless(name)}

@@ -18,16 +18,16 @@ import pytest
 import torch
 import zmq
 
-from noloco_rt.algo.correction import correction_term
-from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState, group_outer_step
-from noloco_rt.algo.peer_checks import check_peer_distance
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
-from noloco_rt.membership.peers import Blacklist
 from noloco_rt.membership.records import MemberRecord, WorkerState
-from noloco_rt.net.codec import encode_tensors
-from noloco_rt.net.snapshot import PartsKind
 from noloco_rt.net.transport import ExchangeServer
+from noloco_rt.outer.codec import encode_tensors
+from noloco_rt.outer.correction import correction_term
+from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
+from noloco_rt.outer.peer_checks import check_peer_distance
+from noloco_rt.outer.snapshot import PartsKind
+from noloco_rt.routing.peers import Blacklist
 from tests.other_device import OTHER_DEVICE, OnOtherDevice, on_other_device, values
 from workers.counters import Counters
 from workers.device import HostCopy

@@ -7,8 +7,8 @@ import threading
 
 import torch
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.net.snapshot import PartsKind, encode_snapshot
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.snapshot import PartsKind, encode_snapshot
 from workers.outer.inbox import SnapshotInbox
 
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from noloco_rt.algo.simulator import Simulation
 from noloco_rt.cli import main
 from noloco_rt.config import load_config
 from noloco_rt.data import load_corpus
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.export import load_consensus
-from noloco_rt.init_weights import load_stage_weights
+from noloco_rt.init_weights import initial_replica, load_stage_weights
 from noloco_rt.model import build_stage
+from noloco_rt.simulation.simulator import Simulation
 from tests.weights import one_torch_thread, random_consensus  # noqa: F401 (an autouse fixture)
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -208,7 +208,7 @@ def test_a_workers_own_checkpoint_wins_over_init_from(consensus, tmp_path):
             tensor.add_(0.125)
     checkpoint_of(earlier, Counters(inner_steps=40, outer_steps=8)).save("periodic")
 
-    restarted = StageReplica.create(from_file, 1)
+    restarted = initial_replica(from_file, 1)
     names = [name for name, _ in restarted.module.named_parameters()]
     assert torch.equal(restarted.slow[names.index("norm.weight")], state["norm.weight"])  # the file's weights
     counters = Counters()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from noloco_rt.algo import lossy_exchange
-from noloco_rt.algo.lossy_exchange import as_received, exchange_generator, received_states
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.algo.simulator import Simulation
 from noloco_rt.config import ConfigError, load_config
 from noloco_rt.data import load_corpus
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.simulation import lossy_exchange
+from noloco_rt.simulation.lossy_exchange import as_received, exchange_generator, received_states
+from noloco_rt.simulation.simulator import Simulation
 
 
 @pytest.fixture(scope="module")

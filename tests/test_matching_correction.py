@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noloco_rt.algo.correction import apply_correction, correction_term, provisional_local_step
-from noloco_rt.algo.matching import matched_partners, partition
-from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState, group_outer_step
+from noloco_rt.outer.correction import apply_correction, correction_term, provisional_local_step
+from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
+from noloco_rt.outer.matching import matched_partners, partition
 
 
 def ids(n: int) -> list[str]:

@@ -10,18 +10,17 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noloco_rt.algo.optim import (
-    InnerOptimizer,
+from noloco_rt.algo.optim import InnerOptimizer, lr_at
+from noloco_rt.config import OptimConfig, OuterConfig
+from noloco_rt.outer.formula import (
     OuterCoefficients,
     PeerOuterState,
     group_outer_step,
-    lr_at,
     mean_of,
     outer_step,
     outer_step_from_fast,
 )
-from noloco_rt.algo.routing import draw_groups
-from noloco_rt.config import OptimConfig, OuterConfig
+from noloco_rt.outer.matching import draw_groups
 
 SHAPES = [(3,), (2, 4), (5, 1, 2)]
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.algo.peer_checks import check_peer_distance, distance_ratio
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.peer_checks import check_peer_distance, distance_ratio
 
 
 def test_distance_ratio_exact_values():

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from noloco_rt.membership.peer_load import PeerLoad
-from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.routing.peer_load import PeerLoad
+from noloco_rt.routing.peers import PeerView
 
 
 def test_inflight_counts_rise_and_fall_and_never_go_negative():

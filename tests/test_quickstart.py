@@ -7,8 +7,8 @@ import re
 import shlex
 from pathlib import Path
 
-from noloco_rt.algo.matching import partition
 from noloco_rt.config import load_config, parse_assignment
+from noloco_rt.outer.matching import partition
 
 REPO = Path(__file__).resolve().parents[1]
 

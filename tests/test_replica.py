@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from noloco_rt.algo.optim import OuterCoefficients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
 from noloco_rt.model import lm_loss
+from noloco_rt.outer.formula import OuterCoefficients
 
 
 def _assert_identical(a: StageReplica, b: StageReplica) -> None:

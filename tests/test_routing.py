@@ -7,18 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noloco_rt.algo.routing import (
+from noloco_rt.outer.matching import draw_groups, step_rng
+from noloco_rt.routing.next_hop import (
     UNMEASURED_RTT_S,
-    balanced_routes,
-    draw_groups,
     exploration_rtt,
-    load_aware_routes,
     next_hop_cost,
     next_hop_costs,
-    random_peers,
     route_next_hop,
-    step_rng,
 )
+from noloco_rt.simulation.paths import balanced_routes, load_aware_routes, random_peers
 
 
 def test_p2c_prefers_the_shorter_queue():

@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from noloco_rt.algo.simulator import Simulation, run_simulation
 from noloco_rt.config import load_config
 from noloco_rt.data import load_corpus
+from noloco_rt.simulation.simulator import Simulation, run_simulation
 
 LOSS_THRESHOLD_NATS = 3.0
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from noloco_rt.algo.simulator import Simulation
 from noloco_rt.config import load_config
 from noloco_rt.data import load_corpus
+from noloco_rt.simulation.simulator import Simulation
 
 
 @pytest.fixture(scope="module")

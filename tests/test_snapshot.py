@@ -1,4 +1,4 @@
-"""The snapshot format and its validation (noloco_rt.net.snapshot): exact cases, no sockets."""
+"""The snapshot format and its validation (noloco_rt.outer.snapshot): exact cases, no sockets."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 import torch
 import zstandard
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.net.codec import checksum
-from noloco_rt.net.snapshot import (
+from noloco_rt.net.wire import MessageKind
+from noloco_rt.outer.codec import checksum
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.snapshot import (
     DECOMPRESSED_SLACK_BYTES,
     PAYLOAD_SLACK_BYTES,
     PartsKind,
@@ -23,7 +24,6 @@ from noloco_rt.net.snapshot import (
     require_kind,
     snapshot_message,
 )
-from noloco_rt.net.wire import MessageKind
 
 RUN = "r"
 SHAPES = [(4, 3), (5,)]

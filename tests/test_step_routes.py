@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noloco_rt.algo.step_routes import group_by_path, plan_step
+from noloco_rt.simulation.step_routes import group_by_path, plan_step
 
 
 def test_group_by_path_keeps_first_appearance_order():

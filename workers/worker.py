@@ -24,13 +24,12 @@ from typing import Any
 import torch
 import zmq
 
-from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.data import DataCursor
+from noloco_rt.init_weights import initial_replica
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.pairing import PairingQueue
-from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.progress import WorkerProgress
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_wait import wait_for_redis
@@ -38,6 +37,7 @@ from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
+from noloco_rt.routing.peers import PeerView
 from noloco_rt.transfer_time import stage_timeouts
 from workers.cluster.faults import DataFaults
 from workers.counters import Counters
@@ -82,7 +82,7 @@ class StageWorker:
         self.leave_requested = threading.Event()
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
-        self.replica = StageReplica.create(cfg, stage, device=device)
+        self.replica = initial_replica(cfg, stage, device=device)
         self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
         self.peers = PeerView(self.views, own_id=self.worker_id)

@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from noloco_rt.algo.matching import matched_partners
-from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState
 from noloco_rt.config import Config, load_config
-from noloco_rt.membership.peers import Blacklist
 from noloco_rt.model import build_model
 from noloco_rt.net.transport import ExchangeServer
+from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
+from noloco_rt.outer.matching import matched_partners
+from noloco_rt.routing.peers import Blacklist
 from workers.outer.device_boundary import HostContribution
 from workers.outer.exchanger import OuterExchanger, OuterRound
 from workers.outer.partners import Partner
@@ -57,7 +57,7 @@ class _Null:
 
 
 class StaticPeers:
-    """What the exchanger asks of noloco_rt.membership.peers.PeerView: a blacklist."""
+    """What the exchanger asks of noloco_rt.routing.peers.PeerView: a blacklist."""
 
     def __init__(self) -> None:
         self.blacklist = Blacklist()

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 
 import torch
 
-from noloco_rt.algo.correction import apply_correction, provisional_local_step
-from noloco_rt.algo.optim import InnerOptimizer, OuterCoefficients, PeerOuterState, group_outer_step
+from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import Config
 from noloco_rt.model import PipelineStage, build_stage
+from noloco_rt.outer.correction import apply_correction, provisional_local_step
+from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
 
 
 class StageReplica:
@@ -29,15 +30,18 @@ class StageReplica:
 
     @classmethod
     def create(cls, cfg: Config, stage: int, *, device: torch.device | str = "cpu") -> StageReplica:
-        """A replica initialised from the run seed, or from model.init_from's weights when
-        set: identical for every replica of a stage either way."""
+        """A replica initialised from the run seed: identical for every replica of a stage.
+        A run with model.init_from starts from noloco_rt.init_weights.initial_replica (it
+        reads files, and this package does no I/O); asking here for it is a bug."""
+        if cfg.model.init_from:
+            raise ValueError("model.init_from is set: build the replica with noloco_rt.init_weights.initial_replica")
         module = build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=stage,
                              num_stages=cfg.pipeline.stages, seed=cfg.run.seed, device=device)
-        if cfg.model.init_from:
-            # Local: init_weights imports noloco_rt.export, which imports noloco_rt.algo.
-            from noloco_rt.init_weights import load_stage_weights
+        return cls.of_module(module, cfg)
 
-            load_stage_weights(module, cfg.model.init_from)
+    @classmethod
+    def of_module(cls, module: PipelineStage, cfg: Config) -> StageReplica:
+        """A replica around `module` as it is now (φ = θ, δ = 0), with the run's inner optimizer."""
         return cls(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=cfg.run.steps))
 
     @property

@@ -39,7 +39,7 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
         raise UnusableCheckpoint(f"{checkpoint}: {exc}") from None
     except OSError as exc:  # no permission, disk full: the user's to fix, not a traceback
         raise UnusableCheckpoint(f"{out}: cannot be written ({exc})") from None
-    from noloco_rt.prepare.manifest import run_tokenizer_path
+    from noloco_rt.config.prepared_manifest import run_tokenizer_path
 
     named = run_tokenizer_path(cfg)
     if named is not None and out / "tokenizer.json" not in written:

@@ -44,7 +44,11 @@ def _run_codec(cfg: Config, checkpoint: Path) -> TextCodec | None:
     """The run's tokenizer (data.tokenizer or its prepared directory's); None: byte-level."""
     if cfg.data.source != "tokens":
         return None
-    from noloco_rt.prepare.manifest import find_prepared_dir, read_manifest, run_tokenizer_path
+    from noloco_rt.config.prepared_manifest import (
+        find_prepared_dir,
+        read_manifest,
+        run_tokenizer_path,
+    )
     from noloco_rt.prepare.tokenizer import TextCodec
 
     path = run_tokenizer_path(cfg)

@@ -73,7 +73,7 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
 
 
 def _run(cfg, out: Path, log, curves: SimulationCurves) -> list:
-    from noloco_rt.algo.simulator import run_simulation
+    from noloco_rt.simulation.simulator import run_simulation
 
     outer = cfg.outer.resolved()
 

@@ -34,7 +34,8 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
         plain_table,
         progress_line,
     )
-    from noloco_rt.membership.redis_access import check_access, connect, redact_url
+    from noloco_rt.config.toml_out import redact_url
+    from noloco_rt.membership.redis_access import check_access, connect
     from noloco_rt.membership.table import Membership
 
     client = connect(cfg.network.redis_url)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from noloco_rt.config.errors import ConfigError
+from noloco_rt.config.prepared_manifest import find_prepared_dir, read_manifest
 from noloco_rt.config.schema import SECTIONS, Config
 from noloco_rt.process import PROCESS_ENV_VARS
 
@@ -158,8 +159,6 @@ def _follow_prepared(sections: dict[str, Any], model_fields_set: set[str]) -> No
     data, model = sections["data"], sections["model"]
     if data.source != "tokens":
         return
-    from noloco_rt.prepare.manifest import find_prepared_dir, read_manifest  # local: rarely needed
-
     directory = find_prepared_dir(data.paths)
     if directory is None:
         return

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from noloco_rt.config.choices import CODECS
 from noloco_rt.config.errors import require, require_choice
-from noloco_rt.net.codec_names import CODECS
 
 
 @dataclass(kw_only=True)
@@ -105,7 +105,7 @@ class WorkerConfig:
     that finds it stale knows the loop hung, not merely that the worker waits for data."""
     max_peer_distance_ratio: float = 2.0
     """A peer's outer-step contribution farther than this from ours, relative to our weight
-    norm (noloco_rt.algo.peer_checks), is rejected as "too_far" and the peer blacklisted. Honest
+    norm (noloco_rt.outer.peer_checks), is rejected as "too_far" and the peer blacklisted. Honest
     replicas measured at most 0.06 (h = 5) and 0.27 (h = 50) (benchmarks/peer_distance.py)."""
     fault_scale_snapshot: float = 1.0
     """FAULT INJECTION, for tests and chaos runs only: multiply the outer-step snapshot this

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noloco_rt.config.errors import require
+from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.runtime import (
     CoordinatorConfig,
     NetworkConfig,
@@ -42,8 +43,6 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:
-        from noloco_rt.model import PRESETS
-
         layers = PRESETS[self.model.preset].n_layers
         require(self.pipeline.stages <= layers, "pipeline", "stages", self.pipeline.stages,
                  f"preset {self.model.preset} has {layers} layers, so at most {layers} stages")

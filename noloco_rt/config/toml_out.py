@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 from noloco_rt.config.schema import Config
 
@@ -29,8 +30,6 @@ def _redacted_line(section: str, name: str, value: Any) -> str | None:
     if (section, name) in SECRET_FIELDS and value:
         return f"# {name} = (set, {len(value)} characters: redacted; --show-secrets prints it)"
     if (section, name) in URL_FIELDS and value:
-        from noloco_rt.membership.redis_access import redact_url  # imports redis: only when needed
-
         shown = redact_url(value)
         return None if shown == value else f"{name} = {_toml_value(shown)}  # password redacted"
     return None
@@ -58,3 +57,14 @@ def config_to_toml(config: Config, *, redact: bool = False) -> str:
                 lines.append(f"{name} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and logs."""
+    parsed = urlparse(url)
+    if parsed.password is None:
+        return url
+    user = parsed.username or ""
+    host = parsed.hostname or ""
+    port = f":{parsed.port}" if parsed.port else ""
+    return urlunparse(parsed._replace(netloc=f"{user}:***@{host}{port}"))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from noloco_rt.config.choices import WIRE_DTYPES
 from noloco_rt.config.errors import require, require_choice
-from noloco_rt.net.codec_names import WIRE_DTYPES
+from noloco_rt.config.presets import PRESETS
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 
@@ -46,7 +47,7 @@ class RunConfig:
 @dataclass(kw_only=True)
 class ModelConfig:
     preset: str = "tiny"
-    """One of the presets in noloco_rt.model.PRESETS."""
+    """One of the presets in noloco_rt.config.presets.PRESETS."""
     seq_len: int = 64
     """Tokens per sequence."""
     vocab_size: int = 256
@@ -62,8 +63,6 @@ class ModelConfig:
     consensus file embeds this config and must stay loadable after the file is gone."""
 
     def __post_init__(self) -> None:
-        from noloco_rt.model import PRESETS  # local: model imports torch
-
         require_choice("model", "precision", self.precision, PRECISIONS)
         require_choice("model", "preset", self.preset, tuple(PRESETS))
         require(self.seq_len >= 2, "model", "seq_len", self.seq_len, "must be >= 2")

@@ -3,11 +3,12 @@ startup check that tells a refused password or ACL apart from a server that is m
 
 from __future__ import annotations
 
-from urllib.parse import urlparse, urlunparse
+from urllib.parse import urlparse
 
 import redis
 
 from noloco_rt.config import ConfigError
+from noloco_rt.config.toml_out import redact_url
 
 # An AuthenticationError is a ConnectionError and NOPERM (an ACL change) a ResponseError: during a
 # run both are handled like an outage (cached view, retries) but logged as access errors.
@@ -27,17 +28,6 @@ def connect(url: str, *, socket_timeout_s: float = 1.0) -> redis.Redis:
         raise ValueError(f"redis URL must start with redis://, rediss:// or unix://, got {url!r}")
     return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
                                 health_check_interval=0)
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    user = parsed.username or ""
-    host = parsed.hostname or ""
-    port = f":{parsed.port}" if parsed.port else ""
-    return urlunparse(parsed._replace(netloc=f"{user}:***@{host}{port}"))
 
 
 def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -> bool:

@@ -17,7 +17,17 @@ from typing import Any
 import msgpack
 import torch
 
-from noloco_rt.net.codec import ALLOWED_DTYPES
+ALLOWED_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+}
+"""The tensor dtypes a header may name: anything else is rejected before a byte is read."""
+
 
 PROTOCOL_VERSION = 1
 # Tensors of more dimensions than this are not something a stage sends; a bound keeps a

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from noloco_rt.net.codec_names import WIRE_DTYPES
+from noloco_rt.config.choices import WIRE_DTYPES
 
 _CASTS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FLOATS = frozenset(_CASTS.values())

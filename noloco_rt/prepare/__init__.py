@@ -8,13 +8,13 @@ packer     documents' token ids -> fixed-size train/val shard files
 pipeline   the whole run: tokenize, pack, checkpoint, write the manifest
 """
 
-from noloco_rt.prepare.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    dtype_for_vocab,
-    find_prepared_dir,
-    read_manifest,
-    run_tokenizer_path,
+from noloco_rt.config.prepared_manifest import (
+           MANIFEST_NAME,
+           Manifest,
+           dtype_for_vocab,
+           find_prepared_dir,
+           read_manifest,
+           run_tokenizer_path,
 )
 
 __all__ = ["MANIFEST_NAME", "Manifest", "dtype_for_vocab", "find_prepared_dir", "read_manifest",

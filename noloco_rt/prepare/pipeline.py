@@ -11,6 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from noloco_rt.config.prepared_manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    atomic_write_text,
+    dtype_for_vocab,
+    write_manifest,
+)
 from noloco_rt.prepare import tokenizer as tok
 from noloco_rt.prepare.documents import (
     Document,
@@ -20,14 +28,6 @@ from noloco_rt.prepare.documents import (
     documents,
     expand_inputs,
     is_validation,
-)
-from noloco_rt.prepare.manifest import (
-    MANIFEST_FORMAT,
-    MANIFEST_NAME,
-    MANIFEST_VERSION,
-    atomic_write_text,
-    dtype_for_vocab,
-    write_manifest,
 )
 from noloco_rt.prepare.packer import ShardPacker
 from noloco_rt.prepare.state import PROGRESS_NAME, SPLITS, PrepareState, load_state, save_state

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from noloco_rt.config.prepared_manifest import atomic_write_text
 from noloco_rt.prepare.documents import Position
-from noloco_rt.prepare.manifest import atomic_write_text
 
 PROGRESS_NAME = "prepare-progress.json"
 SPLITS = ("train", "val")

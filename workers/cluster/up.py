@@ -35,10 +35,11 @@ from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
 from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
 from noloco_rt.config import Config
+from noloco_rt.config.toml_out import redact_url
 from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
-from noloco_rt.membership.redis_access import connect, redact_url
+from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
 from noloco_rt.net.curve import write_key_pair
 from noloco_rt.plots import plot_distributed_run

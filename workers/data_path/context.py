@@ -10,9 +10,9 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
-from noloco_rt.membership.peers import PeerView
 from noloco_rt.net import wire_dtype
 from noloco_rt.net.data_link import DataLink
+from noloco_rt.routing.peers import PeerView
 from workers.counters import Counters, TokenRate
 from workers.device import HostCopy, HostStaging, autocast_dtype
 from workers.metrics import RejectCounter, WorkerMetrics

@@ -1,6 +1,6 @@
 """Partners' streamed contributions, put together chunk by chunk on the exchange server's thread.
 
-Each chunk was validated in full before it gets here (noloco_rt.net.snapshot); this keeps
+Each chunk was validated in full before it gets here (noloco_rt.outer.snapshot); this keeps
 the partly received snapshots, checks that a chunk agrees with the earlier ones of its
 snapshot, and hands over the whole contribution when its last chunk is placed. Bounded:
 a partial snapshot holds a stage's worth of tensors, so at most `max_partial` are kept
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.net.chunks import ChunkAssembly, ChunkError
-from noloco_rt.net.codec import EncodedTensors
-from noloco_rt.net.snapshot import PartsKind, ReceivedChunk, Snapshot, contribution_state
+from noloco_rt.outer.chunks import ChunkAssembly, ChunkError
+from noloco_rt.outer.codec import EncodedTensors
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.snapshot import PartsKind, ReceivedChunk, Snapshot, contribution_state
 
 MAX_PARTIAL = 4
 

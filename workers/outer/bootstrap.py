@@ -1,6 +1,6 @@
 """A joiner's download of its stage's state from a live peer (docs/architecture.md §5), before it turns ONLINE.
 
-A joiner's bootstrap gets the structural checks only (noloco_rt.net.snapshot): it has no
+A joiner's bootstrap gets the structural checks only (noloco_rt.outer.snapshot): it has no
 weights of its own yet to compare a donor's with.
 """
 
@@ -11,8 +11,8 @@ import time
 
 import zmq
 
-from noloco_rt.membership.peers import PeerView
-from noloco_rt.net.snapshot_client import BootstrapState, pull_bootstrap
+from noloco_rt.outer.snapshot_client import BootstrapState, pull_bootstrap
+from noloco_rt.routing.peers import PeerView
 from workers.outer.service import SnapshotService
 
 RETRY_PAUSE_S = 0.2

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.net.snapshot import PartsKind, contribution_parts, contribution_state
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.snapshot import PartsKind, contribution_parts, contribution_state
 from workers.device import HostCopy, HostStaging
 
 

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 import zmq
 
-from noloco_rt.algo.correction import correction_term
-from noloco_rt.algo.optim import OuterCoefficients, PeerOuterState, TensorList
-from noloco_rt.algo.peer_checks import check_peer_distance
-from noloco_rt.net.snapshot import Snapshot, SnapshotRejected
 from noloco_rt.net.wire import MessageKind
+from noloco_rt.outer.correction import correction_term
+from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, TensorList
+from noloco_rt.outer.peer_checks import check_peer_distance
+from noloco_rt.outer.snapshot import Snapshot, SnapshotRejected
 from workers.outer.device_boundary import HostContribution
 from workers.outer.partners import Partner, ReadinessPairing
 from workers.outer.pusher import ChunkFeed, EncodedChunk, PushRefused, push_stream, start_encoding

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.net.snapshot import Snapshot
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.snapshot import Snapshot
 
 MAX_INBOX = 8
 

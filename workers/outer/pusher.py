@@ -18,9 +18,9 @@ from typing import Any
 
 import zmq
 
-from noloco_rt.net.chunks import Piece
-from noloco_rt.net.snapshot import Snapshot
 from noloco_rt.net.transport import apply_curve, curve_keys
+from noloco_rt.outer.chunks import Piece
+from noloco_rt.outer.snapshot import Snapshot
 
 WINDOW = 8
 """Chunks in flight to one partner before we wait for an acknowledgement."""

@@ -16,14 +16,14 @@ from typing import Any
 import torch
 import zmq
 
-from noloco_rt.algo.optim import PeerOuterState
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
+from noloco_rt.config.choices import LOSSLESS_CODECS
 from noloco_rt.device_check import one_device
-from noloco_rt.membership.peers import Blacklist
-from noloco_rt.net.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
-from noloco_rt.net.codec_names import LOSSLESS_CODECS
-from noloco_rt.net.snapshot import (
+from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
+from noloco_rt.outer.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.snapshot import (
     PartsKind,
     Snapshot,
     SnapshotReader,
@@ -34,7 +34,7 @@ from noloco_rt.net.snapshot import (
     push_target_step,
     snapshot_message,
 )
-from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
+from noloco_rt.routing.peers import Blacklist
 from workers.device import HostCopy
 from workers.metrics import RejectCounter
 from workers.outer.assembly import PushAssemblies

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from noloco_rt.algo.matching import matched_partners
-from noloco_rt.algo.optim import OuterCoefficients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
-from noloco_rt.membership.peers import PeerView
 from noloco_rt.membership.records import MemberRecord
+from noloco_rt.outer.formula import OuterCoefficients
+from noloco_rt.outer.matching import matched_partners
+from noloco_rt.routing.peers import PeerView
 from workers.counters import Counters
 from workers.metrics import WorkerMetrics
 from workers.outer.exchanger import OuterExchanger, OuterRound, RoundResult

@@ -2,7 +2,7 @@
 
 A joiner downloads slow weights, momentum and counters from a live peer of its stage;
 the coordinator pulls the same snapshot read-only (`observer=True`, which the donor does
-not log). Both validate it in full (noloco_rt.net.snapshot) before using it.
+not log). Both validate it in full (noloco_rt.outer.snapshot) before using it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,14 @@ from typing import Any
 import torch
 import zmq
 
-from noloco_rt.net.snapshot import SnapshotReader, SnapshotRejected, require_kind, snapshot_message
 from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
+from noloco_rt.outer.snapshot import (
+    SnapshotReader,
+    SnapshotRejected,
+    require_kind,
+    snapshot_message,
+)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from noloco_rt.algo.routing import Path, balanced_routes, load_aware_routes
 from noloco_rt.config import SIMULATION_ROUTINGS
+from noloco_rt.simulation.paths import Path, balanced_routes, load_aware_routes
 
 
 @dataclass(frozen=True)

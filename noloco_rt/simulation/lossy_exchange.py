@@ -15,9 +15,9 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.net.codec import decode_tensors, is_lossless
-from noloco_rt.net.snapshot import (
+from noloco_rt.outer.codec import decode_tensors, is_lossless
+from noloco_rt.outer.formula import PeerOuterState
+from noloco_rt.outer.snapshot import (
     contribution_parts,
     contribution_state,
     encode_snapshot,

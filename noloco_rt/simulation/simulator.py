@@ -22,16 +22,19 @@ from typing import Any
 
 import torch
 
-from noloco_rt.algo.correction import correction_term
 from noloco_rt.algo.diagnostics import perplexity, replica_spread
-from noloco_rt.algo.lossy_exchange import received_states
-from noloco_rt.algo.optim import OuterCoefficients, average_gradients
+from noloco_rt.algo.optim import average_gradients
 from noloco_rt.algo.replica import StageReplica
-from noloco_rt.algo.routing import draw_groups, random_peers, step_rng
-from noloco_rt.algo.step_routes import Hop, StepPlan, plan_step
 from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
+from noloco_rt.init_weights import initial_replica
 from noloco_rt.model import lm_loss
+from noloco_rt.outer.correction import correction_term
+from noloco_rt.outer.formula import OuterCoefficients
+from noloco_rt.outer.matching import draw_groups, step_rng
+from noloco_rt.simulation.lossy_exchange import received_states
+from noloco_rt.simulation.paths import random_peers
+from noloco_rt.simulation.step_routes import Hop, StepPlan, plan_step
 
 # Methods whose replicas never take an outer step: ddp averages gradients every step
 # instead; adam is plain Adam per replica (the authors' "local" baseline).
@@ -80,7 +83,7 @@ class Simulation:
                                       shard=r, num_shards=replicas, seed=cfg.run.seed) for r in range(replicas)]
         self.val_batches = validation_batches(self.corpus.val, seq_len=cfg.model.seq_len,
                                               batch_size=cfg.data.batch_size, count=cfg.run.eval_batches)
-        self.replicas = [[StageReplica.create(cfg, s) for _ in range(replicas)] for s in range(stages)]
+        self.replicas = [[initial_replica(cfg, s) for _ in range(replicas)] for s in range(stages)]
         self.group_rng = random.Random(cfg.run.seed)  # outer-step groups; routing is seeded per step
         self.route_stats = RouteStats(received=[[0] * replicas for _ in range(stages)],
                                       sequences=[[0] * replicas for _ in range(stages)])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import zstandard
 
-from noloco_rt.net.codecs.base import CodecError
+from noloco_rt.outer.codecs.base import CodecError
 
 # zstd's own decoder limit is a 128 MiB window. A frame that does not declare its content
 # size may still claim that window and make the decoder allocate it for a tiny output, so

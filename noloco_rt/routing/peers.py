@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from noloco_rt.algo.routing import next_hop_costs, route_next_hop
-from noloco_rt.membership.peer_load import PeerLoad
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.refresher import ViewRefresher
+from noloco_rt.routing.next_hop import next_hop_costs, route_next_hop
+from noloco_rt.routing.peer_load import PeerLoad
 
 
 @dataclass

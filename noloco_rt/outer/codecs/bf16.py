@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from noloco_rt.net.codecs.lossless import ElementCodec
+from noloco_rt.outer.codecs.lossless import ElementCodec
 
 
 class Bf16ShuffleZstdCodec(ElementCodec):

@@ -27,7 +27,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from noloco_rt.net.codecs.base import Codec, CodecError, TensorSpec, byte_view, tensor_from_bytes
+from noloco_rt.outer.codecs.base import Codec, CodecError, TensorSpec, byte_view, tensor_from_bytes
 
 BLOCK_SIZE = 64
 _SCALE_DTYPE = np.dtype("<f4")

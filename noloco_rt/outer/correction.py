@@ -12,7 +12,7 @@ arrived (i included):
     c = β·(mean_G Δ − Δ_i) + γ·(mean_G φ − φ_i)      (γ = β: c = β·(mean_G θ − θ_i))
     δ_i += c ;  φ_i += c ;  θ_i += c
 
-Applied before any inner step this equals noloco_rt.algo.optim.group_outer_step
+Applied before any inner step this equals noloco_rt.outer.formula.group_outer_step
 exactly; applied later it also carries the inner steps taken meanwhile (θ keeps its
 progress since the provisional step, shifted by c).
 """
@@ -23,7 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
-from noloco_rt.algo.optim import (
+from noloco_rt.device_check import one_device
+from noloco_rt.outer.formula import (
     OuterCoefficients,
     PeerOuterState,
     TensorList,
@@ -31,7 +32,6 @@ from noloco_rt.algo.optim import (
     outer_gradient,
     state_tensors,
 )
-from noloco_rt.device_check import one_device
 
 
 @torch.no_grad()

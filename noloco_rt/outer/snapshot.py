@@ -18,16 +18,6 @@ from typing import Any
 
 import torch
 
-from noloco_rt.algo.optim import PeerOuterState
-from noloco_rt.net.chunks import ChunkError, Piece, parse_chunk_position, parse_pieces
-from noloco_rt.net.codec import (
-    CodecError,
-    EncodedTensors,
-    TensorSpec,
-    checksum,
-    decode_tensors,
-    encode_tensors,
-)
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
@@ -38,6 +28,16 @@ from noloco_rt.net.wire import (
     decode_message,
     encode_message,
 )
+from noloco_rt.outer.chunks import ChunkError, Piece, parse_chunk_position, parse_pieces
+from noloco_rt.outer.codec import (
+    CodecError,
+    EncodedTensors,
+    TensorSpec,
+    checksum,
+    decode_tensors,
+    encode_tensors,
+)
+from noloco_rt.outer.formula import PeerOuterState
 
 SNAPSHOT_LIMITS = WireLimits(max_frame_bytes=64 << 30, max_message_bytes=(64 << 30) + (1 << 20))
 # zstd's worst case grows incompressible input by well under 1 %; anything larger than

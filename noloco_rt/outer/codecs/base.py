@@ -2,7 +2,7 @@
 
 A codec family turns one tensor into a chunk of bytes of a size it states in advance
 from the tensor's spec alone (shape and dtype), and back. encode_tensors/decode_tensors
-(noloco_rt.net.codec) join the chunks of a snapshot into one body, compress it when the
+(noloco_rt.outer.codec) join the chunks of a snapshot into one body, compress it when the
 family asks for it, and check every size against the specs before allocating anything:
 that is why `body_bytes` must be exact.
 """
@@ -17,15 +17,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-ALLOWED_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-}
+from noloco_rt.net.wire import ALLOWED_DTYPES
 
 
 class CodecError(ValueError):

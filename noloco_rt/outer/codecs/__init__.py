@@ -7,11 +7,11 @@ int4-zstd (blockwise scales, stochastic rounding). A new codec is a new class he
 
 from __future__ import annotations
 
-from noloco_rt.net.codec_names import CODECS
-from noloco_rt.net.codecs.base import Codec, CodecError
-from noloco_rt.net.codecs.bf16 import Bf16ShuffleZstdCodec
-from noloco_rt.net.codecs.lossless import RawCodec, ShuffleZstdCodec, ZstdCodec
-from noloco_rt.net.codecs.quantized import Int4ZstdCodec, Int8ZstdCodec
+from noloco_rt.config.choices import CODECS
+from noloco_rt.outer.codecs.base import Codec, CodecError
+from noloco_rt.outer.codecs.bf16 import Bf16ShuffleZstdCodec
+from noloco_rt.outer.codecs.lossless import RawCodec, ShuffleZstdCodec, ZstdCodec
+from noloco_rt.outer.codecs.quantized import Int4ZstdCodec, Int8ZstdCodec
 
 FAMILIES: dict[str, Codec] = {codec.name: codec for codec in (
     RawCodec(), ZstdCodec(), ShuffleZstdCodec(), Bf16ShuffleZstdCodec(), Int8ZstdCodec(), Int4ZstdCodec())}

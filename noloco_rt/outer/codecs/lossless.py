@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from noloco_rt.net.codecs.base import Codec, TensorSpec, byte_view, planes, tensor_from_bytes
+from noloco_rt.outer.codecs.base import Codec, TensorSpec, byte_view, planes, tensor_from_bytes
 
 
 class ElementCodec(Codec):

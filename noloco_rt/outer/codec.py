@@ -1,6 +1,6 @@
 """Snapshot compression (pure, no I/O): encode a list of tensors into one payload and back.
 
-The codec families live in noloco_rt.net.codecs (one class each, one interface): lossless
+The codec families live in noloco_rt.outer.codecs (one class each, one interface): lossless
 (raw, zstd, shuffle-zstd), bf16 (bf16-shuffle-zstd) and blockwise quantised (int8-zstd,
 int4-zstd, stochastic rounding). This module joins the per-tensor chunks: all tensors of
 a snapshot go into one zstd frame (raw: the bytes as they are), so small tensors compress
@@ -21,11 +21,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from noloco_rt.config.choices import CODECS
 from noloco_rt.device_check import one_device
-from noloco_rt.net.codec_names import CODECS
-from noloco_rt.net.codecs import codec_named, is_lossless
-from noloco_rt.net.codecs.base import ALLOWED_DTYPES, CodecError, EncodedTensors, TensorSpec, planes
-from noloco_rt.net.codecs.frame import compress_frame, decompress_exactly
+from noloco_rt.outer.codecs import codec_named, is_lossless
+from noloco_rt.outer.codecs.base import (
+    ALLOWED_DTYPES,
+    CodecError,
+    EncodedTensors,
+    TensorSpec,
+    planes,
+)
+from noloco_rt.outer.codecs.frame import compress_frame, decompress_exactly
 
 __all__ = ["ALLOWED_DTYPES", "CODECS", "CodecError", "EncodedTensors", "TensorSpec", "checksum",
            "decode_tensors", "encode_tensors", "fresh_generator", "is_lossless", "shuffle_bytes",

@@ -1,0 +1,68 @@
+"""The simulator's paths through the stages (pure): balanced, hop by hop as workers route,
+and the old runtime's unmatched pairing for ablations."""
+
+from __future__ import annotations
+
+import random
+
+from noloco_rt.routing.next_hop import route_next_hop
+
+Path = list[int]
+"""A route through the pipeline: the replica index at every stage, path[0] the stage-0 origin."""
+
+
+def balanced_routes(replicas: int, stages: int, per_replica: int, rng: random.Random) -> list[Path]:
+    """Paths of one inner step in which every replica of every stage receives exactly
+    per_replica units (microbatches, or sequences when routing per sequence).
+
+    Unit k starts at stage-0 replica k // per_replica (so paths[origin·per_replica + j] is
+    the j-th unit of `origin`); at every later stage one permutation π of the R·per_replica
+    units, drawn from rng, sends unit k to replica π[k] // per_replica.
+    """
+    if replicas < 1 or stages < 1 or per_replica < 1:
+        raise ValueError(f"need replicas, stages, per_replica >= 1, got {replicas}, {stages}, {per_replica}")
+    units = replicas * per_replica
+    paths = [[k // per_replica] for k in range(units)]
+    for _ in range(1, stages):
+        slots = list(range(units))
+        rng.shuffle(slots)
+        for path, slot in zip(paths, slots, strict=True):
+            path.append(slot // per_replica)
+    return paths
+
+
+def load_aware_routes(replicas: int, stages: int, per_replica: int, rng: random.Random,
+                      policy: str) -> list[Path]:
+    """Paths of one inner step routed hop by hop as workers do (route_next_hop on the
+    microbatches each replica has received so far this step), in the order of
+    balanced_routes. Shares are unequal: a replica may receive nothing."""
+    load = [[0] * replicas for _ in range(stages)]
+    paths = []
+    for origin in range(replicas):
+        for _ in range(per_replica):
+            path = [origin]
+            for stage in range(1, stages):
+                path.append(route_next_hop([(j, load[stage][j]) for j in range(replicas)], rng, policy))
+            for stage, index in enumerate(path):
+                load[stage][index] += 1
+            paths.append(path)
+    return paths
+
+
+def random_peers(num_replicas: int, rng: random.Random) -> list[list[int]]:
+    """The old runtime's pairing: members[i] = [i, j], j drawn uniformly among the other
+    replicas, independently for every i (one replica: [[0]]).
+
+    Not a matching: a replica may be drawn by several others or by none, and j need not
+    draw i back, so the averaging no longer keeps the replicas' mean. For ablations
+    against draw_groups' matched groups, in the simulator only.
+    """
+    if num_replicas < 1:
+        raise ValueError(f"need at least one replica, got {num_replicas}")
+    if num_replicas == 1:
+        return [[0]]
+    groups = []
+    for i in range(num_replicas):
+        j = rng.randrange(num_replicas - 1)
+        groups.append([i, j + (j >= i)])  # uniform over the others: skip i itself
+    return groups
