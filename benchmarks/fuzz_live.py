@@ -10,8 +10,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from tests.cluster import LocalCluster
-from tests.fuzz_live import fuzz, start_target
+from workers.cluster.fuzz_live import fuzz, start_target
+from workers.cluster.local_cluster import LocalCluster
 
 
 def main() -> None:

@@ -31,7 +31,9 @@ from statistics import mean
 from benchmarks.plain_loop import MODES, PlainLoopResult
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import Config, load_config, parse_assignment
+from noloco_rt.config.presets import PRESETS
 from noloco_rt.logs import LogRecord, read_json_lines
+from noloco_rt.model import build_stage, stage_layer_range
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
 """Dense bfloat16 tensor-core peaks from the vendors' data sheets (no sparsity)."""
@@ -68,9 +70,6 @@ class Measured:
 
 def flops_per_token(preset: str, *, stage: int, stages: int, seq_len: int, vocab_size: int) -> float:
     """Model FLOPs of one token through one stage, forward and backward."""
-    from noloco_rt.config.presets import PRESETS
-    from noloco_rt.model import build_stage, stage_layer_range
-
     shape = PRESETS[preset]
     module = build_stage(preset, vocab_size=vocab_size, stage=stage, num_stages=stages, seed=0, device="meta")
     params = sum(p.numel() for p in module.parameters())

@@ -13,7 +13,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from tests.cluster import LocalCluster
+from workers.cluster.local_cluster import LocalCluster
 
 
 def measure(steps: int, h: int, gamma: float | None, tmp: Path) -> list[float]:

@@ -21,6 +21,7 @@ from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import load_config
 from noloco_rt.data import ShardedBatches, load_corpus
 from noloco_rt.model import build_model, lm_loss
+from workers.cluster.local_cluster import LocalCluster
 
 
 def baseline_tokens_per_s(preset: str, steps: int, microbatches: int, threads: int) -> float:
@@ -43,8 +44,6 @@ def baseline_tokens_per_s(preset: str, steps: int, microbatches: int, threads: i
 
 
 def pipeline_tokens_per_s(preset: str, steps: int, microbatches: int) -> float:
-    from tests.cluster import LocalCluster
-
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp), settings={"model.preset": preset, "pipeline.max_inflight": microbatches,
                                                     "worker.checkpoint_every": 0, "outer.h": 1000})

@@ -13,6 +13,7 @@ from typing import Any
 
 from benchmarks.seed_stats import Row, RunsBySeed, SeedRange
 from benchmarks.table import markdown_table
+from noloco_rt.plots import save_figure
 
 
 def fmt_range(value: SeedRange | None, digits: int, *, empty: str = "n/a") -> str:
@@ -65,8 +66,6 @@ def ppl_band(runs: RunsBySeed) -> tuple[list[float], list[float], list[float], l
 def plot_ppl_bands(groups: Mapping[str, Mapping[str, RunsBySeed]], path: Path, *, title: str = "") -> None:
     """One panel per group; per label a min–max band over seeds and the mean line."""
     import matplotlib.pyplot as plt
-
-    from noloco_rt.plots import save_figure  # title, layout, folder, close: one place for every PNG
 
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, (group, labels) in zip(axes[0], groups.items(), strict=True):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from noloco_rt.config import Config, ConfigError, load_config, parse_assignment
+from noloco_rt.simulation.simulator import records_as_dicts, run_simulation
 
 RESULT_FILE = "result.json"
 
@@ -62,8 +63,6 @@ def check_jobs(jobs: Sequence[SimJob]) -> None:
 def run_job(job: SimJob, out_root: Path) -> dict[str, Any]:
     """Run one simulation into out_root/group/label/seedN; return its records and timing."""
     import torch
-
-    from noloco_rt.simulation.simulator import records_as_dicts, run_simulation
 
     torch.set_num_threads(job.threads)
     cfg = job_config(job)

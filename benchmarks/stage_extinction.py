@@ -21,8 +21,7 @@ from benchmarks.seed_stats import seed_range
 from noloco_rt.checkpoint import load_checkpoint
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.stage_checkpoints import StageCheckpoints
-from tests.cluster import LocalCluster
-from tests.test_cluster import _val_loss
+from workers.cluster.local_cluster import LocalCluster, tiny_val_loss
 
 KILL_AT_OUTER_STEP = 4
 
@@ -53,7 +52,7 @@ def run_once(tmp: Path, *, seed: int, steps: int, extinction: bool) -> float:
     finally:
         cluster.close()
     final = ((0, tmp / "checkpoints" / "a0.pt"), (1, final_stage_1))
-    return _val_loss([load_checkpoint(path, run_id="default", stage=s)["fast"] for s, path in final])
+    return tiny_val_loss([load_checkpoint(path, run_id="default", stage=s)["fast"] for s, path in final])
 
 
 def main() -> None:

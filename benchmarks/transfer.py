@@ -19,16 +19,15 @@ import time
 from pathlib import Path
 
 from benchmarks.table import emit, markdown_table
+from noloco_rt.net import messages
+from noloco_rt.net.data_link import DataLink
+from noloco_rt.net.transport import DataSocket
 
 RUN = "bench"
 
 
 def _receiver(mode: str, port_queue, result_queue, count: int, done) -> None:
     import zmq
-
-    from noloco_rt.net import messages
-    from noloco_rt.net.data_link import DataLink
-    from noloco_rt.net.transport import DataSocket
 
     ctx = zmq.Context()
     if mode == "runtime":
@@ -61,10 +60,6 @@ def _receiver(mode: str, port_queue, result_queue, count: int, done) -> None:
 def _send(mode: str, address: str, size_mib: int, count: int, done) -> None:
     import torch
     import zmq
-
-    from noloco_rt.net import messages
-    from noloco_rt.net.data_link import DataLink
-    from noloco_rt.net.transport import DataSocket
 
     ctx = zmq.Context()
     seq = 64

@@ -37,7 +37,10 @@ from typing import Any
 from benchmarks.sync import netns
 from benchmarks.sync.netns import LinkSpec
 from benchmarks.table import emit, markdown_table
+from noloco_rt.config import load_config
+from noloco_rt.export import consensus_of_checkpoints
 from noloco_rt.logs import read_json_lines
+from noloco_rt.membership.embedded_redis import redis_server_binary
 
 REDIS_PORT = 16390
 DATA_PORT_BASE, EXCHANGE_PORT_BASE = 17000, 17200
@@ -155,8 +158,6 @@ def _start_worker(trial: Trial, out: Path, index: int, redis_host: str) -> subpr
 
 
 def _start_redis(host: str, shaped: bool) -> subprocess.Popen[bytes]:
-    from noloco_rt.membership.embedded_redis import redis_server_binary
-
     args = [*(netns.hub_prefix() if shaped else []), redis_server_binary(), "--bind", host, "--port",
             str(REDIS_PORT), "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
@@ -171,8 +172,6 @@ def _seconds(stamp: str) -> float:
 def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
     """Stage 0's tokens/s: per stage-0 worker, the inner steps between its first and last
     progress lines over the time between them (start-up and shutdown left out), summed."""
-    from noloco_rt.config import load_config
-
     cfg = load_config(environ={}, overrides=[{"model": {"preset": trial.preset}}])
     tokens_per_step = cfg.pipeline.max_inflight * cfg.data.batch_size * cfg.model.seq_len  # B microbatches a step
     rate, spans = 0.0, []
@@ -187,9 +186,6 @@ def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
 
 
 def _val_loss(out: Path, trial: Trial) -> float:
-    from noloco_rt.config import load_config
-    from noloco_rt.export import consensus_of_checkpoints
-
     cfg = load_config(environ={}, overrides=[{"model": {"preset": trial.preset}, "run": {"run_id": "wan"},
                                               "pipeline": {"stages": trial.stages}}])
     scored = consensus_of_checkpoints(cfg, out / "checkpoints", out / "consensus.safetensors", source="wan")

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from noloco_rt.cli import OneLineError
+
 TAGS = {
     "train_loss": "train/loss",
     "lr": "train/lr",
@@ -160,6 +162,4 @@ def check_available(*, tensorboard: bool = False, wandb: bool = False) -> None:
 
 def usage_error(exc: ScalarLogUnavailable) -> Any:
     """The click error for a backend asked for but not installed: one line, exit 2."""
-    from noloco_rt.cli import OneLineError
-
     return OneLineError(str(exc))

@@ -36,7 +36,7 @@ from noloco_rt.net.transport import (
     enable_curve,
     request,
 )
-from tests.cluster import LocalCluster
+from workers.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

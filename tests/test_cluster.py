@@ -11,15 +11,11 @@ import time
 import urllib.request
 
 import pytest
-import torch
 
 from noloco_rt.checkpoint import load_checkpoint
-from noloco_rt.config import load_config
-from noloco_rt.data import load_corpus, validation_batches
 from noloco_rt.membership.records import WorkerState
-from noloco_rt.model import build_stage, lm_loss
-from tests.cluster import LocalCluster
-from workers.cluster.faults import data_faults_env
+from workers.cluster.local_cluster import LocalCluster, tiny_val_loss
+from workers.faults.data_path import data_faults_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -29,22 +25,6 @@ def cluster(tmp_path):
     running = LocalCluster(tmp_path)
     yield running
     running.close()
-
-
-def _val_loss(stage_weights: list[list[torch.Tensor]] | None) -> float:
-    cfg = load_config(environ={})
-    stages = [build_stage("tiny", vocab_size=256, stage=s, num_stages=2, seed=0) for s in range(2)]
-    if stage_weights is not None:
-        with torch.no_grad():
-            for module, weights in zip(stages, stage_weights, strict=True):
-                for param, value in zip(module.parameters(), weights, strict=True):
-                    param.copy_(value)
-    corpus = load_corpus(cfg.data)
-    losses = []
-    with torch.no_grad():
-        for inputs, targets in validation_batches(corpus.val, seq_len=64, batch_size=8, count=4):
-            losses.append(float(lm_loss(stages[1](stages[0](inputs)), targets)))
-    return sum(losses) / len(losses)
 
 
 def test_two_by_two_trains_exchanges_and_routes_to_every_peer(tmp_path):
@@ -81,7 +61,7 @@ def _two_by_two(cluster: LocalCluster, tmp_path) -> None:
     # Validation loss of the trained pipeline (stage 0 of a0, stage 1 of b0) against the untrained one.
     weights = [load_checkpoint(tmp_path / "checkpoints" / f"{name}.pt", run_id="default", stage=s)["fast"]
                for s, name in ((0, "a0"), (1, "b0"))]
-    trained, untrained = _val_loss(weights), _val_loss(None)
+    trained, untrained = tiny_val_loss(weights), tiny_val_loss(None)
     assert trained < untrained - 1.0, (trained, untrained)
 
 

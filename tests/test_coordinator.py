@@ -26,7 +26,7 @@ from coordinator.server import CoordinatorMetrics
 from noloco_rt.config import load_config
 from noloco_rt.export import load_consensus, mean_over_replicas, stage_parameter_shapes
 from noloco_rt.membership.embedded_redis import free_port
-from tests.cluster import LocalCluster, read_events
+from workers.cluster.local_cluster import LocalCluster, read_events
 
 pytestmark = pytest.mark.timeout(240)
 

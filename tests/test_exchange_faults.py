@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tests.cluster import LocalCluster
+from workers.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 

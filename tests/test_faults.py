@@ -8,7 +8,7 @@ import zmq
 
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket
-from workers.cluster.faults import (
+from workers.faults.data_path import (
     DATA_DELAY_ENV,
     DATA_LOSS_ENV,
     DataFaults,

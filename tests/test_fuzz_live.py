@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from tests.cluster import LocalCluster
-from tests.fuzz_live import fuzz, start_target
+from workers.cluster.fuzz_live import fuzz, start_target
+from workers.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(180)
 

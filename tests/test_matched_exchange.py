@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from tests.cluster import LocalCluster, one_sided_share
+from workers.cluster.local_cluster import LocalCluster, one_sided_share
 
 
 # Overlap with seeded groups runs in tests/test_exchange_faults.py, with readiness pairing in

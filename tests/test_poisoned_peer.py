@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from noloco_rt.checkpoint import load_checkpoint
-from tests.cluster import LocalCluster
+from workers.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

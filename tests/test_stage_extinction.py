@@ -17,8 +17,7 @@ from noloco_rt.store.backend import RunStore
 from noloco_rt.store.cursors import DataCursors
 from noloco_rt.store.run_mark import RunFinishedMark
 from noloco_rt.store.stage_checkpoints import StageCheckpoints
-from tests.cluster import LocalCluster, WorkerProcess
-from tests.test_cluster import _val_loss
+from workers.cluster.local_cluster import LocalCluster, WorkerProcess, tiny_val_loss
 from workers.finish import UPSTREAM_GONE_S
 
 pytestmark = pytest.mark.timeout(360)
@@ -113,5 +112,5 @@ def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_
         cluster.close()
     weights = [load_checkpoint(tmp_path / "again" / f"{name}.pt", run_id="default", stage=s)["fast"]
                for s, name in ((0, "a0"), (1, "c0"))]
-    trained, untrained = _val_loss(weights), _val_loss(None)
+    trained, untrained = tiny_val_loss(weights), tiny_val_loss(None)
     assert trained < untrained - 1.0, (trained, untrained)

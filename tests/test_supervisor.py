@@ -22,7 +22,7 @@ from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
-from tests.cluster import read_events
+from workers.cluster.local_cluster import read_events
 from workers.supervise.launch import worker_specs
 from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor, SupervisorEvent
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from tests.cluster import LocalCluster, one_sided_share
+from workers.cluster.local_cluster import LocalCluster, one_sided_share
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,8 +16,8 @@ import pytest
 from noloco_rt.logs import read_json_lines
 from noloco_rt.membership.progress import OUTER_STEP_KINDS
 from noloco_rt.tb_log import tag
-from tests.cluster import error_events
 from tests.test_tensorboard import HAVE_TENSORBOARD, read_scalars
+from workers.cluster.local_cluster import error_events
 from workers.cluster.run_dir import read_metrics
 
 pytestmark = pytest.mark.timeout(300)

@@ -81,7 +81,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> int:
     """Compose the worker from its parts and run it until its steps are done or it leaves."""
     from noloco_rt.membership.table import Membership
-    from workers.cluster.faults import data_faults_from_env
+    from workers.faults.data_path import data_faults_from_env
     from workers.health_metrics import register_health_collector
     from workers.metrics import WorkerMetrics
     from workers.worker import (

@@ -39,13 +39,13 @@ from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.routing.peers import PeerView
 from noloco_rt.transfer_time import stage_timeouts
-from workers.cluster.faults import DataFaults
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import decoder
 from workers.data_path.roles import data_path_for
 from workers.device import HostStaging, pick_device
 from workers.durable_state import durable_state_for, is_elected_writer
+from workers.faults.data_path import DataFaults
 from workers.inner_step import InnerStep
 from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error

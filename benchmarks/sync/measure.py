@@ -33,6 +33,7 @@ from typing import Any
 
 from benchmarks.sync import netns
 from benchmarks.sync.netns import LinkSpec
+from benchmarks.sync.report import write_reports
 
 SIZES = ("tiny", "small", "synthetic100mb")
 METHODS = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd", "noloco-int8-zstd", "allreduce")
@@ -186,8 +187,6 @@ def main() -> None:
     if args.out is not None:  # raw rows first: report.py can be re-run on them alone
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "sync.json").write_text(json.dumps({"wall_s": wall_s, "rows": rows}, indent=1))
-    from benchmarks.sync.report import write_reports
-
     write_reports(rows, args.out, wall_s=wall_s)
 
 
@@ -213,8 +212,6 @@ def run_straggler_only(args: argparse.Namespace) -> None:
     straggler_wall_s = time.monotonic() - began
     print(f"straggler trials took {straggler_wall_s:.0f} s", flush=True)
     merged = [r for r in previous.get("rows", []) if r["kind"] != "straggler"] + rows
-    from benchmarks.sync.report import write_reports
-
     write_reports(merged, args.out, wall_s=previous.get("wall_s", straggler_wall_s),
                   extra={"straggler_wall_s": straggler_wall_s, "straggler_command": " ".join(sys.argv[1:])})
 

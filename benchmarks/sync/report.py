@@ -18,6 +18,8 @@ from typing import Any
 from benchmarks.sync import model
 from benchmarks.sync.model import Link
 from benchmarks.table import markdown_table
+from noloco_rt.config import load_config
+from noloco_rt.export import stage_parameter_shapes
 
 NOMINAL_WAN = ("100 Mbit/s, RTT 50 ms", Link(alpha_s=0.025, beta_bytes_per_s=100e6 / 8))
 EXTRAPOLATE_N = (2, 8, 32, 128, 512, 1024)
@@ -26,9 +28,6 @@ NOLOCO = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd", "noloco-int8-zstd")
 
 def preset_bytes(preset: str) -> int:
     """float32 bytes of a whole model of `preset` (config-default vocabulary, one stage)."""
-    from noloco_rt.config import load_config
-    from noloco_rt.export import stage_parameter_shapes
-
     cfg = load_config(environ={}, overrides=[{"model": {"preset": preset}, "pipeline": {"stages": 1}}])
     return 4 * sum(shape.numel() for _, shape in stage_parameter_shapes(cfg, 0))
 

@@ -32,6 +32,7 @@ from noloco_rt.deploy.k8s_services import (
 )
 from noloco_rt.deploy.k8s_sizing import sizing_from_config
 from noloco_rt.deploy.k8s_workers import worker_job, worker_pdb
+from noloco_rt.deploy.render_checks import check_profile, check_rendered_config
 
 
 def render(overlay: str = "base", *, generate_secrets: bool = False, **changes: Any) -> list[dict[str, Any]]:
@@ -39,8 +40,6 @@ def render(overlay: str = "base", *, generate_secrets: bool = False, **changes: 
     replace Profile fields (stages, replicas, image, vocab_size, storage_class, store_size,
     data_size; None keeps the overlay's). Raises ConfigError for a value a cluster would
     refuse or a config the pods' loader would reject."""
-    from noloco_rt.deploy.render_checks import check_profile, check_rendered_config
-
     p = profile_for(overlay, **changes)
     check_profile(p)
     sizing = sizing_from_config(check_rendered_config(config_toml(p)))
@@ -56,8 +55,6 @@ def render(overlay: str = "base", *, generate_secrets: bool = False, **changes: 
 
 def render_transfer_pod(overlay: str = "base", **changes: Any) -> list[dict[str, Any]]:
     """Only the pod that mounts the run's volumes for `kubectl cp` (same options as render)."""
-    from noloco_rt.deploy.render_checks import check_profile
-
     p = profile_for(overlay, **changes)
     check_profile(p)
     return [transfer_pod(p)]

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from noloco_rt.export import stage_parameter_shapes
+
 # The worker's own deadlines (stage_timeouts), so probes and the worker cannot disagree on them.
 from noloco_rt.transfer_time import StageTimeouts, stage_timeouts, transfer_s
 
@@ -105,8 +107,6 @@ def sizing(stage_params: Sequence[int], worker: WorkerConfig, *, keep: int) -> P
 
 def stage_param_counts(cfg: Config) -> list[int]:
     """Parameters of each stage of the run's model (exact: the model's own modules)."""
-    from noloco_rt.export import stage_parameter_shapes
-
     return [sum(math.prod(shape) for _, shape in stage_parameter_shapes(cfg, stage))
             for stage in range(cfg.pipeline.stages)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from noloco_rt.config.prepared_manifest import atomic_write_text
-from noloco_rt.prepare.documents import Position
+from noloco_rt.prepare.documents import InputError, Position
 
 PROGRESS_NAME = "prepare-progress.json"
 SPLITS = ("train", "val")
@@ -54,8 +54,6 @@ def load_state(out: Path) -> PrepareState | None:
     try:
         return PrepareState.from_json(path.read_text(encoding="utf-8"))
     except (ValueError, TypeError, KeyError) as exc:
-        from noloco_rt.prepare.documents import InputError
-
         raise InputError(f"{path} is unreadable ({exc}); rerun with --force to start over") from None
 
 

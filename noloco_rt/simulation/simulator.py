@@ -27,11 +27,13 @@ from noloco_rt.algo.optim import average_gradients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
+from noloco_rt.export import mean_over_replicas, save_consensus
 from noloco_rt.init_weights import initial_replica
 from noloco_rt.model import lm_loss
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients
 from noloco_rt.outer.matching import draw_groups, step_rng
+from noloco_rt.plots import plot_curves
 from noloco_rt.simulation.lossy_exchange import received_states
 from noloco_rt.simulation.paths import random_peers
 from noloco_rt.simulation.step_routes import Hop, StepPlan, plan_step
@@ -233,9 +235,6 @@ def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, Ev
     out_dir/{config.toml, metrics.jsonl, curves.png}, and at the end consensus.safetensors
     (each stage's mean slow weights: what eval, sample and export read). metrics.jsonl is
     appended and flushed per evaluation, so an interrupted run keeps what it measured."""
-    from noloco_rt.export import mean_over_replicas, save_consensus
-    from noloco_rt.plots import plot_curves
-
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.toml").write_text(config_to_toml(cfg))
     sim = Simulation(cfg, corpus=corpus)

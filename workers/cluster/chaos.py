@@ -34,9 +34,9 @@ from noloco_rt.logs import configure_logging
 from workers.cluster.chaos_driver import ChaosDriver
 from workers.cluster.chaos_report import invariants, render
 from workers.cluster.chaos_schedule import FAULT_KINDS, Fault, build_schedule
-from workers.cluster.faults import data_faults_env
 from workers.cluster.processes import names_by_stage
 from workers.cluster.run_dir import prepare_run_dir
+from workers.faults.data_path import data_faults_env
 from workers.supervise.elastic import quiet_torch_elastic_logs
 
 # Fast failure detection and recovery, so that a short run sees every fault recovered.

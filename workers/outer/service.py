@@ -36,10 +36,10 @@ from noloco_rt.outer.snapshot import (
 )
 from noloco_rt.routing.peers import Blacklist
 from workers.device import HostCopy
+from workers.faults.snapshot import inject_snapshot_faults
 from workers.metrics import RejectCounter
 from workers.outer.assembly import PushAssemblies
 from workers.outer.device_boundary import ExchangeBoundary
-from workers.outer.faults import inject_snapshot_faults
 from workers.outer.inbox import SnapshotInbox
 
 

@@ -34,7 +34,7 @@ from noloco_rt.model import build_stage
 from noloco_rt.net import messages
 from noloco_rt.net.wire import PROTOCOL_VERSION, MessageKind, WireReject
 from noloco_rt.outer.codec import checksum, encode_tensors
-from tests.cluster import LocalCluster, WorkerProcess
+from workers.cluster.local_cluster import LocalCluster, WorkerProcess
 from workers.metrics import WorkerMetrics
 from workers.outer.service import SnapshotService
 

@@ -1,4 +1,4 @@
-"""A local cluster for tests: a real redis-server and real `noloco-rt worker` processes.
+"""A local cluster for tests and benchmarks: a real redis-server and real `noloco-rt worker` processes.
 
 Workers log JSON lines to one file each; tests wait on those events with deadlines
 (never fixed sleeps) and everything is torn down, SIGKILL as the last resort.
@@ -17,11 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from noloco_rt.config import load_config
+from noloco_rt.data import load_corpus, validation_batches
 from noloco_rt.logs import read_json_lines
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
+from noloco_rt.model import build_stage, lm_loss
 
 Event = dict[str, Any]
 
@@ -162,3 +167,20 @@ def one_sided_share(used: dict[str, list[str]]) -> float:
     lopsided = sum(abs(n - uses.get((b, a), 0)) for (a, b), n in uses.items() if a < b)
     lopsided += sum(n for (a, b), n in uses.items() if a > b and (b, a) not in uses)
     return lopsided / total if total else 0.0
+
+
+def tiny_val_loss(stage_weights: list[list[torch.Tensor]] | None) -> float:
+    """Validation loss of the tiny two-stage model with these weights per stage (None: untrained)."""
+    cfg = load_config(environ={})
+    stages = [build_stage("tiny", vocab_size=256, stage=s, num_stages=2, seed=0) for s in range(2)]
+    if stage_weights is not None:
+        with torch.no_grad():
+            for module, weights in zip(stages, stage_weights, strict=True):
+                for param, value in zip(module.parameters(), weights, strict=True):
+                    param.copy_(value)
+    corpus = load_corpus(cfg.data)
+    losses = []
+    with torch.no_grad():
+        for inputs, targets in validation_batches(corpus.val, seq_len=64, batch_size=8, count=4):
+            losses.append(float(lm_loss(stages[1](stages[0](inputs)), targets)))
+    return sum(losses) / len(losses)
