@@ -1,4 +1,4 @@
-"""Streaming a snapshot in chunks (noloco_rt/net/chunks.py, the chunk checks of the snapshot
+"""Streaming a snapshot in chunks (noloco_rt/outer/chunks.py, the chunk checks of the snapshot
 reader and workers/outer/assembly.py): every element travels exactly once, a blockwise
 codec sees the blocks it would see on whole tensors, chunks assemble in any order, and a
 chunk that does not fit its snapshot is refused without touching what arrived before."""

@@ -1,4 +1,4 @@
-"""What a worker observes of its next-stage peers (noloco_rt/membership/peer_load.py), and
+"""What a worker observes of its next-stage peers (noloco_rt/routing/peer_load.py), and
 the peer view routing on it without asking Redis for more than the member list."""
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The algorithm: pure tensor math, no I/O."""
+"""One replica's training math: the inner optimizer, replica state, diagnostics. Pure tensor code, no I/O."""

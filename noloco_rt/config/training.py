@@ -247,7 +247,7 @@ class PipelineConfig:
 class RoutingConfig:
     policy: str = "p2c"
     """Workers: p2c: two random live candidates, the lower expected cost wins (observed
-    round trip × microbatches ahead, algo/routing.next_hop_cost); random: uniform."""
+    round trip × microbatches ahead, routing/next_hop.next_hop_cost); random: uniform."""
     simulation: str = "balanced"
     """The simulator's routing. balanced: a step-seeded permutation per stage sends every
     replica exactly data.microbatches microbatches per step; balanced-sequence: the same per

@@ -1,1 +1,1 @@
-"""Who is alive: the Redis membership table, the peer view, the embedded redis-server."""
+"""Who is alive: the Redis membership table, stage views, the embedded redis-server."""

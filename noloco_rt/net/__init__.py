@@ -1,1 +1,1 @@
-"""Bytes and sockets: wire format, codecs, snapshots, data-path messages, transport, CURVE."""
+"""Bytes and sockets: wire format, data-path messages, the data link, transport, CURVE."""
