@@ -64,6 +64,6 @@ class InnerStep:
             fields |= memory_fields(self.replica.parameters[0].device)
             self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1),
                           lr=self.replica.inner.current_lr(), **fields)
-        if self.outer.due(step):
+        if self.outer.due(step, data_step=self.data_path.data_step()):
             self.outer.take()
             self.after_outer_step()

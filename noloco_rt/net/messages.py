@@ -38,6 +38,8 @@ class DataMessage:
     attempt: int
     reply_to: str
     tensors: list[torch.Tensor]
+    origin_step: int | None = None
+    """A forward's: the stage-0 inner step its data belongs to (None when the sender did not say)."""
 
 
 @dataclass
@@ -68,21 +70,24 @@ def _tensor_frames(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], l
 
 
 def _message(kind: MessageKind, run_id: str, sender: str, stage: int, microbatch_id: int, attempt: int,
-             tensors: list[torch.Tensor], reply_to: str = "") -> Outgoing:
+             tensors: list[torch.Tensor], extra: dict[str, Any] | None = None) -> Outgoing:
     specs, frames = _tensor_frames(tensors)
     header = Header(version=PROTOCOL_VERSION, run_id=run_id, kind=kind, sender=sender, microbatch_id=microbatch_id,
-                    attempt=attempt, outer_step=0, stage=stage, codec="raw", tensors=specs,
-                    extra={"reply_to": reply_to} if reply_to else {})
+                    attempt=attempt, outer_step=0, stage=stage, codec="raw", tensors=specs, extra=extra or {})
     return Outgoing(header, frames)
 
 
 def forward(run_id: str, sender: str, stage: int, microbatch_id: int, reply_to: str,
-            activations: list[torch.Tensor], targets: torch.Tensor, *,
+            activations: list[torch.Tensor], targets: torch.Tensor, *, origin_step: int | None = None,
             ready: Callable[[], None] | None = None) -> Outgoing:
     """Stage output (B, T, C) packed in the wire dtype (noloco_rt.net.wire_dtype.pack) and the
-    targets (B, T) int64 that travel to the last stage; `ready`: see Outgoing."""
+    targets (B, T) int64 that travel to the last stage; `origin_step`: the stage-0 inner step
+    of this data, which a later stage's outer-step clock follows; `ready`: see Outgoing."""
+    extra: dict[str, Any] = {"reply_to": reply_to} if reply_to else {}
+    if origin_step is not None:
+        extra["origin_step"] = origin_step
     message = _message(MessageKind.FORWARD, run_id, sender, stage, microbatch_id, 0, [*activations, targets],
-                       reply_to)
+                       extra)
     message.ready = ready
     return message
 
@@ -120,4 +125,14 @@ def decode(parts: list[Any], *, run_id: str) -> DataMessage:
         raise WireReject(RejectReason.FRAME_COUNT_MISMATCH, f"{header.kind}: {exc}") from None
     return DataMessage(kind=kind, sender=header.sender, stage=header.stage, microbatch_id=header.microbatch_id,
                        attempt=header.attempt, reply_to=str(header.extra.get("reply_to", "")),
-                       tensors=[value, *tensors[packed:]])
+                       tensors=[value, *tensors[packed:]], origin_step=_origin_step(header))
+
+
+def _origin_step(header: Header) -> int | None:
+    """A forward's origin step: absent is None (an older sender), anything but an int >= 0 a reject."""
+    value = header.extra.get("origin_step")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise WireReject(RejectReason.MALFORMED_HEADER, f"origin_step {value!r} is not a step")
+    return value

@@ -52,14 +52,16 @@ class Downstream:
         """A live next-stage worker by the routing policy, or None if there is none."""
         return self.ctx.peers.choose_next_hop(self.next_stage, self.ctx.cfg.routing.policy, exclude=exclude)
 
-    def forward(self, output: torch.Tensor, targets: torch.Tensor, context: Any, peer: MemberRecord | None) -> None:
+    def forward(self, output: torch.Tensor, targets: torch.Tensor, context: Any, peer: MemberRecord | None, *,
+                origin_step: int | None = None) -> None:
         """Send `output` (B, T, C) and `targets` (B, T) to `peer` (or, failing that, to another
-        worker) and keep `context` until the gradient comes back."""
+        worker) and keep `context` until the gradient comes back; `origin_step`: the stage-0
+        inner step of this data (see messages.forward)."""
         ctx = self.ctx
         mb_id = next(self._microbatch_ids)
         host = ctx.to_wire(output)
         frames = messages.forward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, mb_id, ctx.data.address,
-                                  host.tensors, targets, ready=host.ready)
+                                  host.tensors, targets, origin_step=origin_step, ready=host.ready)
         self.inflight.add(mb_id, peer=peer.worker_id if peer else "", now=self.clock(),
                           deadline_s=self.latency.deadline_s(), payload=frames, context=context)
         ctx.counters.sent += 1

@@ -44,6 +44,11 @@ class Role:
     def end_step(self) -> None:
         self.accepted_this_step = 0
 
+    def data_step(self) -> int | None:
+        """The furthest stage-0 inner step of the data trained on so far, which a later stage's
+        outer steps follow; None for stage 0, whose own count is that clock."""
+        return None
+
     def in_flight(self) -> int:
         return 0
 
@@ -133,6 +138,10 @@ class TakesForwards(Role):
     def __init__(self, ctx: DataContext) -> None:
         self.intake = ForwardIntake(ctx)
         super().__init__(ctx)
+        self._data_step: int | None = None
+
+    def data_step(self) -> int | None:
+        return self._data_step
 
     def tick(self) -> None:
         self.take_forwards()
@@ -144,6 +153,8 @@ class TakesForwards(Role):
         while len(self.intake) and self.accepted_this_step < self.ctx.budget:
             message = self.intake.take()
             self.accepted_this_step += 1
+            if message.origin_step is not None:
+                self._data_step = max(self._data_step or 0, message.origin_step)
             self.on_forward(message, self.ctx.staging.to_device(message.tensors[0]).requires_grad_(True))
 
     def on_forward(self, message: messages.DataMessage, hidden_in: torch.Tensor) -> None:

@@ -18,6 +18,7 @@ from noloco_rt.config import Config
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.outer.formula import OuterCoefficients
 from noloco_rt.outer.matching import matched_partners
+from noloco_rt.outer.schedule import outer_step_due
 from noloco_rt.routing.peers import PeerView
 from workers.counters import Counters
 from workers.metrics import WorkerMetrics
@@ -78,8 +79,9 @@ class OuterStep:
         self.by_readiness = cfg.outer.pairing == "ready" and self.settings.method == "noloco"
         self.step_seconds = StepTimer()
 
-    def due(self, inner_steps: int) -> bool:
-        return inner_steps % self.settings.h == 0
+    def due(self, inner_steps: int, *, data_step: int | None = None) -> bool:
+        """Whether to take an outer step after this inner step (outer_step_due)."""
+        return outer_step_due(inner_steps, self.counters.outer_steps, self.settings.h, data_step=data_step)
 
     def take(self) -> None:
         """The outer step: the local step at once; with overlap, its correction comes later
