@@ -227,7 +227,7 @@ class Observer:
             chosen.append(pulled)
         model = self.chain.load([p.slow for p in chosen])
         loss = validation_loss(model, self.cfg, val_batches=self.val_batches)
-        result = EvalResult(time=time.time(), step=min(p.inner_steps for p in chosen), val_loss=loss,
+        result = EvalResult(time=time.time(), step=run_step(chosen), val_loss=loss,
                             val_ppl=perplexity(loss), replicas={p.stage: p.name or p.worker_id[:8] for p in chosen})
         with self._lock:
             self.status.last_eval = result
@@ -251,7 +251,7 @@ class Observer:
                 self._note(f"spread: no replica of stage {stage} could be pulled")
                 return None
             samples.append(sample)
-        step = min(p.inner_steps for sample in samples for p in sample.pulled)
+        step = run_step([p for sample in samples for p in sample.pulled])
         scored = write_scored_consensus(self.out_dir / "consensus.safetensors", self.cfg,
                                         [[p.slow for p in sample.pulled] for sample in samples], step=step,
                                         source="coordinator", val_batches=self.val_batches,
@@ -314,3 +314,10 @@ class Observer:
             self.metrics.spread_high.labels(stage=stage).set(math.inf if high is None else high)
             self.metrics.spread_sampled.labels(stage=stage).set(sampled)
         self.metrics.consensus_writes.inc()
+
+
+def run_step(pulled: list[PulledReplica]) -> int:
+    """The run's step for what was pulled: the least inner step of stage 0, whose replicas all
+    consume the same data per step (a later stage's replicas count unequal shares of it)."""
+    first = [p.inner_steps for p in pulled if p.stage == 0]
+    return min(first or [p.inner_steps for p in pulled])

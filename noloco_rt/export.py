@@ -257,8 +257,8 @@ class WorkerCheckpoints:
 
     replicas_by_stage: list[list[list[torch.Tensor]]]
     """Per stage, every replica's slow weights (float32)."""
-    inner_steps: list[int]
-    """The inner step of each checkpoint used."""
+    inner_steps_by_stage: list[list[int]]
+    """Per stage, the inner step of each checkpoint used."""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """(file, reason) for every *.pt not used: unreadable, another run, wrong stage or shapes."""
 
@@ -272,7 +272,7 @@ def read_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> WorkerCheckpoi
     if not Path(checkpoint_dir).is_dir():
         raise ExportError(f"{checkpoint_dir}: no such folder")
     shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
-    found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps=[])
+    found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps_by_stage=[[] for _ in shapes])
     for path in sorted(Path(checkpoint_dir).glob("*.pt")):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -285,7 +285,7 @@ def read_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> WorkerCheckpoi
             continue
         stage, slow = usable
         found.replicas_by_stage[stage].append([t.float() for t in slow])
-        found.inner_steps.append(int((state.get("counters") or {}).get("inner_steps", 0)))
+        found.inner_steps_by_stage[stage].append(int((state.get("counters") or {}).get("inner_steps", 0)))
     return found
 
 
@@ -365,4 +365,6 @@ def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, s
     if empty:
         raise ExportError(f"{checkpoint_dir}: no usable checkpoint of run {cfg.run.run_id!r} for stage(s) "
                           f"{', '.join(map(str, empty))} ({len(found.skipped)} files skipped)")
-    return write_scored_consensus(path, cfg, found.replicas_by_stage, step=min(found.inner_steps), source=source)
+    # The run's step is stage 0's: a later stage's replicas count unequal shares of the same data.
+    return write_scored_consensus(path, cfg, found.replicas_by_stage, step=min(found.inner_steps_by_stage[0]),
+                                  source=source)
