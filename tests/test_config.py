@@ -111,7 +111,7 @@ def test_toml_round_trip_with_unset_and_set_optional_fields(tmp_path):
 def test_routing_defaults():
     cfg = load_config(environ={})
     assert cfg.routing.simulation == "balanced"  # the simulator: every replica its share
-    assert cfg.routing.policy == "p2c"  # workers: unchanged
+    assert cfg.routing.policy == "balanced"  # workers deal each step evenly too (DESIGN §4 "Drift")
 
 
 PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper.toml"

@@ -89,3 +89,29 @@ def test_advertised_depth_only_tips_an_otherwise_equal_choice():
     assert {view.choose_next_hop(1, "p2c").worker_id for _ in range(20)} == {"a"}
     assert view.choose_next_hop(1, "p2c", exclude={"a"}).worker_id == "b"
     assert view.choose_next_hop(1, "p2c", exclude={"a", "b"}) is None
+
+
+def test_the_deal_sends_a_step_to_both_peers_and_passes_over_a_slow_one():
+    from noloco_rt.routing.balanced import DealSlot
+    from workers.data_path.deal import DealPosition
+
+    view = _view(TwoLive())
+    assert view.rank(1) == 2  # "me" after "a" and "b": our own stage's view here is the same table
+    deal = DealPosition(seed=1, stage=0, per_sender=2, rank=lambda: 0)
+    chosen = []
+    for _ in range(2):
+        peer, passed_over = view.deal_next_hop(1, deal.slot(5))
+        deal.taken(5)
+        chosen.append(peer.worker_id)
+        assert not passed_over
+    assert sorted(chosen) == ["a", "b"]  # one each: B = 2 over two receivers
+    assert deal.slot(5).index == 2 and deal.slot(6).index == 0
+    # "a" answers 100x slower than "b": whatever the deal says, "b" gets the microbatch.
+    view.returned_from("a", 5.0)
+    view.returned_from("b", 0.05)
+    for step in range(1, 20):
+        peer, passed_over = view.deal_next_hop(1, DealSlot(seed=1, stage=0, step=step, sender_rank=0, per_sender=1, index=0))
+        assert peer.worker_id == "b"
+    view.blacklist.fail("a")
+    view.blacklist.fail("b")
+    assert view.deal_next_hop(1, deal.slot(7)) == (None, False)

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from noloco_rt.outer.matching import draw_groups, step_rng
+from noloco_rt.routing.balanced import SLOW_FACTOR, DealSlot, balanced_next_hop, step_permutation
 from noloco_rt.routing.next_hop import (
     UNMEASURED_RTT_S,
     exploration_rtt,
@@ -200,3 +201,51 @@ def test_load_aware_routes_can_leave_a_replica_without_work(policy):
         assert [path[0] for path in paths] == list(range(8))
         starved += 8 - len({path[1] for path in paths})
     assert starved > 0
+
+
+# -- the balanced deal (noloco_rt/routing/balanced.py) -------------------------------------
+
+def _deal(senders: int, per_sender: int, receivers: int, step: int) -> Counter:
+    """Microbatches each receiver gets at `step` when every sender deals its whole share."""
+    return Counter(DealSlot(seed=7, stage=0, step=step, sender_rank=r, per_sender=per_sender, index=j).receiver(receivers)
+                   for r in range(senders) for j in range(per_sender))
+
+
+@given(senders=st.integers(1, 8), per_sender=st.integers(1, 6), receivers=st.integers(1, 8), step=st.integers(1, 10_000))
+def test_the_deal_gives_every_receiver_its_share_of_each_step_within_one(senders, per_sender, receivers, step):
+    got = _deal(senders, per_sender, receivers, step)
+    total = senders * per_sender
+    shares = [got.get(k, 0) for k in range(receivers)]
+    assert sum(shares) == total
+    assert max(shares) - min(shares) <= 1, shares  # p2c left a replica of a 2 x 4 run with 55 of 60 steps' worth
+
+
+def test_the_deal_is_exact_when_the_step_divides_evenly_and_mixes_who_feeds_whom():
+    assert _deal(4, 2, 4, step=3) == {0: 2, 1: 2, 2: 2, 3: 2}
+    # Sender 0's first microbatch goes to a different receiver from step to step: every
+    # receiver is fed by every sender over a run (a fixed pairing would not mix the data).
+    first_hops = {DealSlot(seed=7, stage=0, step=t, sender_rank=0, per_sender=2, index=0).receiver(4) for t in range(1, 40)}
+    assert first_hops == {0, 1, 2, 3}
+
+
+def test_senders_of_one_stage_share_the_permutation_and_stages_differ():
+    assert step_permutation(1, 0, 5, 6) == step_permutation(1, 0, 5, 6)
+    assert sorted(step_permutation(1, 0, 5, 6)) == list(range(6))
+    assert any(step_permutation(1, 0, t, 6) != step_permutation(1, 1, t, 6) for t in range(1, 10))
+    with pytest.raises(ValueError, match="no receiver"):
+        DealSlot(seed=1, stage=0, step=1, sender_rank=0, per_sender=1, index=0).receiver(0)
+
+
+def test_a_slow_dealt_worker_is_passed_over_for_the_load_aware_choice():
+    slot = DealSlot(seed=3, stage=0, step=1, sender_rank=0, per_sender=1, index=0)
+    peers = ["a", "b"]
+    dealt = peers[slot.receiver(2)]
+    other = peers[1 - slot.receiver(2)]
+    even = [(p, 0.1) for p in peers]
+    assert balanced_next_hop(even, slot, random.Random(0)) == (dealt, False)
+    near = [(p, 0.25 if p == dealt else 0.1) for p in peers]  # 2.5x: within SLOW_FACTOR, still dealt
+    assert balanced_next_hop(near, slot, random.Random(0)) == (dealt, False)
+    slow = [(p, 10 * SLOW_FACTOR if p == dealt else 1.0) for p in peers]
+    assert balanced_next_hop(slow, slot, random.Random(0)) == (other, True)
+    with pytest.raises(ValueError, match="no live"):
+        balanced_next_hop([], slot, random.Random(0))

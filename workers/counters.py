@@ -31,6 +31,8 @@ class Counters:
     """Seconds the training thread spent in outer steps (waiting for partners when blocking)."""
     routed_to: collections.Counter = field(default_factory=collections.Counter)
     """Successful sends by peer (short id)."""
+    route_passed_over: int = 0
+    """Balanced routing: microbatches whose dealt next-stage worker was slow, sent by p2c instead."""
 
     def count_outer_step(self, kind: str, reason: str | None) -> None:
         if kind not in OUTER_STEP_KINDS:

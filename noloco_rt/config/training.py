@@ -13,7 +13,7 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
-ROUTING_POLICIES = ("p2c", "random")
+ROUTING_POLICIES = ("balanced", "p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
@@ -245,9 +245,12 @@ class PipelineConfig:
 
 @dataclass(kw_only=True)
 class RoutingConfig:
-    policy: str = "p2c"
-    """Workers: p2c: two random live candidates, the lower expected cost wins (observed
-    round trip × microbatches ahead, routing/next_hop.next_hop_cost); random: uniform."""
+    policy: str = "balanced"
+    """Workers. balanced: each origin step's microbatches dealt evenly over the live
+    next-stage workers by a step-seeded permutation, a slow one passed over for the p2c
+    choice (routing/balanced.py); p2c: two random live candidates, the lower expected cost
+    wins (observed round trip × microbatches ahead, routing/next_hop.next_hop_cost);
+    random: uniform. Re-sends are always load-aware (p2c)."""
     simulation: str = "balanced"
     """The simulator's routing. balanced: a step-seeded permutation per stage sends every
     replica exactly data.microbatches microbatches per step; balanced-sequence: the same per

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.refresher import ViewRefresher
+from noloco_rt.routing.balanced import DealSlot, balanced_next_hop
 from noloco_rt.routing.next_hop import next_hop_costs, route_next_hop
 from noloco_rt.routing.peer_load import PeerLoad
 
@@ -85,15 +86,35 @@ class PeerView:
         self.views.refresh([stage])
 
     def choose_next_hop(self, stage: int, policy: str, exclude: set[str] | None = None) -> MemberRecord | None:
+        """A live worker of `stage` by the load-aware `policy` (p2c, random), or None."""
         candidates = [r for r in self.members(stage) if not exclude or r.worker_id not in exclude]
         if not candidates:
             return None
-        # Cost from what this worker observed itself; the advertised depth is only a hint.
-        by_id = {r.worker_id: r for r in candidates}
+        return self._by_id(candidates)[route_next_hop(self._costs(candidates), self.rng, policy)]
+
+    def deal_next_hop(self, stage: int, slot: DealSlot) -> tuple[MemberRecord | None, bool]:
+        """(the worker of `stage` the balanced deal gives `slot` to, passed_over): when the
+        dealt worker is slow, the p2c choice with passed_over True; (None, False) if none is live."""
+        candidates = self.members(stage)
+        if not candidates:
+            return None, False
+        chosen, passed_over = balanced_next_hop(self._costs(candidates), slot, self.rng)
+        return self._by_id(candidates)[chosen], passed_over
+
+    def rank(self, stage: int) -> int:
+        """Our index among `stage`'s live workers sorted by id, us included (where a sender's
+        microbatches start in the deal)."""
+        return sorted({self.own_id, *(r.worker_id for r in self.views.view(stage))}).index(self.own_id)
+
+    def _costs(self, candidates: list[MemberRecord]) -> list[tuple[str, float]]:
+        """Cost from what this worker observed itself; the advertised depth is only a hint."""
         load = self._local_load
-        costs = next_hop_costs([(r.worker_id, load.rtt_ema(r.worker_id), load.inflight(r.worker_id), r.queue_depth)
-                                for r in candidates])
-        return by_id[route_next_hop(costs, self.rng, policy)]
+        return next_hop_costs([(r.worker_id, load.rtt_ema(r.worker_id), load.inflight(r.worker_id), r.queue_depth)
+                               for r in candidates])
+
+    @staticmethod
+    def _by_id(candidates: list[MemberRecord]) -> dict[str, MemberRecord]:
+        return {r.worker_id: r for r in candidates}
 
     def random_peers(self, stage: int) -> list[MemberRecord]:
         peers = self.members(stage)

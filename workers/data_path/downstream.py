@@ -24,6 +24,7 @@ import torch
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.net import messages
 from workers.data_path.context import DataContext
+from workers.data_path.deal import DealPosition
 from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
 from workers.data_path.inflight import InflightEntry, InflightTable
 
@@ -44,13 +45,26 @@ class Downstream:
         self.latency = LatencyTracker(deadline_policy(ctx.cfg.worker.deadline_floor_s,
                                                       ctx.cfg.worker.deadline_ceiling_s))
         self._microbatch_ids = itertools.count()
+        self._deal = DealPosition(seed=ctx.cfg.run.seed, stage=ctx.stage, per_sender=ctx.budget,
+                                  rank=lambda: ctx.peers.rank(ctx.stage))
 
     def __len__(self) -> int:
         return len(self.inflight)
 
-    def choose(self, exclude: set[str] | None = None) -> MemberRecord | None:
-        """A live next-stage worker by the routing policy, or None if there is none."""
-        return self.ctx.peers.choose_next_hop(self.next_stage, self.ctx.cfg.routing.policy, exclude=exclude)
+    def choose(self, origin_step: int | None = None, *, exclude: set[str] | None = None) -> MemberRecord | None:
+        """A live next-stage worker by the routing policy, or None if there is none. Balanced,
+        a first attempt takes the next slot of its origin step's deal (routing/balanced.py);
+        a re-send (`exclude`), or data without an origin step, the load-aware choice."""
+        ctx = self.ctx
+        policy = ctx.cfg.routing.policy
+        if policy != "balanced" or exclude or origin_step is None:
+            return ctx.peers.choose_next_hop(self.next_stage, "p2c" if policy == "balanced" else policy,
+                                             exclude=exclude)
+        peer, passed_over = ctx.peers.deal_next_hop(self.next_stage, self._deal.slot(origin_step))
+        if peer is not None:
+            self._deal.taken(origin_step)
+            ctx.counters.route_passed_over += passed_over
+        return peer
 
     def forward(self, output: torch.Tensor, targets: torch.Tensor, context: Any, peer: MemberRecord | None, *,
                 origin_step: int | None = None) -> None:

@@ -91,7 +91,8 @@ class First(ReadsData, SendsDownstream):
         if self.sent_this_step >= self.ctx.budget:
             self.receiver.poll(accept_forwards=False)  # the step's forwards are out: wait for gradients
             return
-        peer = self.downstream.choose()
+        origin_step = self.ctx.counters.inner_steps + 1  # the step being built
+        peer = self.downstream.choose(origin_step)
         if peer is None:
             self.receiver.poll(accept_forwards=False)  # nobody downstream yet: keep serving gradients
             self.ctx.peers.refresh_soon()
@@ -99,8 +100,7 @@ class First(ReadsData, SendsDownstream):
         inputs, targets = self.next_batch()
         output = self.ctx.run_stage(inputs.to(self.ctx.staging.device))  # (B, T, C) with its graph
         self.sent_this_step += 1
-        self.downstream.forward(output, targets, SentForward(output), peer,
-                                origin_step=self.ctx.counters.inner_steps + 1)  # the step being built
+        self.downstream.forward(output, targets, SentForward(output), peer, origin_step=origin_step)
 
     def ready_to_step(self) -> bool:
         return self.sent_this_step >= self.ctx.budget and self.in_flight() == 0
@@ -118,7 +118,7 @@ class Middle(TakesForwards, SendsDownstream):
     def on_forward(self, message: messages.DataMessage, hidden_in: torch.Tensor) -> None:
         output = self.ctx.run_stage(hidden_in)
         self.downstream.forward(output, message.tensors[1], SentForward(output, hidden_in, message),
-                                self.downstream.choose(), origin_step=message.origin_step)
+                                self.downstream.choose(message.origin_step), origin_step=message.origin_step)
 
     def backward_done(self, sent: SentForward) -> None:
         assert sent.upstream is not None and sent.hidden_in is not None
