@@ -11,6 +11,7 @@ Only the membership view is given (no Redis): each worker sees the other.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +185,76 @@ def test_a_round_that_raises_is_counted_as_failed_not_passed_off_as_local():
         assert event == "outer_round_failed" and "expected host tensors" in fields["error"]
     finally:
         worker.close()
+        ctx.term()
+
+
+def _wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_round_given_up_as_late_is_dropped_on_both_sides():
+    """Overlapped, max_delay_steps 1: a reaches its step and pushes to b, which is not there
+    yet (b keeps a's push and acknowledges it); a trains two inner steps with no word from b
+    and gives its round up. b then reaches its step: a refuses b's push, so b must not use
+    a's either, acknowledged or not. Neither applies a correction: the pair's mean is kept."""
+    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
+                                              "outer": {"method": "noloco", "overlap": True, "max_delay_steps": 1},
+                                              "worker": {"snapshot_codec": "shuffle-zstd"}}])
+    ctx = zmq.Context()
+    a, b = _parts(ctx, cfg, "a" * 32, seed=1), _parts(ctx, cfg, "b" * 32, seed=2)
+    try:
+        a.peers.views.members, b.peers.views.members = [_record(b)], [_record(a)]
+        a.step.take()
+        _wait_until(lambda: len(b.exchanger.service.inbox) == 1)  # a's push kept (and acknowledged) at b
+        for _ in range(2):  # delay 1 is still allowed; delay 2 is past max_delay_steps
+            a.counters.inner_steps += 1
+            a.step.after_inner_step()
+        assert a.step.pending is None and dict(a.counters.outer_kinds) == {"dropped_late": 1}
+        b.step.take()
+        b.step.finish()
+        assert dict(b.counters.outer_kinds) == {"local": 1}, b.log.lines
+        assert dict(b.counters.unmatched_reasons) == {"push_failed": 1}  # refused by a: the round was closed
+        for worker in (a, b):
+            done = [fields for _, event, fields in worker.log.lines if event == "outer_step_done"]
+            assert [d["used"] for d in done] == [[]] and "correction_sum" not in done[0], done
+            assert worker.log.errors() == []
+    finally:
+        for worker in (a, b):
+            worker.close()
+        ctx.term()
+
+
+def test_a_round_settled_but_seen_late_is_applied_on_both_sides():
+    """Both pushes were kept and acknowledged, so b applies its side; a only looks after two
+    inner steps (past max_delay_steps 1). Dropping it then would be one-sided (the pair's
+    mean moves): a applies it, late, and the two corrections cancel."""
+    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
+                                              "outer": {"method": "noloco", "overlap": True, "max_delay_steps": 1},
+                                              "worker": {"snapshot_codec": "shuffle-zstd"}}])
+    ctx = zmq.Context()
+    a, b = _parts(ctx, cfg, "a" * 32, seed=1), _parts(ctx, cfg, "b" * 32, seed=2)
+    try:
+        a.peers.views.members, b.peers.views.members = [_record(b)], [_record(a)]
+        a.step.take()
+        b.step.take()
+        b.step.finish()
+        a.counters.inner_steps += 2  # two inner steps with no boundary seen: a busy training thread
+        # a's round is over too (its result kept, not yet applied): read, not taken
+        _wait_until(lambda: 1 in a.exchanger._results)
+        a.step.after_inner_step()
+        sums = []
+        for worker in (a, b):
+            assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
+            (done,) = [fields for _, event, fields in worker.log.lines if event == "outer_step_done"]
+            sums.append(done["correction_sum"])
+        assert [d for _, e, d in a.log.lines if e == "outer_step_done"][0]["delay"] == 2
+        assert abs(sum(sums)) <= 1e-5 * max(abs(x) for x in sums)
+    finally:
+        for worker in (a, b):
+            worker.close()
         ctx.term()
 
 

@@ -59,3 +59,17 @@ def test_wait_for_returns_when_the_partners_are_in_or_stop_says_so():
     assert inbox.wait_for(2, ["a"], timeout_s=10) == {"a"}
     assert inbox.wait_for(2, ["a", "b"], timeout_s=10, stop=lambda here: "a" in here) == {"a"}
     assert inbox.wait_for(2, ["b"], timeout_s=0.05) == set()
+
+
+def test_a_closed_step_refuses_new_pushes_and_names_the_ones_kept_before():
+    """A round given up as late: a partner whose push was kept may use ours (it was
+    acknowledged), so it is named and stays; one arriving later is refused, and its sender,
+    never acknowledged, drops its side too."""
+    inbox = SnapshotInbox(fresh_s=60)
+    assert inbox.keep("a", 4, *push(4))
+    assert inbox.keep("c", 5, *push(5))
+    assert inbox.close(4) == {"a"}
+    assert not inbox.accepts(4) and not inbox.accepts(3) and inbox.accepts(5)
+    assert not inbox.keep("b", 4, *push(4))
+    assert inbox.take(4, "a") is not None  # the kept one is still there for its round
+    assert inbox.keep("b", 5, *push(5))  # a later step is open

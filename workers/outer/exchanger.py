@@ -6,8 +6,10 @@ once, pushes it to every partner at once (each push is acknowledged once the par
 validated and kept it), and waits for the partners' own step-k pushes, which the
 exchange server's thread keeps in the inbox. A partner's state is used only when its
 push arrived and ours to it was acknowledged, so both sides of a pair use each other's
-(the replicas' mean is kept) unless one of them gives up late. The round ends when every
-partner is settled, when the training thread cancels it, or after the collection window.
+(the replicas' mean is kept) or neither does. A round the training thread gives up as late
+is closed: pushes for it are refused from then on (their senders then drop their side too),
+and a partner whose push was kept before is still settled by our push's acknowledgement.
+The round ends when every partner is settled, or after the collection window.
 
 Everything here is host tensors (workers/outer/device_boundary.py): the round's first act
 is to wait for our contribution's copy to the host, its last to compute the correction the
@@ -117,12 +119,18 @@ class OuterExchanger:
                 del self._results[stale]
             return self._results.pop(outer_step, None)
 
-    def cancel(self, outer_step: int) -> None:
-        """Stop waiting for this round's partners (its result still comes, with what arrived)."""
+    def give_up(self, outer_step: int) -> set[str]:
+        """Give the round up as late: stop waiting for partners whose push is not here, and
+        refuse their pushes from now on, so that they give up their side too (a push not
+        acknowledged is never used). Returns the partners whose pushes were kept already: each
+        may use ours, so the round still settles them (theirs used exactly when ours was
+        acknowledged) and its result must be applied, not dropped."""
+        committed = self.service.inbox.close(outer_step)
         with self._done:
             self._cancelled.add(outer_step)
         self._wake.set()
         self.service.inbox.wake()
+        return committed
 
     def close(self) -> None:
         self._rounds.put(None)
@@ -169,7 +177,7 @@ class OuterExchanger:
         wire, raw = feed.bytes()
         result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=wire, sent_raw_bytes=raw)
         for partner_id in ids:
-            why = self._why_unusable(partner_id, arrived, pushes[partner_id], cancelled=self._is_cancelled(step))
+            why = self._why_unusable(partner_id, arrived, pushes[partner_id], stall_s=self.collect_s)
             if why is None:
                 taken = self.service.inbox.take(step, partner_id)
                 why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=own)
@@ -201,15 +209,15 @@ class OuterExchanger:
         with self._done:
             return outer_step in self._cancelled
 
-    def _why_unusable(self, partner_id: str, arrived: set[str], push: Future[bool], *,
-                      cancelled: bool) -> str | None:
+    @staticmethod
+    def _why_unusable(partner_id: str, arrived: set[str], push: Future[bool], *, stall_s: float) -> str | None:
         if partner_id not in arrived:
             return "no_push"
-        if cancelled and not push.done():
-            return "cancelled"  # the training thread gave up: the next round must not wait behind this one
-        # Their push is here: give ours a moment to be acknowledged (it left at the same time).
+        # Their push is here, so they may use ours if it is acknowledged: ours decides, even in
+        # a round given up as late (both sides use each other's or neither does). It left at
+        # the same time; its own stall timeout bounds the wait.
         try:
-            acked = push.result(timeout=self.collect_s)
+            acked = push.result(timeout=stall_s)
         except Exception:  # noqa: BLE001 - a failed push is a partner we cannot pair with
             acked = False
         return None if acked else "push_failed"

@@ -32,6 +32,9 @@ class SnapshotInbox:
         self.clock = clock
         self.floor = 0
         """Pushes for outer steps below this are of no use any more (set as rounds end)."""
+        self.closed_through = 0
+        """Pushes for outer steps up to this one are refused (rounds given up as late), though
+        the ones kept before stay until their round takes them."""
         self._entries: dict[tuple[str, int], Entry] = {}
         self._arrived = threading.Condition()
 
@@ -49,7 +52,7 @@ class SnapshotInbox:
         entries, then those for the furthest step; False (not kept) when that step is
         already behind us."""
         with self._arrived:
-            if for_step < self.floor:
+            if not self.accepts(for_step):
                 return False
             self._evict()
             key = (sender, for_step)
@@ -61,6 +64,17 @@ class SnapshotInbox:
             self._entries[key] = (self.clock(), snapshot, state)
             self._arrived.notify_all()
             return True
+
+    def accepts(self, for_step: int) -> bool:
+        """Whether a push for our outer step `for_step` may still be kept."""
+        return for_step >= self.floor and for_step > self.closed_through
+
+    def close(self, outer_step: int) -> set[str]:
+        """Refuse every later push for `outer_step` and earlier (its round is given up as late);
+        the senders whose pushes for it were already kept (and acknowledged), which stay."""
+        with self._arrived:
+            self.closed_through = max(self.closed_through, outer_step)
+            return {sender for sender, step in self._entries if step == outer_step}
 
     def take(self, outer_step: int, sender: str) -> tuple[Snapshot, PeerOuterState] | None:
         """`sender`'s fresh contribution for exactly this outer step, removed; None if none."""

@@ -145,8 +145,8 @@ class SnapshotService:
             if kind != MessageKind.SNAPSHOT_PUSH:
                 raise SnapshotRejected("unexpected_kind")
             for_step = push_target_step(decoded)
-            if for_step < self.inbox.floor:
-                return self._message(MessageKind.ERROR)  # a step we are past: the pusher learns it is late
+            if not self.inbox.accepts(for_step):
+                return self._message(MessageKind.ERROR)  # a step we are past or gave up: the pusher learns it is late
             whole = self._place_chunk(header.sender, for_step, decoded)
         except SnapshotRejected as rejected:
             self.count_reject(rejected.reason)

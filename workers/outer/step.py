@@ -1,7 +1,8 @@
 """The outer step (docs/architecture.md §1, §4) on the training thread: hand the round to the exchanger,
 and either wait for it (blocking, the paper's semantics) or take the provisional local
 step at once and correct it exactly at the first inner-step boundary after the partners'
-states are in (overlap). A correction later than outer.max_delay_steps is dropped.
+states are in (overlap). A round not settled within outer.max_delay_steps is closed: its
+partners drop their side with us, or, where a partner's push was already kept, both apply.
 
 The training thread crosses the device boundary twice per outer step and never waits on
 it: our contribution starts its copy to the host at the step, and the correction (computed
@@ -54,6 +55,11 @@ class PendingRound:
     """Our inner step count when the provisional step was taken."""
     group: list[str]
     """The seeded group's ids (by readiness: the fallback), for the log when no result came."""
+    closed: bool = False
+    """Given up as late: partners' pushes for it are refused from then on."""
+    committed: frozenset[str] = frozenset()
+    """Partners whose pushes were kept before it closed: they may use ours, so the result is
+    awaited and applied (a drop would be one-sided)."""
 
 
 class OuterStep:
@@ -130,36 +136,47 @@ class OuterStep:
 
     def settle(self, *, final: bool = False, wait_s: float = 0.0) -> None:
         """At an inner-step boundary (nothing in flight): apply the pending correction once its
-        partners' states are in; drop it when later than max_delay_steps (or `final`, at the
-        next outer step or the end). Waits only when told (blocking step, end of training)."""
+        partners' states are in. Past max_delay_steps (or `final`: the next outer step, the
+        end) the round is closed: partners not heard from are refused, so they drop their
+        side too, and with no partner's push kept it is dropped here. Symmetric either way:
+        a result is always applied, since each state it used is a partner using ours. Waits
+        only when told (blocking step, end of training) or to settle a closed round at `final`."""
         pending = self.pending
         if pending is None:
             return
         delay = self.counters.inner_steps - pending.inner_step
         late = final or delay > self.max_delay_steps
         result = self.exchanger.result(pending.outer_step, wait_s=wait_s)
+        if result is None and late and not pending.closed:
+            pending.closed = True
+            pending.committed = frozenset(self.exchanger.give_up(pending.outer_step))
+        if result is None and pending.committed:
+            if not final:
+                return  # a kept partner may use ours: its side is settled by our push's acknowledgement
+            result = self.exchanger.result(pending.outer_step, wait_s=self.round_wait_s)
         if result is None and not late:
             return
         self.pending = None
-        if result is None:
-            self.exchanger.cancel(pending.outer_step)  # its late result is discarded
-            self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group)
-        elif result.correction is not None and delay > self.max_delay_steps:
-            self._record(pending.outer_step, result, delay=delay, dropped=True)
-        else:
-            if result.correction is not None:  # the host -> device crossing, then δ, φ, θ += c
-                self.replica.correct_outer_step(self.service.boundary.to_device(result.correction,
-                                                                                like=self.replica.slow))
-                self.metrics.correction_delay.observe(delay)
-            self._record(pending.outer_step, result, delay=delay)
+        if result is None:  # closed with no partner kept (or, stuck past round_wait_s, kept ones: said so)
+            if pending.committed:
+                self.log.error("outer_round_unsettled", outer_step=pending.outer_step,
+                               partners=sorted(p[:8] for p in pending.committed))
+            self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group,
+                         reason="one_sided" if pending.committed else None)
+            return
+        if result.correction is not None:  # the host -> device crossing, then δ, φ, θ += c
+            self.replica.correct_outer_step(self.service.boundary.to_device(result.correction,
+                                                                            like=self.replica.slow))
+            self.metrics.correction_delay.observe(delay)
+        self._record(pending.outer_step, result, delay=delay, dropped=pending.closed and not result.used)
 
-    def _record(self, outer_step: int, result: RoundResult | None, *,
-                delay: int, dropped: bool = False, group: list[str] | None = None) -> None:
+    def _record(self, outer_step: int, result: RoundResult | None, *, delay: int, dropped: bool = False,
+                group: list[str] | None = None, reason: str | None = None) -> None:
         used = [] if dropped or result is None else result.used
         group = result.partners if result is not None else (group or [])
         kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used),
                                                              failed=result is not None and result.failed is not None)
-        self.counters.count_outer_step(kind, unmatched_reason(kind, group, result))
+        self.counters.count_outer_step(kind, reason or unmatched_reason(kind, group, result))
         self.metrics.outer_steps.labels(kind=kind).inc()
         fields: dict[str, Any] = {}
         if result is not None:
