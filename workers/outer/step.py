@@ -168,7 +168,8 @@ class OuterStep:
             self.replica.correct_outer_step(self.service.boundary.to_device(result.correction,
                                                                             like=self.replica.slow))
             self.metrics.correction_delay.observe(delay)
-        self._record(pending.outer_step, result, delay=delay, dropped=pending.closed and not result.used)
+        given_up = pending.closed and not result.used and result.failed is None  # a failed round says so instead
+        self._record(pending.outer_step, result, delay=delay, dropped=given_up)
 
     def _record(self, outer_step: int, result: RoundResult | None, *, delay: int, dropped: bool = False,
                 group: list[str] | None = None, reason: str | None = None) -> None:

@@ -1,0 +1,184 @@
+"""Outer steps matched in fault-free `noloco-rt up` runs, by pipeline shape, and with one
+worker slowed from outside (DESIGN §4 "Drift").
+
+Each run is `noloco-rt up` in a fresh directory, one after the other; the figures come
+from the workers' logs: outer steps by kind per stage, uses of a partner's state not
+returned by that partner (one-sided), microbatches re-sent and dropped against those
+sent, and the share of its run each worker's training thread spent in outer steps.
+
+    python -m benchmarks.matched_runs --shape 2x2:600 --shape 2x4:300 --shape 4x2:300 --runs 3
+    python -m benchmarks.matched_runs --shape 1x4:200 --runs 3 --stop-duty 0.5
+
+--stop-duty d stops one worker (s0-r0) with SIGSTOP for d of every STOP_PERIOD_S seconds
+and lets it run (SIGCONT) for the rest, from outside the project: a straggler at 1 - d of
+full speed. Its blocked share is left out of the "fast workers" column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.table import emit, markdown_table
+from workers.cluster.local_cluster import one_sided_share, read_events
+
+STOP_PERIOD_S = 1.0
+SLOWED = "s0-r0"
+
+
+@dataclass
+class RunFigures:
+    kinds: dict[int, Counter] = field(default_factory=dict)
+    """Outer steps by kind, per stage."""
+    one_sided: float = 0.0
+    sent: int = 0
+    retried: int = 0
+    dropped: int = 0
+    blocked: dict[str, float] = field(default_factory=dict)
+    """Worker name -> share of its run its training thread spent in outer steps."""
+    wall_s: float = 0.0
+    errors: int = 0
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """"SxR:STEPS" -> (stages, replicas, steps)."""
+    try:
+        shape, steps = text.split(":")
+        stages, replicas = shape.split("x")
+        return int(stages), int(replicas), int(steps)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STAGESxREPLICAS:STEPS, e.g. 2x4:300, got {text!r}") from None
+
+
+def _duty_cycle(out: Path, duty: float, done: threading.Event) -> None:
+    """Stop and continue the slowed worker's process, found by its pid file, until `done`."""
+    pid = None
+    while not done.is_set() and pid is None:
+        pid = _pid_of(out / "up.log", SLOWED)
+        done.wait(0.2)
+    while pid is not None and not done.is_set():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(duty * STOP_PERIOD_S)
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        done.wait((1 - duty) * STOP_PERIOD_S)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _pid_of(up_log: Path, name: str) -> int | None:
+    if not up_log.exists():
+        return None
+    for line in up_log.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "process_started" and event.get("name") == name:
+            return int(event["pid"])
+    return None
+
+
+def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed: int, tmp: Path) -> RunFigures:
+    out = tmp / f"{stages}x{replicas}-{seed}"
+    command = [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(stages), "--replicas", str(replicas),
+               "--steps", str(steps), "--out", str(out), "--no-tensorboard", "--set", f"outer.h={h}",
+               "--set", f"run.seed={seed}"]
+    out.mkdir(parents=True)
+    done = threading.Event()
+    stopper = threading.Thread(target=_duty_cycle, args=(out, duty, done), daemon=True) if duty > 0 else None
+    started = time.monotonic()
+    with (out / "up.log").open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        if stopper is not None:
+            stopper.start()
+        code = process.wait()
+    done.set()
+    if code != 0:
+        raise SystemExit(f"{' '.join(command)} exited {code}; see {out / 'up.log'}")
+    figures = RunFigures(wall_s=time.monotonic() - started)
+    used: dict[str, list[str]] = {}
+    names: dict[str, str] = {}
+    for path in sorted((out / "logs").glob("s*-r*.log")):
+        name = path.name.split(".")[0]
+        events = read_events(path)
+        started_events = [e for e in events if e.get("event") == "worker_started"]
+        if started_events:
+            names[started_events[0]["worker"][:8]] = name
+        stage = int(name[1:name.index("-")])
+        figures.errors += sum(1 for e in events if e.get("level") in ("error", "critical"))
+        done_events = [e for e in events if e.get("event") == "outer_step_done"]
+        figures.kinds.setdefault(stage, Counter()).update(e["kind"] for e in done_events)
+        used.setdefault(name, []).extend(u for e in done_events for u in e["used"])
+        summary = [e for e in events if e.get("event") == "worker_summary"]
+        if summary:
+            figures.sent += summary[-1]["sent"]
+            figures.retried += summary[-1]["retried"]
+            figures.dropped += summary[-1]["dropped"]
+            span = _seconds(events[-1]["timestamp"]) - _seconds(events[0]["timestamp"])
+            figures.blocked[name] = summary[-1]["outer_blocked_s"] / span if span > 0 else 0.0
+    figures.one_sided = one_sided_share({n: [names.get(u, u) for u in us] for n, us in used.items()})
+    return figures
+
+
+def _seconds(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def row(shape: str, seed: int, f: RunFigures, duty: float) -> list[object]:
+    matched = "; ".join(f"s{s}: {k['matched']}/{sum(k.values())} ({100 * k['matched'] / max(1, sum(k.values())):.0f} %)"
+                        for s, k in sorted(f.kinds.items()))
+    unmatched = Counter()
+    for k in f.kinds.values():
+        unmatched.update({kind: n for kind, n in k.items() if kind != "matched"})
+    fast = {n: b for n, b in f.blocked.items() if not (duty > 0 and n == SLOWED)}
+    blocked = f"{100 * max(fast.values(), default=0):.1f} %"
+    resent = f"{f.retried} ({100 * f.retried / max(1, f.sent):.2f} %)" if f.sent else "-"
+    return [shape, seed, matched, dict(unmatched) or "-", f"{f.one_sided:.3f}", resent, f.dropped, blocked,
+            f.errors, f"{f.wall_s:.0f}"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", type=parse_shape, action="append", required=True,
+                        help="STAGESxREPLICAS:STEPS, repeatable")
+    parser.add_argument("--runs", type=int, default=3, help="runs per shape (seeds 0..runs-1)")
+    parser.add_argument("--h", type=int, default=10, help="outer.h")
+    parser.add_argument("--stop-duty", type=float, default=0.0,
+                        help="share of each second the slowed worker is stopped (0: no worker slowed)")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    if not 0.0 <= args.stop_duty < 1.0:
+        parser.error("--stop-duty must be in [0, 1)")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="matched-runs-") as tmp:
+        for stages, replicas, steps in args.shape:
+            for seed in range(args.runs):
+                figures = run_up(stages, replicas, steps, args.h, duty=args.stop_duty, seed=seed, tmp=Path(tmp))
+                rows.append(row(f"{stages}x{replicas}, {steps} steps", seed, figures, args.stop_duty))
+                print(" | ".join(str(c) for c in rows[-1]), flush=True)
+    slowed = f", {SLOWED} stopped {args.stop_duty:.0%} of every {STOP_PERIOD_S:g} s" if args.stop_duty else ""
+    emit(markdown_table(f"Outer steps matched, h = {args.h}{slowed}",
+                        ["shape", "seed", "matched per stage", "not matched", "one-sided share",
+                         "re-sent", "dropped", "max blocked share (fast workers)", "error events", "wall s"], rows),
+         args.out)
+
+
+if __name__ == "__main__":
+    main()
