@@ -163,14 +163,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop-duty", type=float, default=0.0,
                         help="share of each second the slowed worker is stopped (0: no worker slowed)")
     parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument("--keep", type=Path, help="leave the runs' directories here (default: a temporary one)")
     args = parser.parse_args(argv)
     if not 0.0 <= args.stop_duty < 1.0:
         parser.error("--stop-duty must be in [0, 1)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="matched-runs-") as tmp:
+        work = args.keep or Path(tmp)
         for stages, replicas, steps in args.shape:
             for seed in range(args.runs):
-                figures = run_up(stages, replicas, steps, args.h, duty=args.stop_duty, seed=seed, tmp=Path(tmp))
+                figures = run_up(stages, replicas, steps, args.h, duty=args.stop_duty, seed=seed, tmp=work)
                 rows.append(row(f"{stages}x{replicas}, {steps} steps", seed, figures, args.stop_duty))
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
     slowed = f", {SLOWED} stopped {args.stop_duty:.0%} of every {STOP_PERIOD_S:g} s" if args.stop_duty else ""

@@ -75,10 +75,40 @@ def test_a_retry_never_goes_back_to_a_peer_that_failed_the_microbatch():
     clock.now += 100.0  # a's deadline passes: a is blacklisted, the retry goes to b
     downstream.retry_expired()
     assert data.sent_to == ["tcp://a:1", "tcp://b:1"]
-    clock.now += 100.0  # b's deadline passes too; a's blacklisting has lapsed, but a failed this one already
+    # b's deadline passes too; a's blacklisting has lapsed, but a failed this one already:
+    # nothing is sent again, it waits on a and b, and is dropped after max_retries + 1 (6) deadlines.
+    waits = []
+    for _ in range(4):
+        clock.now += 100.0
+        downstream.retry_expired()
+        assert len(downstream) == 1 and counters.dropped == 0
+        waits.append(downstream.inflight.get(0).deadline_at - clock.now)
+    assert waits == [20.0, 30.0, 30.0, 30.0]  # twice the 10 s deadline, then at the 30 s ceiling
+    clock.now += 100.0
     downstream.retry_expired()
     assert data.sent_to == ["tcp://a:1", "tcp://b:1"]
     assert len(downstream) == 0 and (counters.sent, counters.retried, counters.dropped) == (1, 1, 1)
+
+
+def test_a_peer_given_up_on_that_answers_late_resolves_the_microbatch_and_teaches_the_deadline():
+    """A downstream worker stalled in a blocking outer step, not dead: its late gradient is
+    used (the microbatch is not lost), its round trip raises the deadline, and it is no
+    longer blacklisted."""
+    clock = Clock()
+    downstream, data, counters = _downstream(clock)
+    peers = downstream.ctx.peers
+    output = torch.zeros(2, 3, 4)
+    downstream.forward(output, torch.zeros(2, 3, dtype=torch.long), output, downstream.choose(exclude={"b"}))
+    before = downstream.latency.deadline_s()
+    clock.now += 12.0  # past the initial 10 s deadline: re-sent to b
+    downstream.retry_expired()
+    assert data.sent_to == ["tcp://a:1", "tcp://b:1"] and peers.blacklist.blocked("a")
+    clock.now += 0.5
+    entry = downstream.resolve(0, 0)  # a's reply to the first attempt, 12.5 s after it left
+    assert entry is not None and entry.answered_by == "a" and counters.answered_late == 1
+    assert not peers.blacklist.blocked("a") and (peers.local_load("a"), peers.local_load("b")) == (0, 0)
+    assert before == 10.0 and downstream.latency.deadline_s() == 30.0  # 4 x 12.5 s, at the ceiling
+    assert downstream.resolve(0, 1) is None  # b's reply is the duplicate now
 
 
 def test_round_trips_and_give_ups_teach_the_routing_which_peer_is_slow():

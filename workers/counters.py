@@ -26,6 +26,8 @@ class Counters:
     sent: int = 0
     """Microbatches this worker originated (first attempts only; retries are counted in `retried`)."""
     retried: int = 0
+    answered_late: int = 0
+    """Microbatches resolved by the reply of an attempt already given up on (re-sent or waited on)."""
     dropped: int = 0
     outer_blocked_s: float = 0.0
     """Seconds the training thread spent in outer steps (waiting for partners when blocking)."""

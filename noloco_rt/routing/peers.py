@@ -73,6 +73,12 @@ class PeerView:
         (both teach the peer's round-trip average; None: nothing to learn)."""
         self._local_load.returned(worker_id, rtt_s)
 
+    def answered_late(self, worker_id: str, rtt_s: float) -> None:
+        """A peer we had given up on (its load already released) answered after rtt_s: it
+        is slow, not gone. Its round trip is learnt and its blacklisting lifted."""
+        self._local_load.observe(worker_id, rtt_s)
+        self.blacklist.succeed(worker_id)
+
     def local_load(self, worker_id: str) -> int:
         """Microbatches this worker has in flight at the peer."""
         return self._local_load.inflight(worker_id)

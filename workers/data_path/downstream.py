@@ -3,9 +3,12 @@
 Each forward goes to a live next-stage worker (the routing policy decides which) and stays
 in flight until its gradient returns; the round trip, or the time owed by a forward given
 up, feeds the routing's view of that worker. A forward whose send fails or whose deadline passes
-is re-sent with a new attempt id to a worker that has not failed it yet; once
-worker.max_retries attempts have failed, or every live worker has failed it, it is
-dropped and counted. Deadlines derive from observed round trips.
+is re-sent with a new attempt id to a worker that has not failed it yet, or, when every
+live worker has been tried, waits on the attempts already out, twice as long each time; the
+first reply of any attempt resolves it (a given-up peer was often only slow: a
+downstream worker in a blocking outer step). After worker.max_retries + 1 deadlines it
+is dropped and counted. Deadlines derive from observed round trips, late replies
+included, so they grow to cover the stalls this pipeline really has.
 
 Sends never wait: the data link (noloco_rt/net/data_link.py) sends on its own thread and
 reports a send that no connection took in time back to this thread, which then treats it
@@ -24,8 +27,8 @@ import torch
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.net import messages
 from workers.data_path.context import DataContext
-from workers.data_path.deal import DealPosition
 from workers.data_path.deadlines import DeadlinePolicy, LatencyTracker
+from workers.data_path.deal import DealPosition
 from workers.data_path.inflight import InflightEntry, InflightTable
 
 
@@ -81,6 +84,7 @@ class Downstream:
         ctx.counters.sent += 1
         ctx.tokens.add(targets.numel())
         if peer is None:
+            self.inflight.get(mb_id).unsent.add(0)
             self.resend(mb_id)
         else:
             self._send(peer, frames, mb_id, attempt=0)
@@ -101,8 +105,10 @@ class Downstream:
         ctx.peers.blacklist.fail(peer.worker_id)
         ctx.peers.returned_from(peer.worker_id)  # it never went: nothing to learn, the load is released
         entry = self.inflight.get(mb_id)
-        if entry is not None and entry.attempt == attempt:
-            self.resend(mb_id)
+        if entry is not None:
+            entry.unsent.add(attempt)
+            if entry.attempt == attempt:
+                self.resend(mb_id)
 
     def resend(self, mb_id: int) -> None:
         """Re-send microbatch mb_id (new attempt id) to a live worker that has not failed it
@@ -112,7 +118,15 @@ class Downstream:
         if entry is None:
             return
         ctx = self.ctx
-        peer = self.choose(exclude=set(entry.tried)) if entry.attempt < ctx.cfg.worker.max_retries else None
+        deadlines_left = entry.attempt + entry.waits < ctx.cfg.worker.max_retries
+        peer = self.choose(exclude=set(entry.tried)) if deadlines_left else None
+        if peer is None and deadlines_left and entry.any_out():
+            # Every live peer has it (or had it): wait on those attempts rather than lose it,
+            # twice as long each time (a stall outlasts a deadline learnt from quiet round trips).
+            wait_s = min(self.latency.policy.ceiling_s, self.latency.deadline_s() * 2 ** (entry.waits + 1))
+            self.inflight.wait_again(mb_id, now=self.clock(), deadline_s=wait_s)
+            ctx.log.info("microbatch_waiting", microbatch=mb_id, attempts=entry.attempt + 1, waits=entry.waits)
+            return
         if peer is not None:
             self.inflight.retry(mb_id, peer=peer.worker_id, now=self.clock(), deadline_s=self.latency.deadline_s())
             entry.payload = messages.with_attempt(entry.payload, entry.attempt)
@@ -129,10 +143,18 @@ class Downstream:
         entry = self.inflight.resolve(microbatch_id, attempt)
         if entry is None:
             return None
-        rtt_s = self.clock() - entry.sent_at
+        now = self.clock()
+        rtt_s = entry.round_trip_s(now)
         self.latency.observe(rtt_s)
-        self.ctx.peers.blacklist.succeed(entry.peer)
-        self.ctx.peers.returned_from(entry.peer, rtt_s)
+        peers = self.ctx.peers
+        if entry.answered == entry.attempt:
+            peers.blacklist.succeed(entry.peer)
+            peers.returned_from(entry.peer, rtt_s)
+        else:  # an attempt given up on answered first: the live one's peer is released, unblamed
+            peers.answered_late(entry.answered_by, rtt_s)
+            if entry.peer:
+                peers.returned_from(entry.peer)
+            self.ctx.counters.answered_late += 1
         return entry
 
     def retry_expired(self) -> None:

@@ -1,8 +1,11 @@
 """Bookkeeping of microbatches a worker has sent downstream and awaits gradients for.
 
-Pure logic: the caller passes the clock. Every (microbatch id, attempt) is resolved
-at most once; a reply for an attempt that was superseded or already resolved is
-reported as stale so the caller drops and counts it.
+Pure logic: the caller passes the clock. A microbatch is resolved at most once, by the
+first reply of any of its attempts: every attempt carries the same activations, so a
+reply to one that was given up (its peer was slow, not dead) is as good as the live
+one's, and the microbatch need not be lost or trained twice upstream. A reply for a
+microbatch already resolved or given up is reported as stale, so the caller drops and
+counts it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,28 @@ class InflightEntry:
     context: Any = None
     """What the gradient is applied to (the local output with its graph)."""
     tried: list[str] = field(default_factory=list)
-    """Worker ids tried so far, oldest first: a retry never goes back to one of them."""
+    """Worker ids tried so far, oldest first (index = attempt): a retry never goes back to one of them."""
+    sent_times: list[float] = field(default_factory=list)
+    """When each attempt was sent (index = attempt)."""
+    unsent: set[int] = field(default_factory=set)
+    """Attempts that never left (no live peer, or the link reported the send failed)."""
+    waits: int = 0
+    """Deadlines passed with no untried peer left, spent waiting on the attempts already out."""
+    answered: int | None = None
+    """The attempt whose reply resolved the entry (set by resolve)."""
+
+    def any_out(self) -> bool:
+        """Whether some attempt reached a peer, so that a reply may still come."""
+        return len(self.unsent) < self.attempt + 1
+
+    def round_trip_s(self, now: float) -> float:
+        """Seconds from the answered attempt's send to `now`."""
+        return now - self.sent_times[self.answered if self.answered is not None else self.attempt]
+
+    @property
+    def answered_by(self) -> str:
+        """The peer whose reply resolved the entry."""
+        return self.tried[self.answered if self.answered is not None else self.attempt]
 
 
 class InflightTable:
@@ -41,7 +65,7 @@ class InflightTable:
             context: Any = None) -> InflightEntry:
         if microbatch_id in self._entries:
             raise ValueError(f"microbatch {microbatch_id} is already in flight")
-        entry = InflightEntry(microbatch_id, 0, peer, now, now + deadline_s, payload, context, [peer])
+        entry = InflightEntry(microbatch_id, 0, peer, now, now + deadline_s, payload, context, [peer], [now])
         self._entries[microbatch_id] = entry
         return entry
 
@@ -49,11 +73,20 @@ class InflightTable:
         return self._entries.get(microbatch_id)
 
     def resolve(self, microbatch_id: int, attempt: int) -> InflightEntry | None:
-        """The entry if (microbatch_id, attempt) is the live attempt, removing it; else None."""
+        """The entry, removed, if the microbatch is in flight and `attempt` is one of its
+        attempts (the live one or one given up); else None (a stale or made-up reply)."""
         entry = self._entries.get(microbatch_id)
-        if entry is None or entry.attempt != attempt:
+        if entry is None or not 0 <= attempt <= entry.attempt:
             return None
         del self._entries[microbatch_id]
+        entry.answered = attempt
+        return entry
+
+    def wait_again(self, microbatch_id: int, *, now: float, deadline_s: float) -> InflightEntry:
+        """No untried peer is left: wait on the attempts already out for another deadline."""
+        entry = self._entries[microbatch_id]
+        entry.waits += 1
+        entry.deadline_at = now + deadline_s
         return entry
 
     def expired(self, now: float) -> list[InflightEntry]:
@@ -67,6 +100,7 @@ class InflightTable:
         entry.sent_at = now
         entry.deadline_at = now + deadline_s
         entry.tried.append(peer)
+        entry.sent_times.append(now)
         return entry
 
     def abandon(self, microbatch_id: int) -> InflightEntry | None:
