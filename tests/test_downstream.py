@@ -171,3 +171,52 @@ def test_a_send_the_link_reports_failed_goes_to_another_peer_unless_its_deadline
     assert data.sent_to[-2:] == ["tcp://b:1", "tcp://a:1"] and counters.retried == 2
     failed_first_send()
     assert len(data.sent_to) == 4 and counters.retried == 2 and len(downstream) == 1
+
+
+class Appearing(StageOne):
+    """No next-stage worker at first (a view still empty at start-up), then a and b."""
+
+    def __init__(self) -> None:
+        self.live = False
+
+    def view(self, stage):
+        return super().view(stage) if self.live else []
+
+
+def test_a_forward_with_no_worker_downstream_yet_waits_for_one_instead_of_being_dropped():
+    clock = Clock()
+    downstream, data, counters = _downstream(clock)
+    views = Appearing()
+    downstream.ctx.peers.views = views
+    output = torch.zeros(2, 3, 4)
+    downstream.forward(output, torch.zeros(2, 3, dtype=torch.long), output, downstream.choose(5))
+    assert data.sent_to == [] and len(downstream) == 1 and counters.dropped == 0
+    views.live = True
+    clock.now += 2.0  # the floor: look again
+    downstream.retry_expired()
+    assert len(data.sent_to) == 1 and counters.dropped == 0
+    assert downstream.resolve(0, 1) is not None and len(downstream) == 0
+
+
+def test_waiting_on_a_given_up_attempt_releases_its_peer_once():
+    """b's attempt is given up on and waited on several times, then answers: b's count of our
+    microbatches in flight stays right for the others we have there."""
+    clock = Clock()
+    downstream, data, counters = _downstream(clock)
+    peers = downstream.ctx.peers
+    output = torch.zeros(2, 3, 4)
+    targets = torch.zeros(2, 3, dtype=torch.long)
+    downstream.forward(output, targets, output, downstream.choose(exclude={"a"}))  # mb 0 to b
+    clock.now += 100.0
+    downstream.retry_expired()  # given up on b, re-sent to a
+    clock.now += 100.0
+    downstream.retry_expired()  # given up on a: nobody untried, waits
+    clock.now += 100.0
+    downstream.retry_expired()  # waits again
+    assert (peers.local_load("a"), peers.local_load("b")) == (0, 0)
+    peers.blacklist.succeed("b")
+    downstream.forward(output, targets, output, downstream.choose(exclude={"a"}))  # mb 1 to b
+    assert peers.local_load("b") == 1
+    assert downstream.resolve(0, 1) is not None  # a answers mb 0 at last
+    assert (peers.local_load("a"), peers.local_load("b")) == (0, 1) and counters.answered_late == 1
+    assert not peers.blacklist.blocked("a") and counters.dropped == 0

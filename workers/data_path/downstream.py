@@ -112,20 +112,29 @@ class Downstream:
 
     def resend(self, mb_id: int) -> None:
         """Re-send microbatch mb_id (new attempt id) to a live worker that has not failed it
-        yet; drop it once max_retries attempts have failed or no such worker is left.
-        The failed attempt's peer has already been released (see _give_up, _send_failed)."""
+        yet, or, with none left, wait (on the attempts out, or for a worker to appear); drop
+        it once max_retries + 1 deadlines have passed. The failed attempt's peer has already
+        been released (see _give_up, _send_failed)."""
         entry = self.inflight.get(mb_id)
         if entry is None:
             return
         ctx = self.ctx
         deadlines_left = entry.attempt + entry.waits < ctx.cfg.worker.max_retries
         peer = self.choose(exclude=set(entry.tried)) if deadlines_left else None
-        if peer is None and deadlines_left and entry.any_out():
-            # Every live peer has it (or had it): wait on those attempts rather than lose it,
-            # twice as long each time (a stall outlasts a deadline learnt from quiet round trips).
-            wait_s = min(self.latency.policy.ceiling_s, self.latency.deadline_s() * 2 ** (entry.waits + 1))
+        if peer is None and deadlines_left:
+            policy = self.latency.policy
+            if entry.any_out():
+                # Every live peer has it (or had it): wait on those attempts rather than lose it, twice
+                # as long each time (a stall outlasts a deadline learnt from quiet round trips).
+                wait_s = min(policy.ceiling_s, self.latency.deadline_s() * 2 ** (entry.waits + 1))
+            else:
+                # Nothing went out and no untried worker is live (the view is still empty at
+                # start-up, or every send failed): look again soon for one to appear.
+                wait_s = min(policy.ceiling_s, policy.floor_s * 2 ** entry.waits)
+                ctx.peers.refresh_soon()
             self.inflight.wait_again(mb_id, now=self.clock(), deadline_s=wait_s)
-            ctx.log.info("microbatch_waiting", microbatch=mb_id, attempts=entry.attempt + 1, waits=entry.waits)
+            ctx.log.info("microbatch_waiting", microbatch=mb_id, attempts=entry.attempt + 1, waits=entry.waits,
+                         out=entry.any_out())
             return
         if peer is not None:
             self.inflight.retry(mb_id, peer=peer.worker_id, now=self.clock(), deadline_s=self.latency.deadline_s())
@@ -147,12 +156,12 @@ class Downstream:
         rtt_s = entry.round_trip_s(now)
         self.latency.observe(rtt_s)
         peers = self.ctx.peers
-        if entry.answered == entry.attempt:
+        if entry.answered == entry.attempt and not entry.released():
             peers.blacklist.succeed(entry.peer)
             peers.returned_from(entry.peer, rtt_s)
-        else:  # an attempt given up on answered first: the live one's peer is released, unblamed
+        else:  # an attempt given up on answered: its peer is slow, not gone; the live one's is released
             peers.answered_late(entry.answered_by, rtt_s)
-            if entry.peer:
+            if not entry.released():
                 peers.returned_from(entry.peer)
             self.ctx.counters.answered_late += 1
         return entry
@@ -175,6 +184,9 @@ class Downstream:
         failed were re-sent or dropped at once). Its peer is blacklisted and, if the deadline
         really passed, the time owed counts as a round trip, so a silent peer looks slow;
         forced early (leaving), nothing is learnt."""
+        if entry.released():
+            return  # it never left, or was given up on already (we are waiting on it)
+        entry.given_up = entry.attempt
         now = self.clock()
         self.ctx.peers.blacklist.fail(entry.peer)
         self.ctx.peers.returned_from(entry.peer, now - entry.sent_at if now >= entry.deadline_at else None)

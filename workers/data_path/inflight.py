@@ -32,10 +32,17 @@ class InflightEntry:
     """When each attempt was sent (index = attempt)."""
     unsent: set[int] = field(default_factory=set)
     """Attempts that never left (no live peer, or the link reported the send failed)."""
+    given_up: int = -1
+    """The latest attempt whose peer was given up on (blamed and released once, not at every wait)."""
     waits: int = 0
     """Deadlines passed with no untried peer left, spent waiting on the attempts already out."""
     answered: int | None = None
     """The attempt whose reply resolved the entry (set by resolve)."""
+
+    def released(self) -> bool:
+        """Whether the current attempt no longer counts toward its peer's load: it never
+        left, or it was given up on (we may still be waiting for its reply)."""
+        return not self.peer or self.attempt in self.unsent or self.given_up == self.attempt
 
     def any_out(self) -> bool:
         """Whether some attempt reached a peer, so that a reply may still come."""
