@@ -14,9 +14,13 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_killed_partner_leaves_local_steps_and_a_joiner_enters_groups_only(tmp_path):
+    # Heartbeats of 3 s: the dead victim stays listed (3 heartbeats) long enough for the
+    # survivor's next outer steps to draw it, even on a loaded machine. With the default
+    # 0.25 s of LocalCluster it vanished from the view before a slow survivor's next step.
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": "true",
                                                          "outer.max_delay_steps": 4,
-                                                         "worker.exchange_timeout_s": 2.0})
+                                                         "worker.exchange_timeout_s": 2.0,
+                                                         "worker.heartbeat_interval_s": 3.0})
     try:
         survivor = cluster.start_worker(0, "survivor", steps=150)
         victim = cluster.start_worker(0, "victim")
