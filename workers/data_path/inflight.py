@@ -17,19 +17,16 @@ from typing import Any
 @dataclass
 class InflightEntry:
     microbatch_id: int
-    attempt: int
-    peer: str
-    """Worker id of the peer the current attempt was sent to ("" if none was live)."""
-    sent_at: float
+    tried: list[str]
+    """Worker ids tried so far, oldest first (index = attempt; "" when none was live): a
+    retry never goes back to one of them."""
+    sent_times: list[float]
+    """When each attempt was sent (index = attempt)."""
     deadline_at: float
     payload: Any = None
     """What a re-send needs (the frames sent)."""
     context: Any = None
     """What the gradient is applied to (the local output with its graph)."""
-    tried: list[str] = field(default_factory=list)
-    """Worker ids tried so far, oldest first (index = attempt): a retry never goes back to one of them."""
-    sent_times: list[float] = field(default_factory=list)
-    """When each attempt was sent (index = attempt)."""
     unsent: set[int] = field(default_factory=set)
     """Attempts that never left (no live peer, or the link reported the send failed)."""
     given_up: int = -1
@@ -38,6 +35,21 @@ class InflightEntry:
     """Deadlines passed with no untried peer left, spent waiting on the attempts already out."""
     answered: int | None = None
     """The attempt whose reply resolved the entry (set by resolve)."""
+
+    @property
+    def attempt(self) -> int:
+        """The current (latest) attempt."""
+        return len(self.tried) - 1
+
+    @property
+    def peer(self) -> str:
+        """Worker id of the peer the current attempt was sent to ("" if none was live)."""
+        return self.tried[-1]
+
+    @property
+    def sent_at(self) -> float:
+        """When the current attempt was sent."""
+        return self.sent_times[-1]
 
     def released(self) -> bool:
         """Whether the current attempt no longer counts toward its peer's load: it never
@@ -50,12 +62,16 @@ class InflightEntry:
 
     def round_trip_s(self, now: float) -> float:
         """Seconds from the answered attempt's send to `now`."""
-        return now - self.sent_times[self.answered if self.answered is not None else self.attempt]
+        return now - self.sent_times[self._answering]
 
     @property
     def answered_by(self) -> str:
         """The peer whose reply resolved the entry."""
-        return self.tried[self.answered if self.answered is not None else self.attempt]
+        return self.tried[self._answering]
+
+    @property
+    def _answering(self) -> int:
+        return self.answered if self.answered is not None else self.attempt
 
 
 class InflightTable:
@@ -72,7 +88,7 @@ class InflightTable:
             context: Any = None) -> InflightEntry:
         if microbatch_id in self._entries:
             raise ValueError(f"microbatch {microbatch_id} is already in flight")
-        entry = InflightEntry(microbatch_id, 0, peer, now, now + deadline_s, payload, context, [peer], [now])
+        entry = InflightEntry(microbatch_id, [peer], [now], now + deadline_s, payload, context)
         self._entries[microbatch_id] = entry
         return entry
 
@@ -102,12 +118,9 @@ class InflightTable:
     def retry(self, microbatch_id: int, *, peer: str, now: float, deadline_s: float) -> InflightEntry:
         """Start a new attempt to `peer`; replies to earlier attempts become stale."""
         entry = self._entries[microbatch_id]
-        entry.attempt += 1
-        entry.peer = peer
-        entry.sent_at = now
-        entry.deadline_at = now + deadline_s
         entry.tried.append(peer)
         entry.sent_times.append(now)
+        entry.deadline_at = now + deadline_s
         return entry
 
     def abandon(self, microbatch_id: int) -> InflightEntry | None:
