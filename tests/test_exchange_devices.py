@@ -10,8 +10,10 @@ Only the membership view is given (no Redis): each worker sees the other.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,11 +197,9 @@ def _wait_until(condition, timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_round_given_up_as_late_is_dropped_on_both_sides():
-    """Overlapped, max_delay_steps 1: a reaches its step and pushes to b, which is not there
-    yet (b keeps a's push and acknowledges it); a trains two inner steps with no word from b
-    and gives its round up. b then reaches its step: a refuses b's push, so b must not use
-    a's either, acknowledged or not. Neither applies a correction: the pair's mean is kept."""
+@contextlib.contextmanager
+def _overlapped_pair() -> Iterator[tuple[ExchangeParts, ExchangeParts]]:
+    """Workers a and b, each seeing the other: overlapped steps, max_delay_steps 1, lossless."""
     cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
                                               "outer": {"method": "noloco", "overlap": True, "max_delay_steps": 1},
                                               "worker": {"snapshot_codec": "shuffle-zstd"}}])
@@ -207,6 +207,19 @@ def test_a_round_given_up_as_late_is_dropped_on_both_sides():
     a, b = _parts(ctx, cfg, "a" * 32, seed=1), _parts(ctx, cfg, "b" * 32, seed=2)
     try:
         a.peers.views.members, b.peers.views.members = [_record(b)], [_record(a)]
+        yield a, b
+    finally:
+        for worker in (a, b):
+            worker.close()
+        ctx.term()
+
+
+def test_a_round_given_up_as_late_is_dropped_on_both_sides():
+    """Overlapped, max_delay_steps 1: a reaches its step and pushes to b, which is not there
+    yet (b keeps a's push and acknowledges it); a trains two inner steps with no word from b
+    and gives its round up. b then reaches its step: a refuses b's push, so b must not use
+    a's either, acknowledged or not. Neither applies a correction: the pair's mean is kept."""
+    with _overlapped_pair() as (a, b):
         a.step.take()
         _wait_until(lambda: len(b.exchanger.service.inbox) == 1)  # a's push kept (and acknowledged) at b
         for _ in range(2):  # delay 1 is still allowed; delay 2 is past max_delay_steps
@@ -221,23 +234,13 @@ def test_a_round_given_up_as_late_is_dropped_on_both_sides():
             done = [fields for _, event, fields in worker.log.lines if event == "outer_step_done"]
             assert [d["used"] for d in done] == [[]] and "correction_sum" not in done[0], done
             assert worker.log.errors() == []
-    finally:
-        for worker in (a, b):
-            worker.close()
-        ctx.term()
 
 
 def test_a_round_settled_but_seen_late_is_applied_on_both_sides():
     """Both pushes were kept and acknowledged, so b applies its side; a only looks after two
     inner steps (past max_delay_steps 1). Dropping it then would be one-sided (the pair's
     mean moves): a applies it, late, and the two corrections cancel."""
-    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
-                                              "outer": {"method": "noloco", "overlap": True, "max_delay_steps": 1},
-                                              "worker": {"snapshot_codec": "shuffle-zstd"}}])
-    ctx = zmq.Context()
-    a, b = _parts(ctx, cfg, "a" * 32, seed=1), _parts(ctx, cfg, "b" * 32, seed=2)
-    try:
-        a.peers.views.members, b.peers.views.members = [_record(b)], [_record(a)]
+    with _overlapped_pair() as (a, b):
         a.step.take()
         b.step.take()
         b.step.finish()
@@ -252,10 +255,6 @@ def test_a_round_settled_but_seen_late_is_applied_on_both_sides():
             sums.append(done["correction_sum"])
         assert [d for _, e, d in a.log.lines if e == "outer_step_done"][0]["delay"] == 2
         assert abs(sum(sums)) <= 1e-5 * max(abs(x) for x in sums)
-    finally:
-        for worker in (a, b):
-            worker.close()
-        ctx.term()
 
 
 def _host_and_device_states() -> tuple[PeerOuterState, PeerOuterState]:
