@@ -24,7 +24,6 @@ import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from statistics import mean
 
@@ -32,7 +31,7 @@ from benchmarks.plain_loop import MODES, PlainLoopResult
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import Config, load_config, parse_assignment
 from noloco_rt.config.presets import PRESETS
-from noloco_rt.logs import LogRecord, read_json_lines
+from noloco_rt.logs import LogRecord, read_json_lines, record_seconds
 from noloco_rt.model import build_stage, stage_layer_range
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
@@ -82,10 +81,6 @@ def peak_tflops(device_name: str) -> float | None:
     return next((tflops for key, tflops in PEAK_BF16_TFLOPS.items() if key in device_name.upper()), None)
 
 
-def _seconds(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def _named(events: list[LogRecord], name: str) -> list[LogRecord]:
     return [e for e in events if e.get("event") == name]
 
@@ -103,7 +98,7 @@ def worker_figures(events_by_worker: EventsByWorker, tokens_per_step: int) -> li
         if len(progress) < MIN_PROGRESS_LINES:
             continue
         first, last = progress[1], progress[-1]  # the first line (step 1) includes start-up
-        span = _seconds(last["timestamp"]) - _seconds(first["timestamp"])
+        span = record_seconds(last["timestamp"]) - record_seconds(first["timestamp"])
         if span <= 0:
             continue
         rate = (last["inner_step"] - first["inner_step"]) * tokens_per_step / span
@@ -171,8 +166,8 @@ def _blocked_share(events: list[LogRecord]) -> float | None:
     summary, progress = _named(events, "worker_summary"), _named(events, "train_progress")
     if not summary or not progress:
         return None
-    start = _seconds(progress[0]["timestamp"])
-    end = max(_seconds(e["timestamp"]) for e in events if e.get("event") in TRAINING_EVENTS)
+    start = record_seconds(progress[0]["timestamp"])
+    end = max(record_seconds(e["timestamp"]) for e in events if e.get("event") in TRAINING_EVENTS)
     return summary[-1].get("outer_blocked_s", 0.0) / (end - start) if end > start else None
 
 

@@ -27,10 +27,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from benchmarks.table import emit, markdown_table
+from noloco_rt.logs import record_seconds
 from workers.cluster.local_cluster import one_sided_share, read_events
 
 STOP_PERIOD_S = 1.0
@@ -131,14 +131,10 @@ def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed:
             figures.sent += summary[-1]["sent"]
             figures.retried += summary[-1]["retried"]
             figures.dropped += summary[-1]["dropped"]
-            span = _seconds(events[-1]["timestamp"]) - _seconds(events[0]["timestamp"])
+            span = record_seconds(events[-1]["timestamp"]) - record_seconds(events[0]["timestamp"])
             figures.blocked[name] = summary[-1]["outer_blocked_s"] / span if span > 0 else 0.0
     figures.one_sided = one_sided_share({n: [names.get(u, u) for u in us] for n, us in used.items()})
     return figures
-
-
-def _seconds(timestamp: str) -> float:
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def row(shape: str, seed: int, f: RunFigures, duty: float) -> list[object]:

@@ -18,22 +18,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.table import emit, markdown_table
-from noloco_rt.logs import read_json_lines
+from noloco_rt.logs import read_json_lines, record_seconds
 
 VARIANTS: dict[str, list[str]] = {
     "blocking": ["outer.overlap=false"],
     "overlap": ["outer.overlap=true"],
     "overlap+ready": ["outer.overlap=true", "outer.pairing=ready"],
 }
-
-
-def _seconds(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def worker_figures(log: Path) -> dict[str, Any] | None:
@@ -44,7 +39,7 @@ def worker_figures(log: Path) -> dict[str, Any] | None:
     if len(progress) < 2 or summary is None:
         return None
     return {"blocked_s": float(summary.get("outer_blocked_s", 0.0)),
-            "train_s": _seconds(progress[-1]["timestamp"]) - _seconds(progress[0]["timestamp"]),
+            "train_s": record_seconds(progress[-1]["timestamp"]) - record_seconds(progress[0]["timestamp"]),
             "retried": int(summary.get("retried", 0)),
             "kinds": Counter(e["kind"] for e in events if e.get("event") == "outer_step_done")}
 

@@ -20,6 +20,7 @@ from benchmarks.table import emit, markdown_table
 from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import load_config
 from noloco_rt.data import ShardedBatches, load_corpus
+from noloco_rt.logs import record_seconds
 from noloco_rt.model import build_model, lm_loss
 from workers.cluster.local_cluster import LocalCluster
 
@@ -55,15 +56,9 @@ def pipeline_tokens_per_s(preset: str, steps: int, microbatches: int) -> float:
         finally:
             cluster.close()
     start, end = progress[10], progress[max(progress)]
-    elapsed = _timestamp(end) - _timestamp(start)
+    elapsed = record_seconds(end["timestamp"]) - record_seconds(start["timestamp"])
     tokens_per_step = microbatches * 8 * 64
     return (end["inner_step"] - start["inner_step"]) * tokens_per_step / elapsed
-
-
-def _timestamp(event: dict) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def main() -> None:

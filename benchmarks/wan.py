@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from benchmarks.sync.netns import LinkSpec
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import load_config
 from noloco_rt.export import consensus_of_checkpoints
-from noloco_rt.logs import read_json_lines
+from noloco_rt.logs import read_json_lines, record_seconds
 from noloco_rt.membership.embedded_redis import redis_server_binary
 
 REDIS_PORT = 16390
@@ -165,10 +164,6 @@ def _start_redis(host: str, shaped: bool) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _seconds(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
     """Stage 0's tokens/s: per stage-0 worker, the inner steps between its first and last
     progress lines over the time between them (start-up and shutdown left out), summed."""
@@ -177,7 +172,7 @@ def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
     rate, spans = 0.0, []
     for path in logs.glob("s0-*.log"):
         events, _ = read_json_lines(path)
-        progress = [(e["inner_step"], _seconds(e["timestamp"])) for e in events if e.get("event") == "train_progress"]
+        progress = [(e["inner_step"], record_seconds(e["timestamp"])) for e in events if e.get("event") == "train_progress"]
         if len(progress) >= 2 and progress[-1][1] > progress[0][1]:
             (first_step, first_t), (last_step, last_t) = progress[0], progress[-1]
             rate += (last_step - first_step) * tokens_per_step / (last_t - first_t)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -73,3 +74,8 @@ def read_json_lines(path: Path, offset: int = 0) -> tuple[list[LogRecord], int]:
         except json.JSONDecodeError:
             continue
     return records, offset + len(complete)
+
+
+def record_seconds(stamp: str) -> float:
+    """A log record's ISO-8601 timestamp ("...Z" or with an offset) as seconds since the epoch."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

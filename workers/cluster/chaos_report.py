@@ -10,11 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.logs import read_json_lines
+from noloco_rt.logs import read_json_lines, record_seconds
 from workers.cluster.chaos_schedule import FAULT_KINDS
 
 LOG_NAME = re.compile(r"(?P<name>.+)\.(?P<incarnation>\d+)\.log")
@@ -41,7 +40,7 @@ def event_time(record: Event) -> float | None:
     if not isinstance(stamp, str):
         return None
     try:
-        return datetime.fromisoformat(stamp).timestamp()
+        return record_seconds(stamp)
     except ValueError:
         return None
 
