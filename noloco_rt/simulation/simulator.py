@@ -187,6 +187,14 @@ class Simulation:
         self.outer_steps += 1
         self._apply_due_corrections()
 
+    def finish(self) -> None:
+        """Training is over: the corrections still on their way are applied now, as a worker's
+        last outer step is settled before it exits (workers/outer/step.py, finish), so that the
+        final weights are the group step's, not the provisional local one's."""
+        pending, self.pending_corrections = self.pending_corrections, []
+        for _, replica, correction in pending:
+            replica.correct_outer_step(correction)
+
     def _apply_due_corrections(self) -> None:
         """Corrections whose partners' states have arrived, at this inner-step boundary."""
         due = [p for p in self.pending_corrections if p[0] <= self.step]
@@ -256,6 +264,8 @@ def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, Ev
                 on_progress(0, initial)
             while sim.step < cfg.run.steps:
                 train_losses.append(sim.train_step())
+                if sim.step == cfg.run.steps:
+                    sim.finish()
                 rec = None
                 if sim.step % cfg.run.eval_every == 0 or sim.step == cfg.run.steps:
                     rec = record(sum(train_losses) / len(train_losses))
