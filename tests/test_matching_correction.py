@@ -10,7 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noloco_rt.outer.correction import apply_correction, correction_term, provisional_local_step
+from noloco_rt.outer.correction import (
+    apply_correction,
+    correction_term,
+    deferred_outer_step,
+    provisional_local_step,
+)
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
 from noloco_rt.outer.matching import matched_partners, partition
 
@@ -115,6 +120,39 @@ def test_a_late_correction_keeps_the_inner_progress_made_meanwhile():
         assert torch.allclose(f, b + p, rtol=0, atol=1e-12)
     for s, b in zip(slow, blocking[0], strict=True):
         assert torch.allclose(s, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("coeffs", [OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7),
+                                    OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.2)], ids=["shortcut", "general"])
+def test_a_deferred_step_is_the_group_step_with_the_inner_progress_since_step_k(coeffs):
+    me, partners = replica(0), [replica(s) for s in (1, 2)]
+    partner_states = [PeerOuterState.of(fast, slow, theta_only=coeffs.theta_shortcut) for slow, _, fast in partners]
+    blocking = copies(me)
+    group_outer_step(*blocking, partner_states, coeffs)
+
+    slow, momentum, fast = copies(me)
+    own_at_k = PeerOuterState.of([f.clone() for f in fast], [s.clone() for s in slow],
+                                 theta_only=coeffs.theta_shortcut)
+    fast_at_k = [f.clone() for f in fast]
+    progress = [0.01 * torch.arange(f.numel(), dtype=f.dtype).reshape(f.shape) for f in fast]
+    torch._foreach_add_(fast, progress)  # inner steps taken before the partners' states arrived
+    deferred_outer_step(slow, momentum, fast, fast_at_k, correction_term(own_at_k, partner_states, coeffs), coeffs)
+    for got, want in ((slow, blocking[0]), (momentum, blocking[1])):
+        for g, w in zip(got, want, strict=True):
+            assert torch.allclose(g, w, rtol=0, atol=1e-12)
+    for f, b, p in zip(fast, blocking[2], progress, strict=True):
+        assert torch.allclose(f, b + p, rtol=0, atol=1e-12)
+
+
+def test_a_deferred_step_without_partners_is_the_local_step():
+    coeffs = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7)
+    local = copies(replica(0))
+    group_outer_step(*local, [], coeffs)
+    slow, momentum, fast = copies(replica(0))
+    deferred_outer_step(slow, momentum, fast, [f.clone() for f in fast], None, coeffs)
+    for got, want in zip((slow, momentum, fast), local, strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert torch.allclose(g, w, rtol=0, atol=1e-12)
 
 
 def test_a_correction_refuses_no_partners_and_mixed_kinds():

@@ -14,7 +14,7 @@ import torch
 from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import Config
 from noloco_rt.model import PipelineStage, build_stage
-from noloco_rt.outer.correction import apply_correction, provisional_local_step
+from noloco_rt.outer.correction import apply_correction, deferred_outer_step, provisional_local_step
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
 
 
@@ -88,6 +88,14 @@ class StageReplica:
         correction needs when the partners' states arrive)."""
         self.outer_steps += 1
         return provisional_local_step(self.slow, self.momentum, self.fast, coeffs)
+
+    def deferred_outer_step(self, fast_at_step: Sequence[torch.Tensor], correction: Sequence[torch.Tensor] | None,
+                            coeffs: OuterCoefficients) -> None:
+        """Outer step k, taken late (outer.overlap_correction = "deferred"): the group step of
+        φ and δ (c None: the local step) with θ's inner progress since θ_k (`fast_at_step`) kept."""
+        self.outer_steps += 1
+        deferred_outer_step(self.slow, self.momentum, self.fast, list(fast_at_step),
+                            list(correction) if correction is not None else None, coeffs)
 
     def correct_outer_step(self, correction: Sequence[torch.Tensor]) -> None:
         """Add the exact correction of the provisional step (at an inner-step boundary)."""

@@ -13,6 +13,7 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
+OVERLAP_CORRECTIONS = ("provisional", "deferred")
 ROUTING_POLICIES = ("balanced", "p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
@@ -167,6 +168,11 @@ class OuterConfig:
     """Take the outer step at once with a group of one, and correct it exactly when the
     partners' states arrive (docs/architecture.md §4), so training never waits for the network; false:
     the paper's blocking step."""
+    overlap_correction: str = "provisional"
+    """With overlap, what the inner steps between an outer step and its partners' arrival
+    run on. provisional: the local step is taken at once and corrected exactly later;
+    deferred: the step waits, θ trains on, and the whole group step is taken when the
+    partners' states are in, θ keeping its progress since (noloco_rt/outer/correction.py)."""
     pairing: str = "matched"
     """noloco: matched (the seeded partition of the stage's view at each outer step, the
     paper's matching), ready (workers pair by readiness through the stage's Redis queue,
@@ -186,6 +192,7 @@ class OuterConfig:
         require(self.simulated_delay_steps >= 0, "outer", "simulated_delay_steps", self.simulated_delay_steps,
                  "must be >= 0")
         require_choice("outer", "pairing", self.pairing, OUTER_PAIRINGS)
+        require_choice("outer", "overlap_correction", self.overlap_correction, OVERLAP_CORRECTIONS)
         require(self.pairing != "ready" or self.group_size == 2, "outer", "pairing", self.pairing,
                  "pairs by readiness only: needs outer.group_size = 2")
         require(self.max_delay_steps >= 1, "outer", "max_delay_steps", self.max_delay_steps, "must be >= 1")

@@ -15,6 +15,16 @@ arrived (i included):
 Applied before any inner step this equals noloco_rt.outer.formula.group_outer_step
 exactly; applied later it also carries the inner steps taken meanwhile (θ keeps its
 progress since the provisional step, shifted by c).
+
+The deferred variant (outer.overlap_correction = "deferred") takes no provisional step:
+θ trains on from θ_k, φ and δ keep their step-k values, and when the partners' states
+arrive (or the round is given up: c = 0) the whole step is taken at once,
+
+    δ_i ← α·δ_i + β·Δ_i + c ;  φ_i ← φ_i + δ_i ;  θ_i ← φ_i + (θ_i − θ_k)
+
+so φ and δ get exactly the group step and θ keeps the inner progress made since step k.
+With no inner step in between it is the blocking step too; the difference is where those
+inner steps ran: on the trajectory they continue, not on the local step's jump.
 """
 
 from __future__ import annotations
@@ -73,6 +83,25 @@ def provisional_local_step(slow: TensorList, momentum: TensorList, fast: TensorL
     for f, s in zip(fast, slow, strict=True):
         f.copy_(s)
     return before
+
+
+@torch.no_grad()
+def deferred_outer_step(slow: TensorList, momentum: TensorList, fast: TensorList, fast_at_step: TensorList,
+                        correction: TensorList | None, coeffs: OuterCoefficients) -> None:
+    """Outer step k taken now, in place, from φ, δ as they still are since step k and θ_k
+    (`fast_at_step`): the local step plus the correction c (None: the local step alone),
+    with θ's inner progress since θ_k kept on top of the new φ. All on one device."""
+    one_device(slow, momentum, fast, fast_at_step, *([correction] if correction is not None else []),
+               what="deferred_outer_step")
+    delta = outer_gradient(fast_at_step, slow)  # Δ_i of step k: φ has not moved since
+    torch._foreach_mul_(momentum, coeffs.alpha)
+    torch._foreach_add_(momentum, [coeffs.beta * d for d in delta])
+    if correction is not None:
+        torch._foreach_add_(momentum, list(correction))
+    progress = torch._foreach_sub(fast, fast_at_step)  # the inner steps taken since step k
+    torch._foreach_add_(slow, momentum)
+    for f, s, p in zip(fast, slow, progress, strict=True):
+        f.copy_(s).add_(p)
 
 
 @torch.no_grad()

@@ -31,7 +31,7 @@ from noloco_rt.export import mean_over_replicas, save_consensus
 from noloco_rt.init_weights import initial_replica
 from noloco_rt.model import lm_loss
 from noloco_rt.outer.correction import correction_term
-from noloco_rt.outer.formula import OuterCoefficients
+from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
 from noloco_rt.outer.matching import draw_groups, step_rng
 from noloco_rt.plots import plot_curves
 from noloco_rt.simulation.lossy_exchange import received_states
@@ -92,8 +92,8 @@ class Simulation:
         self.outer_steps = 0
         self.tokens = 0
         self.step = 0
-        self.pending_corrections: list[tuple[int, StageReplica, list[torch.Tensor]]] = []
-        """With outer.overlap: (inner step due, replica, correction) not applied yet."""
+        self.pending_corrections: list[tuple[int, Callable[[], None]]] = []
+        """With outer.overlap: (inner step due, what applies the correction) not applied yet."""
         if cfg.outer.overlap and cfg.outer.simulated_delay_steps >= self.outer.h:
             raise ValueError(f"outer.simulated_delay_steps ({cfg.outer.simulated_delay_steps}) must be below "
                              f"h ({self.outer.h}): a correction arrives before the next outer step")
@@ -179,28 +179,41 @@ class Simulation:
                 partners = [states[j] for j in members[1:]]
                 if not self.cfg.outer.overlap:
                     replica.apply_outer_step(partners, self.coeffs)
-                    continue
-                own = replica.provisional_outer_step(self.coeffs)
-                if partners:  # the partners' states "arrive" simulated_delay_steps inner steps later
-                    self.pending_corrections.append((self.step + self.cfg.outer.simulated_delay_steps, replica,
-                                                     correction_term(own, partners, self.coeffs)))
+                else:
+                    self._overlapped_outer_step(replica, states[members[0]], partners)
         self.outer_steps += 1
         self._apply_due_corrections()
+
+    def _overlapped_outer_step(self, replica: StageReplica, own: PeerOuterState,
+                               partners: list[PeerOuterState]) -> None:
+        """The partners' states "arrive" simulated_delay_steps inner steps later: the local step
+        now and its correction then (provisional), or the whole step then (deferred)."""
+        due = self.step + self.cfg.outer.simulated_delay_steps
+        if self.cfg.outer.overlap_correction == "deferred":
+            fast_at_step = [t.clone() for t in replica.fast]
+            correction = correction_term(own, partners, self.coeffs) if partners else None
+            self.pending_corrections.append(
+                (due, lambda: replica.deferred_outer_step(fast_at_step, correction, self.coeffs)))
+            return
+        own = replica.provisional_outer_step(self.coeffs)
+        if partners:
+            correction = correction_term(own, partners, self.coeffs)
+            self.pending_corrections.append((due, lambda: replica.correct_outer_step(correction)))
 
     def finish(self) -> None:
         """Training is over: the corrections still on their way are applied now, as a worker's
         last outer step is settled before it exits (workers/outer/step.py, finish), so that the
         final weights are the group step's, not the provisional local one's."""
         pending, self.pending_corrections = self.pending_corrections, []
-        for _, replica, correction in pending:
-            replica.correct_outer_step(correction)
+        for _, apply in pending:
+            apply()
 
     def _apply_due_corrections(self) -> None:
         """Corrections whose partners' states have arrived, at this inner-step boundary."""
         due = [p for p in self.pending_corrections if p[0] <= self.step]
         self.pending_corrections = [p for p in self.pending_corrections if p[0] > self.step]
-        for _, replica, correction in due:
-            replica.correct_outer_step(correction)
+        for _, apply in due:
+            apply()
 
     # -- evaluation ---------------------------------------------------------------------
 
