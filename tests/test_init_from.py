@@ -200,7 +200,7 @@ def test_a_workers_own_checkpoint_wins_over_init_from(consensus, tmp_path):
 
     def checkpoint_of(replica: StageReplica, counters: Counters) -> WorkerCheckpoint:
         return WorkerCheckpoint(tmp_path / "w.pt", run_id="default", stage=1, name="w", replica=replica,
-                                counters=counters, cursor_state=lambda: None, log=Quiet())
+                                counters=counters, cursor_state=lambda: None, h=5, log=Quiet())
 
     earlier = StageReplica.create(plain, 1)
     with torch.no_grad():

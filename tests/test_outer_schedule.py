@@ -8,29 +8,58 @@ import torch
 
 from noloco_rt.net import messages
 from noloco_rt.net.wire import WireReject
-from noloco_rt.outer.schedule import outer_step_due
+from noloco_rt.outer.schedule import outer_step_due, pulled_by
+from workers.counters import Counters
 
 
 def test_stage_zero_counts_its_own_inner_steps():
-    assert [s for s in range(1, 31) if outer_step_due(s, 0, 10)] == [10, 20, 30]
+    assert [s for s in range(1, 31) if outer_step_due(s, (s - 1) // 10, 10)] == [10, 20, 30]
 
 
 def test_a_later_stage_follows_the_data_whatever_its_own_count():
-    # Two replicas with unequal shares: one took 7 inner steps, the other 13, when data of
-    # stage-0 step 10 reached them: both take outer step 1 then, and not again before step 20.
-    for own_steps in (7, 13):
-        assert not outer_step_due(own_steps - 1, 0, 10, data_step=9)
-        assert outer_step_due(own_steps, 0, 10, data_step=10)
-        assert not outer_step_due(own_steps + 1, 1, 10, data_step=19)
-        assert outer_step_due(own_steps + 5, 1, 10, data_step=21)
+    # Two replicas with unequal shares (7 and 13 inner steps of their own) when data of
+    # stage-0 step 10 reached them: the data clock is what counts, so both take outer step
+    # 1 then, and not again before data of step 20.
+    assert not outer_step_due(9, 0, 10)
+    assert outer_step_due(10, 0, 10)
+    assert not outer_step_due(19, 1, 10)
+    assert outer_step_due(21, 1, 10)
 
 
 def test_a_worker_behind_takes_one_outer_step_per_inner_step_until_caught_up():
-    taken, data_step = 0, 35
-    for inner in range(1, 10):
-        if outer_step_due(inner, taken, 10, data_step=data_step):
+    taken = 0
+    for _ in range(1, 10):
+        if outer_step_due(35, taken, 10):
             taken += 1
     assert taken == 3
+
+
+def test_only_a_push_from_a_partner_of_the_next_step_pulls():
+    assert pulled_by({"b"}, ["b"])
+    assert pulled_by({"c", "b"}, ["b", "d"])
+    assert not pulled_by({"c"}, ["b"])
+    assert not pulled_by(set(), ["b"])
+    assert not pulled_by({"b"}, [])
+
+
+def test_a_pulled_clock_jumps_to_the_step_start_and_counts_on_from_there():
+    counters = Counters(inner_steps=14)
+    assert counters.pull_clock_to(2, h=10) == 6  # a partner pushed for step 2 at our step 14
+    assert counters.clock_steps == 20 and counters.pulled_outer_steps == 1
+    counters.outer_steps = 2
+    counters.inner_steps += 9
+    assert not outer_step_due(counters.clock_steps, counters.outer_steps, 10)
+    counters.inner_steps += 1
+    assert outer_step_due(counters.clock_steps, counters.outer_steps, 10)  # H steps after the pull
+    assert counters.pull_clock_to(3, h=10) == 0  # already there: nothing skipped
+
+
+def test_restored_counts_keep_a_clock_that_was_pulled_ahead():
+    counters = Counters()
+    counters.set_steps(25, 4, h=10)  # pulled ahead of its own count before it was saved
+    assert counters.clock_steps == 40
+    counters.set_steps(47, 4, h=10)
+    assert counters.clock_steps == 47 and counters.skipped_steps == 0
 
 
 def _decoded(origin_step):

@@ -17,6 +17,12 @@ TOKEN_WINDOW = 64
 class Counters:
     inner_steps: int = 0
     outer_steps: int = 0
+    skipped_steps: int = 0
+    """Inner steps our clock skipped when a partner's push pulled us to its outer step before
+    our own count reached it (noloco_rt/outer/schedule.py): a slower worker keeps the stage's
+    outer clock instead of falling behind it."""
+    pulled_outer_steps: int = 0
+    """Outer steps taken early because a partner's push for them had arrived."""
     outer_kinds: collections.Counter = field(default_factory=collections.Counter)
     """Outer steps taken by this incarnation, by kind (OUTER_STEP_KINDS)."""
     unmatched_reasons: collections.Counter = field(default_factory=collections.Counter)
@@ -35,6 +41,27 @@ class Counters:
     """Successful sends by peer (short id)."""
     route_passed_over: int = 0
     """Balanced routing: microbatches whose dealt next-stage worker was slow, sent by p2c instead."""
+
+    @property
+    def clock_steps(self) -> int:
+        """Stage 0's clock: our inner steps plus those skipped by pulls. What run.steps counts,
+        what forwards carry as their origin step, and what outer steps follow."""
+        return self.inner_steps + self.skipped_steps
+
+    def set_steps(self, inner_steps: int, outer_steps: int, *, h: int) -> None:
+        """Counts restored (a checkpoint, a donor's state): a clock at least at the outer step
+        reached, so that a worker that had been pulled ahead of its own count stays there."""
+        self.inner_steps = inner_steps
+        self.outer_steps = outer_steps
+        self.skipped_steps = max(0, outer_steps * h - inner_steps)
+
+    def pull_clock_to(self, outer_step: int, *, h: int) -> int:
+        """A partner's push pulled us to `outer_step` early: our clock jumps to its start, so
+        the next outer step is due H inner steps from now. Returns the steps skipped."""
+        skipped = max(0, outer_step * h - self.clock_steps)
+        self.skipped_steps += skipped
+        self.pulled_outer_steps += 1
+        return skipped
 
     def count_outer_step(self, kind: str, reason: str | None) -> None:
         if kind not in OUTER_STEP_KINDS:

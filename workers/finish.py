@@ -25,14 +25,15 @@ class FinishRule(Protocol):
 
 
 class StepLimit:
-    """The first stage: done after max_steps inner steps."""
+    """The first stage: done when its clock reaches max_steps (its inner steps, plus any its
+    partners' pushes made it skip: a slowed worker ends with its stage)."""
 
     def __init__(self, counters: Counters, max_steps: int) -> None:
         self.counters = counters
         self.max_steps = max_steps
 
     def finished(self) -> bool:
-        return self.counters.inner_steps >= self.max_steps
+        return self.counters.clock_steps >= self.max_steps
 
 
 class UpstreamFinished:

@@ -4,7 +4,6 @@ and every H inner steps the outer step."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from noloco_rt.algo.replica import StageReplica
@@ -19,8 +18,7 @@ PROGRESS_LOG_EVERY = 10
 
 class InnerStep:
     def __init__(self, *, data_path: Role, replica: StageReplica, outer: OuterStep, counters: Counters,
-                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, after_outer_step: Callable[[], None],
-                 slowdown: float = 1.0) -> None:
+                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, slowdown: float = 1.0) -> None:
         self.data_path = data_path
         self.replica = replica
         self.outer = outer
@@ -28,7 +26,6 @@ class InnerStep:
         self.tokens = tokens
         self.metrics = metrics
         self.log = log
-        self.after_outer_step = after_outer_step
         self.slowdown = slowdown
         """FAULT INJECTION (worker.fault_slowdown): idle this factor - 1 of each step's time."""
         self._step_started: float | None = None
@@ -64,6 +61,7 @@ class InnerStep:
             fields |= memory_fields(self.replica.parameters[0].device)
             self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1),
                           lr=self.replica.inner.current_lr(), **fields)
-        if self.outer.due(step, data_step=self.data_path.data_step()):
+        if self.outer.due(self.data_path.data_step()):
             self.outer.take()
-            self.after_outer_step()
+        elif self.outer.pulled():
+            self.outer.take(pulled=True)

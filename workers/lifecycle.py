@@ -20,8 +20,10 @@ class WorkerCheckpoint:
     """This worker's checkpoint file: replica, inner optimizer, counters and data cursor."""
 
     def __init__(self, path: Path, *, run_id: str, stage: int, name: str, replica: StageReplica,
-                 counters: Counters, cursor_state: Callable[[], dict[str, Any] | None], log: Any) -> None:
+                 counters: Counters, cursor_state: Callable[[], dict[str, Any] | None], h: int, log: Any) -> None:
         self.path = path
+        self.h = h
+        """Inner steps per outer step: a restored clock is at least at the outer step reached."""
         self.run_id = run_id
         self.stage = stage
         self.name = name
@@ -60,8 +62,8 @@ class WorkerCheckpoint:
         its data cursor."""
         self.replica.load_weights(slow=state["slow"], fast=state["fast"], momentum=state["momentum"])
         self.replica.inner.load_state_dict(state["inner_optimizer"])
-        self.counters.inner_steps = int(state["counters"]["inner_steps"])
-        self.counters.outer_steps = int(state["counters"]["outer_steps"])
+        self.counters.set_steps(int(state["counters"]["inner_steps"]), int(state["counters"]["outer_steps"]),
+                                h=self.h)
         return DataCursor.from_state_dict(state["cursor"]) if state.get("cursor") else None
 
 

@@ -113,14 +113,15 @@ class StageWorker:
                                peers=self.peers, counters=self.counters, metrics=metrics, log=self.log)
         self.checkpoint = WorkerCheckpoint(checkpoint_path, run_id=cfg.run.run_id, stage=stage, name=name,
                                            replica=self.replica, counters=self.counters,
-                                           cursor_state=self.data_path.cursor_state, log=self.log)
+                                           cursor_state=self.data_path.cursor_state, h=self.outer.settings.h,
+                                           log=self.log)
         self.alive = AliveFile(cfg.worker.alive_file)
         self.durable = durable_state_for(cfg, stage, worker_id=self.worker_id, name=name, log=self.log,
                                          membership=membership)
         self.inner = InnerStep(data_path=self.data_path, replica=self.replica, outer=self.outer,
                                counters=self.counters, tokens=self.data_path.ctx.tokens, metrics=metrics,
-                               log=self.log, after_outer_step=self._periodic_checkpoint,
-                               slowdown=cfg.worker.fault_slowdown)
+                               log=self.log, slowdown=cfg.worker.fault_slowdown)
+        self.outer.on_final = self._periodic_checkpoint
 
     # -- what the membership table shows -------------------------------------------------
 
@@ -189,8 +190,8 @@ class StageWorker:
         if donated is not None:
             donor, state = donated
             self.replica.load_weights(slow=state.slow, fast=state.slow, momentum=state.momentum)
-            self.counters.inner_steps = self.replica.inner.steps_taken = state.inner_steps
-            self.counters.outer_steps = state.outer_steps
+            self.replica.inner.steps_taken = state.inner_steps
+            self.counters.set_steps(state.inner_steps, state.outer_steps, h=self.outer.settings.h)
             self.log.info("bootstrapped", donor=donor[:8], checksum=state.checksum,
                           inner_step=self.counters.inner_steps, outer_step=self.counters.outer_steps)
         elif not self._resume_from_store():

@@ -1,22 +1,33 @@
 """When a worker takes outer step k (docs/architecture.md §4, "Drift"). Pure.
 
-Stage 0 takes it after its own inner step k·H: every stage-0 replica consumes the same
-data per inner step, so their counts agree. A later stage cannot count its own steps:
-routing gives its replicas unequal shares, so their counts drift apart and the seeded
-pairs miss each other. Its clock is the data instead: every forward carries the stage-0
-inner step it belongs to, and a later-stage worker takes outer step k after the first
-inner step in which it trained on data of stage-0 step k·H or later. Replicas fed by the
-same upstream then reach k together, whatever their shares.
+Every worker follows a clock and takes outer step k once the clock reaches k·H.
+
+Stage 0's clock is its own inner steps: every stage-0 replica consumes the same data per
+inner step. A later stage cannot count its own steps: routing gives its replicas unequal
+shares, so their counts drift apart and the seeded pairs miss each other. Its clock is
+the data instead: every forward carries the stage-0 step it belongs to, and a later-stage
+worker takes outer step k after the first inner step in which it trained on data of
+stage-0 step k·H or later. Replicas fed by the same upstream then reach k together,
+whatever their shares.
+
+A partner's push pulls a worker along: one whose partner's push for its next outer step
+arrived before its clock got there takes that step at its next inner-step boundary, and
+its clock jumps to the step's start (a stage-0 worker skips the inner steps between).
+A slower worker (a straggler, or one that fell behind) then keeps its stage's outer clock
+and its partners never wait for it; it trains fewer inner steps per outer step instead.
 """
 
 from __future__ import annotations
 
 
-def outer_step_due(inner_steps: int, outer_steps: int, h: int, *, data_step: int | None = None) -> bool:
-    """Whether to take an outer step now, after `inner_steps` of our own with `outer_steps`
-    taken. `data_step`: the furthest stage-0 step of the data trained on (a later stage), or
-    None to count our own steps (stage 0, or forwards that do not say). One step at a time:
-    a worker that is behind catches up one outer step per inner step."""
-    if data_step is None:
-        return inner_steps % h == 0
-    return data_step // h > outer_steps
+def outer_step_due(clock_steps: int, outer_steps: int, h: int) -> bool:
+    """Whether to take an outer step now, with `outer_steps` taken and our clock at
+    `clock_steps`. One step at a time: a worker that is behind catches up one outer step per
+    inner step."""
+    return clock_steps // h > outer_steps
+
+
+def pulled_by(pushed_for_next: set[str], next_partners: list[str]) -> bool:
+    """Whether a push from one of our partners of our next outer step is here before our
+    clock reached it (pushes from anyone else do not move our clock)."""
+    return any(p in pushed_for_next for p in next_partners)

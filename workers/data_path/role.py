@@ -44,10 +44,10 @@ class Role:
     def end_step(self) -> None:
         self.accepted_this_step = 0
 
-    def data_step(self) -> int | None:
-        """The furthest stage-0 inner step of the data trained on so far, which a later stage's
-        outer steps follow; None for stage 0, whose own count is that clock."""
-        return None
+    def data_step(self) -> int:
+        """The clock this worker's outer steps follow (noloco_rt/outer/schedule.py): for a later
+        stage the furthest stage-0 step of the data trained on so far; for stage 0 its own."""
+        raise NotImplementedError
 
     def in_flight(self) -> int:
         return 0
@@ -123,6 +123,10 @@ class ReadsData(Role):
     def cursor_state(self) -> dict[str, Any] | None:
         return self.batches.cursor.state_dict() if self.batches else None
 
+    def data_step(self) -> int:
+        """Our own clock: inner steps, plus those skipped when a partner pulled us ahead."""
+        return self.ctx.counters.clock_steps
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.batches is None:
             raise RuntimeError("open_data() must be called before training")
@@ -140,8 +144,9 @@ class TakesForwards(Role):
         super().__init__(ctx)
         self._data_step: int | None = None
 
-    def data_step(self) -> int | None:
-        return self._data_step
+    def data_step(self) -> int:
+        """Forwards that do not say their origin step (an older sender): our own count."""
+        return self._data_step if self._data_step is not None else self.ctx.counters.inner_steps
 
     def tick(self) -> None:
         self.take_forwards()

@@ -91,7 +91,7 @@ class First(ReadsData, SendsDownstream):
         if self.sent_this_step >= self.ctx.budget:
             self.receiver.poll(accept_forwards=False)  # the step's forwards are out: wait for gradients
             return
-        origin_step = self.ctx.counters.inner_steps + 1  # the step being built
+        origin_step = self.ctx.counters.clock_steps + 1  # the step being built, on our clock
         peer = self.downstream.choose(origin_step)
         if peer is None:
             self.receiver.poll(accept_forwards=False)  # nobody downstream yet: keep serving gradients

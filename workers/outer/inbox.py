@@ -65,6 +65,13 @@ class SnapshotInbox:
             self._arrived.notify_all()
             return True
 
+    def senders_for(self, outer_step: int) -> set[str]:
+        """Who has a fresh push kept for our `outer_step` (without taking it)."""
+        with self._arrived:
+            now = self.clock()
+            return {sender for (sender, step), (received_at, _, _) in self._entries.items()
+                    if step == outer_step and now - received_at < self.fresh_s}
+
     def accepts(self, for_step: int) -> bool:
         """Whether a push for our outer step `for_step` may still be kept."""
         return for_step >= self.floor and for_step > self.closed_through

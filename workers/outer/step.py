@@ -1,8 +1,12 @@
 """The outer step (docs/architecture.md §1, §4) on the training thread: hand the round to the exchanger,
-and either wait for it (blocking, the paper's semantics) or take the provisional local
-step at once and correct it exactly at the first inner-step boundary after the partners'
-states are in (overlap). A round not settled within outer.max_delay_steps is closed: its
-partners drop their side with us, or, where a partner's push was already kept, both apply.
+and either wait for it (blocking, the paper's semantics) or go on training and settle it
+at the first inner-step boundary after the partners' states are in (overlap): by then
+correcting the provisional local step taken at once, or taking the whole step deferred
+until then. A round not settled within outer.max_delay_steps is closed: its partners drop
+their side with us, or, where a partner's push was already kept, both apply.
+
+A step is taken when our clock reaches it, or earlier when a partner's push for it is
+already here (noloco_rt/outer/schedule.py): a slower worker is pulled along, never waited for.
 
 The training thread crosses the device boundary twice per outer step and never waits on
 it: our contribution starts its copy to the host at the step, and the correction (computed
@@ -11,6 +15,7 @@ on the host by the exchanger) comes back to the device where it is applied."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +24,7 @@ from noloco_rt.config import Config
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.outer.formula import OuterCoefficients
 from noloco_rt.outer.matching import matched_partners
-from noloco_rt.outer.schedule import outer_step_due
+from noloco_rt.outer.schedule import outer_step_due, pulled_by
 from noloco_rt.routing.peers import PeerView
 from workers.counters import Counters
 from workers.metrics import WorkerMetrics
@@ -60,6 +65,9 @@ class PendingRound:
     committed: frozenset[str] = frozenset()
     """Partners whose pushes were kept before it closed: they may use ours, so the result is
     awaited and applied (a drop would be one-sided)."""
+    fast_at_step: list[Any] | None = None
+    """Deferred: θ at the step (on the device), from which the step is taken once settled;
+    None: the provisional local step was taken already."""
 
 
 class OuterStep:
@@ -83,21 +91,44 @@ class OuterStep:
         self.log = log
         self.pending: PendingRound | None = None
         self.by_readiness = cfg.outer.pairing == "ready" and self.settings.method == "noloco"
+        self.deferred = self.overlap and cfg.outer.overlap_correction == "deferred"
+        self.pulls = self.settings.method == "noloco" and cfg.outer.pairing == "matched"
+        """Seeded groups pair equal steps: a partner's push for our next step may pull us to it."""
         self.step_seconds = StepTimer()
+        self.on_final: Callable[[], None] = lambda: None
+        """Called once each outer step is final (settled, or local): the worker's checkpoint."""
 
-    def due(self, inner_steps: int, *, data_step: int | None = None) -> bool:
-        """Whether to take an outer step after this inner step (outer_step_due)."""
-        return outer_step_due(inner_steps, self.counters.outer_steps, self.settings.h, data_step=data_step)
+    def due(self, clock_steps: int) -> bool:
+        """Whether our clock has reached our next outer step (outer_step_due)."""
+        return outer_step_due(clock_steps, self.counters.outer_steps, self.settings.h)
 
-    def take(self) -> None:
-        """The outer step: the local step at once; with overlap, its correction comes later
-        (settle), else we wait for the partners here and correct at once (delay 0: exactly
-        the paper's blocking step)."""
+    def pulled(self) -> bool:
+        """Whether a partner of our next outer step has pushed its state for it already: then
+        we take it now rather than keep that partner waiting (noloco_rt/outer/schedule.py)."""
+        if not self.pulls:
+            return False
+        outer_step = self.counters.outer_steps + 1
+        pushed = self.service.inbox.senders_for(outer_step)
+        return bool(pushed) and pulled_by(pushed, [p.worker_id for p in self.partners(outer_step)])
+
+    def take(self, *, pulled: bool = False) -> None:
+        """The outer step. Blocking: the local step, then we wait for the partners here and
+        correct at once (delay 0: exactly the paper's step). With overlap the round is settled
+        later: the local step now and its correction then (provisional), or the whole step
+        then (deferred). `pulled`: a partner's push brought the step before our clock did."""
         started = time.monotonic()
         self.settle(final=True)  # a round still open now is later than any allowed delay
         outer_step = self.counters.outer_steps + 1
+        if pulled:
+            skipped = self.counters.pull_clock_to(outer_step, h=self.settings.h)
+            self.log.info("outer_step_pulled", outer_step=outer_step, skipped_steps=skipped)
         partners = self.partners(outer_step) if self.settings.method == "noloco" else []
-        own = self.replica.provisional_outer_step(self.coeffs)
+        fast_at_step = None
+        if self.deferred and partners:  # nothing changes until the round settles
+            own = self.replica.outer_state(theta_only=self.coeffs.theta_shortcut)
+            fast_at_step = own.fast if own.fast is not None else [t.detach().clone() for t in self.replica.fast]
+        else:
+            own = self.replica.provisional_outer_step(self.coeffs)
         self.counters.outer_steps = outer_step
         if not partners:
             self._record(outer_step, None, delay=0)
@@ -105,7 +136,8 @@ class OuterStep:
             self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own),
                                             [Partner.of(p, outer_step) for p in partners], self.coeffs,
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s()))
-            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners])
+            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners],
+                                        fast_at_step=fast_at_step)
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         blocked = time.monotonic() - started
@@ -157,6 +189,14 @@ class OuterStep:
         if result is None and not late:
             return
         self.pending = None
+        correction = None
+        if result is not None and result.correction is not None:  # the host -> device crossing
+            correction = self.service.boundary.to_device(result.correction, like=self.replica.slow)
+            self.metrics.correction_delay.observe(delay)
+        if pending.fast_at_step is not None:  # deferred: the whole step now (the local one if no c)
+            self.replica.deferred_outer_step(pending.fast_at_step, correction, self.coeffs)
+        elif correction is not None:  # δ, φ, θ += c
+            self.replica.correct_outer_step(correction)
         if result is None:  # closed with no partner kept (or, stuck past round_wait_s, kept ones: said so)
             if pending.committed:
                 self.log.error("outer_round_unsettled", outer_step=pending.outer_step,
@@ -164,10 +204,6 @@ class OuterStep:
             self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group,
                          reason="one_sided" if pending.committed else None)
             return
-        if result.correction is not None:  # the host -> device crossing, then δ, φ, θ += c
-            self.replica.correct_outer_step(self.service.boundary.to_device(result.correction,
-                                                                            like=self.replica.slow))
-            self.metrics.correction_delay.observe(delay)
         given_up = pending.closed and not result.used and result.failed is None  # a failed round says so instead
         self._record(pending.outer_step, result, delay=delay, dropped=given_up)
 
@@ -194,8 +230,9 @@ class OuterStep:
         self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
                       used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec, **fields)
-        # The step is final now (corrected, or local): what joiners download.
+        # The step is final now (corrected, or local): what joiners download, and what a checkpoint keeps.
         self.service.publish_bootstrap(self.replica, self.counters.inner_steps, self.counters.outer_steps)
+        self.on_final()
 
     def partners(self, outer_step: int) -> list[MemberRecord]:
         """Our group at `outer_step` in the partition of our stage's view (us included)."""
