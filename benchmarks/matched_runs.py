@@ -49,6 +49,10 @@ class RunFigures:
     """Worker name -> share of its run its training thread spent in outer steps."""
     wall_s: float = 0.0
     errors: int = 0
+    delays: list[int] = field(default_factory=list)
+    """Inner steps between each matched outer step and its correction (0: blocking)."""
+    pulled: int = 0
+    """Outer steps taken early because a partner's push for them had arrived."""
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -95,11 +99,12 @@ def _pid_of(up_log: Path, name: str) -> int | None:
     return None
 
 
-def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed: int, tmp: Path) -> RunFigures:
+def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed: int, tmp: Path,
+           settings: list[str] = ()) -> RunFigures:
     out = tmp / f"{stages}x{replicas}-{seed}"
     command = [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(stages), "--replicas", str(replicas),
                "--steps", str(steps), "--out", str(out), "--no-tensorboard", "--set", f"outer.h={h}",
-               "--set", f"run.seed={seed}"]
+               "--set", f"run.seed={seed}", *(arg for value in settings for arg in ("--set", value))]
     out.mkdir(parents=True)
     done = threading.Event()
     stopper = threading.Thread(target=_duty_cycle, args=(out, duty, done), daemon=True) if duty > 0 else None
@@ -112,7 +117,12 @@ def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed:
     done.set()
     if code != 0:
         raise SystemExit(f"{' '.join(command)} exited {code}; see {out / 'up.log'}")
-    figures = RunFigures(wall_s=time.monotonic() - started)
+    return figures_of(out, wall_s=time.monotonic() - started)
+
+
+def figures_of(out: Path, *, wall_s: float) -> RunFigures:
+    """What one finished up run in `out` shows in its workers' logs."""
+    figures = RunFigures(wall_s=wall_s)
     used: dict[str, list[str]] = {}
     names: dict[str, str] = {}
     for path in sorted((out / "logs").glob("s*-r*.log")):
@@ -126,11 +136,13 @@ def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed:
         done_events = [e for e in events if e.get("event") == "outer_step_done"]
         figures.kinds.setdefault(stage, Counter()).update(e["kind"] for e in done_events)
         used.setdefault(name, []).extend(u for e in done_events for u in e["used"])
+        figures.delays.extend(e["delay"] for e in done_events if e["used"])
         summary = [e for e in events if e.get("event") == "worker_summary"]
         if summary:
             figures.sent += summary[-1]["sent"]
             figures.retried += summary[-1]["retried"]
             figures.dropped += summary[-1]["dropped"]
+            figures.pulled += summary[-1].get("pulled_outer_steps", 0)
             span = record_seconds(events[-1]["timestamp"]) - record_seconds(events[0]["timestamp"])
             figures.blocked[name] = summary[-1]["outer_blocked_s"] / span if span > 0 else 0.0
     figures.one_sided = one_sided_share({n: [names.get(u, u) for u in us] for n, us in used.items()})
@@ -146,8 +158,10 @@ def row(shape: str, seed: int, f: RunFigures, duty: float) -> list[object]:
     fast = {n: b for n, b in f.blocked.items() if not (duty > 0 and n == SLOWED)}
     blocked = f"{100 * max(fast.values(), default=0):.1f} %"
     resent = f"{f.retried} ({100 * f.retried / max(1, f.sent):.2f} %)" if f.sent else "-"
+    delays = sorted(f.delays)
+    delay = f"{delays[len(delays) // 2]} / {delays[-1]}" if delays else "-"
     return [shape, seed, matched, dict(unmatched) or "-", f"{f.one_sided:.3f}", resent, f.dropped, blocked,
-            f.errors, f"{f.wall_s:.0f}"]
+            delay, f.pulled, f.errors, f"{f.wall_s:.0f}"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="share of each second the slowed worker is stopped (0: no worker slowed)")
     parser.add_argument("--out", type=Path, help="also write the table here")
     parser.add_argument("--keep", type=Path, help="leave the runs' directories here (default: a temporary one)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="passed on to every up run (repeatable), e.g. outer.overlap=false")
     args = parser.parse_args(argv)
     if not 0.0 <= args.stop_duty < 1.0:
         parser.error("--stop-duty must be in [0, 1)")
@@ -168,13 +184,15 @@ def main(argv: list[str] | None = None) -> None:
         work = args.keep or Path(tmp)
         for stages, replicas, steps in args.shape:
             for seed in range(args.runs):
-                figures = run_up(stages, replicas, steps, args.h, duty=args.stop_duty, seed=seed, tmp=work)
+                figures = run_up(stages, replicas, steps, args.h, duty=args.stop_duty, seed=seed, tmp=work,
+                                 settings=args.settings)
                 rows.append(row(f"{stages}x{replicas}, {steps} steps", seed, figures, args.stop_duty))
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
     slowed = f", {SLOWED} stopped {args.stop_duty:.0%} of every {STOP_PERIOD_S:g} s" if args.stop_duty else ""
     emit(markdown_table(f"Outer steps matched, h = {args.h}{slowed}",
                         ["shape", "seed", "matched per stage", "not matched", "one-sided share",
-                         "re-sent", "dropped", "max blocked share (fast workers)", "error events", "wall s"], rows),
+                         "re-sent", "dropped", "max blocked share (fast workers)", "correction delay (median / max)",
+                         "pulled", "error events", "wall s"], rows),
          args.out)
 
 
