@@ -259,48 +259,6 @@ def test_a_round_settled_but_seen_late_is_applied_on_both_sides():
         assert abs(sum(sums)) <= 1e-5 * max(abs(x) for x in sums)
 
 
-def _host_copies(replica: StageReplica) -> dict[str, list[torch.Tensor]]:
-    return {name: [values(t) for t in getattr(replica, name)] for name in ("fast", "slow", "momentum")}
-
-
-def test_a_deferred_round_takes_the_whole_group_step_once_settled_with_the_progress_made_since():
-    """Deferred: at the step nothing changes; a trains on (θ moves), and when the round
-    settles φ and δ get exactly the blocking group step of the step-k states, and θ that
-    step plus a's progress. The pair's corrections cancel (the mean of φ is kept)."""
-    with _overlapped_pair(overlap_correction="deferred", max_delay_steps=4) as (a, b):
-        coeffs = OuterCoefficients.from_config(a.step.settings)
-        before = [_host_copies(w.replica) for w in (a, b)]
-        a.step.take()
-        b.step.take()
-        for name in ("fast", "slow", "momentum"):  # the step waits for its round: nothing moved yet
-            assert all(torch.equal(x, y) for x, y in zip(_host_copies(a.replica)[name], before[0][name], strict=True))
-        progress = [0.001 * torch.ones(t.shape) for t in before[0]["fast"]]
-        for t, p in zip(a.replica.fast, progress, strict=True):
-            t.add_(on_other_device(p))  # an inner step taken while the round is open
-        _wait_until(lambda: 1 in a.exchanger._results)
-        a.counters.inner_steps += 1
-        a.step.after_inner_step()
-        b.step.finish()
-        sums = []
-        for index, worker in enumerate((a, b)):
-            assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
-            mine, theirs = before[index], before[1 - index]
-            expected = {name: [t.clone() for t in mine[name]] for name in ("fast", "slow", "momentum")}
-            partner = PeerOuterState.of(theirs["fast"], theirs["slow"], theta_only=coeffs.theta_shortcut)
-            group_outer_step(expected["slow"], expected["momentum"], expected["fast"], [partner], coeffs)
-            moved = progress if worker is a else [torch.zeros(t.shape) for t in progress]
-            got = _host_copies(worker.replica)
-            for name in ("slow", "momentum"):
-                for g, w in zip(got[name], expected[name], strict=True):
-                    torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
-            for g, w, m in zip(got["fast"], expected["fast"], moved, strict=True):
-                torch.testing.assert_close(g, w + m, rtol=0, atol=1e-6)
-            (done,) = [fields for _, event, fields in worker.log.lines if event == "outer_step_done"]
-            sums.append(done["correction_sum"])
-            assert worker.log.errors() == []
-        assert abs(sum(sums)) <= 1e-5 * max(abs(x) for x in sums)
-
-
 def test_a_partners_push_for_our_next_step_pulls_us_to_it_and_the_pair_matches():
     """b is behind (its clock at 3 of h = 10): a reaches step 1 and pushes. Before a's push
     b is not pulled; once it is kept, b takes step 1 at once, its clock jumps to 10, and the

@@ -39,3 +39,9 @@ def test_workers_refuse_the_random_peer_pairing_of_the_simulator():
     message = worker_outer_error(OuterConfig(method="noloco", pairing="random-peer"))
     assert message is not None and "outer.pairing" in message and "simulator" in message
     assert "\n" not in message
+
+
+def test_workers_refuse_the_deferred_overlap_correction_of_the_simulator():
+    assert worker_outer_error(OuterConfig(method="noloco", overlap=True, overlap_correction="provisional")) is None
+    message = worker_outer_error(OuterConfig(method="noloco", overlap=True, overlap_correction="deferred"))
+    assert message is not None and "outer.overlap_correction" in message and "simulator" in message

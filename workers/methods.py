@@ -29,6 +29,9 @@ def worker_outer_error(outer: OuterConfig) -> str | None:
     if outer.overlap and outer.max_delay_steps >= h:
         return (f"outer.max_delay_steps ({outer.max_delay_steps}) must be below outer.h ({h}): a correction "
                 "must land before the next outer step")
+    if outer.overlap_correction != "provisional":
+        return (f"outer.overlap_correction = {outer.overlap_correction!r} is a simulator ablation; workers take "
+                "the provisional step and correct it ('provisional')")
     if outer.pairing == "random-peer":
         return ("outer.pairing = 'random-peer' is a simulator ablation (the old runtime's pairing); workers "
                 "pair by 'matched' groups or by 'ready'iness")

@@ -169,10 +169,11 @@ class OuterConfig:
     partners' states arrive (docs/architecture.md §4), so training never waits for the network; false:
     the paper's blocking step."""
     overlap_correction: str = "provisional"
-    """With overlap, what the inner steps between an outer step and its partners' arrival
-    run on. provisional: the local step is taken at once and corrected exactly later;
-    deferred: the step waits, θ trains on, and the whole group step is taken when the
-    partners' states are in, θ keeping its progress since (noloco_rt/outer/correction.py)."""
+    """The simulator with overlap: what the inner steps between an outer step and its
+    partners' arrival run on. provisional (what workers do): the local step is taken at once
+    and corrected exactly later; deferred (an ablation, measured worse at a delay of 4 in
+    benchmarks/README.md): the step waits, θ trains on, and the whole group step is taken
+    when the partners' states are in, θ keeping its progress since."""
     pairing: str = "matched"
     """noloco: matched (the seeded partition of the stage's view at each outer step, the
     paper's matching), ready (workers pair by readiness through the stage's Redis queue,

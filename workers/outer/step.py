@@ -1,9 +1,8 @@
 """The outer step (docs/architecture.md §1, §4) on the training thread: hand the round to the exchanger,
-and either wait for it (blocking, the paper's semantics) or go on training and settle it
-at the first inner-step boundary after the partners' states are in (overlap): by then
-correcting the provisional local step taken at once, or taking the whole step deferred
-until then. A round not settled within outer.max_delay_steps is closed: its partners drop
-their side with us, or, where a partner's push was already kept, both apply.
+and either wait for it (blocking, the paper's semantics) or take the provisional local
+step at once and correct it exactly at the first inner-step boundary after the partners'
+states are in (overlap). A round not settled within outer.max_delay_steps is closed: its
+partners drop their side with us, or, where a partner's push was already kept, both apply.
 
 A step is taken when our clock reaches it, or earlier when a partner's push for it is
 already here (noloco_rt/outer/schedule.py): a slower worker is pulled along, never waited for.
@@ -65,9 +64,6 @@ class PendingRound:
     committed: frozenset[str] = frozenset()
     """Partners whose pushes were kept before it closed: they may use ours, so the result is
     awaited and applied (a drop would be one-sided)."""
-    fast_at_step: list[Any] | None = None
-    """Deferred: θ at the step (on the device), from which the step is taken once settled;
-    None: the provisional local step was taken already."""
 
 
 class OuterStep:
@@ -91,7 +87,6 @@ class OuterStep:
         self.log = log
         self.pending: PendingRound | None = None
         self.by_readiness = cfg.outer.pairing == "ready" and self.settings.method == "noloco"
-        self.deferred = self.overlap and cfg.outer.overlap_correction == "deferred"
         self.pulls = self.settings.method == "noloco" and cfg.outer.pairing == "matched"
         """Seeded groups pair equal steps: a partner's push for our next step may pull us to it."""
         self.step_seconds = StepTimer()
@@ -112,10 +107,10 @@ class OuterStep:
         return bool(pushed) and pulled_by(pushed, [p.worker_id for p in self.partners(outer_step)])
 
     def take(self, *, pulled: bool = False) -> None:
-        """The outer step. Blocking: the local step, then we wait for the partners here and
-        correct at once (delay 0: exactly the paper's step). With overlap the round is settled
-        later: the local step now and its correction then (provisional), or the whole step
-        then (deferred). `pulled`: a partner's push brought the step before our clock did."""
+        """The outer step: the local step at once; with overlap, its correction comes later
+        (settle), else we wait for the partners here and correct at once (delay 0: exactly
+        the paper's blocking step). `pulled`: a partner's push brought the step before our
+        clock did."""
         started = time.monotonic()
         self.settle(final=True)  # a round still open now is later than any allowed delay
         outer_step = self.counters.outer_steps + 1
@@ -123,12 +118,7 @@ class OuterStep:
             skipped = self.counters.pull_clock_to(outer_step, h=self.settings.h)
             self.log.info("outer_step_pulled", outer_step=outer_step, skipped_steps=skipped)
         partners = self.partners(outer_step) if self.settings.method == "noloco" else []
-        fast_at_step = None
-        if self.deferred and partners:  # nothing changes until the round settles
-            own = self.replica.outer_state(theta_only=self.coeffs.theta_shortcut)
-            fast_at_step = own.fast if own.fast is not None else [t.detach().clone() for t in self.replica.fast]
-        else:
-            own = self.replica.provisional_outer_step(self.coeffs)
+        own = self.replica.provisional_outer_step(self.coeffs)
         self.counters.outer_steps = outer_step
         if not partners:
             self._record(outer_step, None, delay=0)
@@ -136,8 +126,7 @@ class OuterStep:
             self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own),
                                             [Partner.of(p, outer_step) for p in partners], self.coeffs,
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s()))
-            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners],
-                                        fast_at_step=fast_at_step)
+            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners])
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         blocked = time.monotonic() - started
@@ -189,14 +178,10 @@ class OuterStep:
         if result is None and not late:
             return
         self.pending = None
-        correction = None
-        if result is not None and result.correction is not None:  # the host -> device crossing
-            correction = self.service.boundary.to_device(result.correction, like=self.replica.slow)
+        if result is not None and result.correction is not None:  # the host -> device crossing, then δ, φ, θ += c
+            self.replica.correct_outer_step(self.service.boundary.to_device(result.correction,
+                                                                            like=self.replica.slow))
             self.metrics.correction_delay.observe(delay)
-        if pending.fast_at_step is not None:  # deferred: the whole step now (the local one if no c)
-            self.replica.deferred_outer_step(pending.fast_at_step, correction, self.coeffs)
-        elif correction is not None:  # δ, φ, θ += c
-            self.replica.correct_outer_step(correction)
         if result is None:  # closed with no partner kept (or, stuck past round_wait_s, kept ones: said so)
             if pending.committed:
                 self.log.error("outer_round_unsettled", outer_step=pending.outer_step,
