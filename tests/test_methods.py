@@ -45,3 +45,13 @@ def test_workers_refuse_the_deferred_overlap_correction_of_the_simulator():
     assert worker_outer_error(OuterConfig(method="noloco", overlap=True, overlap_correction="provisional")) is None
     message = worker_outer_error(OuterConfig(method="noloco", overlap=True, overlap_correction="deferred"))
     assert message is not None and "outer.overlap_correction" in message and "simulator" in message
+
+
+def test_the_default_delay_bound_fits_below_any_h_and_overlap_needs_an_h_of_two():
+    assert OuterConfig(method="noloco").resolved().max_delay_steps == 4
+    assert OuterConfig(method="noloco", h=3).resolved().max_delay_steps == 2
+    assert OuterConfig(method="noloco", h=3, max_delay_steps=1).resolved().max_delay_steps == 1
+    assert worker_outer_error(OuterConfig(method="noloco", h=2)) is None  # overlap on by default, delay 1
+    message = worker_outer_error(OuterConfig(method="noloco", h=1))
+    assert message is not None and "outer.h >= 2" in message and "outer.overlap = false" in message
+    assert worker_outer_error(OuterConfig(method="noloco", h=1, overlap=False)) is None

@@ -25,10 +25,13 @@ def worker_outer_error(outer: OuterConfig) -> str | None:
     """Why workers cannot run this outer configuration, or None when they can."""
     if (why := worker_method_error(outer.method)) is not None:
         return why
-    h = outer.resolved().h
-    if outer.overlap and outer.max_delay_steps >= h:
-        return (f"outer.max_delay_steps ({outer.max_delay_steps}) must be below outer.h ({h}): a correction "
-                "must land before the next outer step")
+    resolved = outer.resolved()
+    if outer.overlap and resolved.h < 2:
+        return ("outer.overlap needs outer.h >= 2: a correction must land before the next outer step; set "
+                "outer.overlap = false for an outer step every inner step")
+    if outer.overlap and resolved.max_delay_steps >= resolved.h:
+        return (f"outer.max_delay_steps ({resolved.max_delay_steps}) must be below outer.h ({resolved.h}): a "
+                "correction must land before the next outer step")
     if outer.overlap_correction != "provisional":
         return (f"outer.overlap_correction = {outer.overlap_correction!r} is a simulator ablation; workers take "
                 "the provisional step and correct it ('provisional')")

@@ -14,6 +14,8 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
 OVERLAP_CORRECTIONS = ("provisional", "deferred")
+DEFAULT_MAX_DELAY_STEPS = 4
+"""A straggler's partner waits up to one of its inner steps for the pull (benchmarks/README.md)."""
 ROUTING_POLICIES = ("balanced", "p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
@@ -164,10 +166,11 @@ class OuterConfig:
     """Inner steps per outer step; None: the method's paper default."""
     group_size: int = 2
     """noloco: members per group (i plus group_size - 1 random live peers)."""
-    overlap: bool = False
+    overlap: bool = True
     """Take the outer step at once with a group of one, and correct it exactly when the
     partners' states arrive (docs/architecture.md §4), so training never waits for the network; false:
-    the paper's blocking step."""
+    the paper's blocking step. The simulator with overlap delays the correction by
+    simulated_delay_steps (0: the blocking step exactly)."""
     overlap_correction: str = "provisional"
     """The simulator with overlap: what the inner steps between an outer step and its
     partners' arrival run on. provisional (what workers do): the local step is taken at once
@@ -181,9 +184,11 @@ class OuterConfig:
     simulator, in lockstep, treats it as matched) or random-peer (the simulator only, the
     old runtime's pairing for ablations: each replica uses the state of one uniformly
     random other replica; not a matching)."""
-    max_delay_steps: int = 2
-    """Workers with overlap: a correction that would land more than this many inner steps
-    after its outer step is dropped (the step stays local) and counted; must be below h."""
+    max_delay_steps: int | None = None
+    """Workers with overlap: a round not settled this many inner steps after its outer step
+    is given up on both sides of the pair (the step stays local, counted dropped_late);
+    must be below h. None: DEFAULT_MAX_DELAY_STEPS, or h - 1 where h is smaller. A round
+    that settles sooner is applied sooner: this bounds only the late ones."""
     simulated_delay_steps: int = 0
     """The simulator with overlap: inner steps between an outer step and its correction (the
     partners' arrival); must be below h. 0 reproduces the blocking step."""
@@ -196,7 +201,8 @@ class OuterConfig:
         require_choice("outer", "overlap_correction", self.overlap_correction, OVERLAP_CORRECTIONS)
         require(self.pairing != "ready" or self.group_size == 2, "outer", "pairing", self.pairing,
                  "pairs by readiness only: needs outer.group_size = 2")
-        require(self.max_delay_steps >= 1, "outer", "max_delay_steps", self.max_delay_steps, "must be >= 1")
+        require(self.max_delay_steps is None or self.max_delay_steps >= 1, "outer", "max_delay_steps",
+                self.max_delay_steps, "must be >= 1")
         for name in ("alpha", "beta", "gamma"):
             value = getattr(self, name)
             require(value is None or (math.isfinite(value) and 0 <= value <= 2), "outer", name,
@@ -216,8 +222,9 @@ class OuterConfig:
         else:
             gamma = float(defaults.get("gamma", beta))
         h = self.h if self.h is not None else int(defaults["h"])
+        max_delay = self.max_delay_steps if self.max_delay_steps is not None else min(DEFAULT_MAX_DELAY_STEPS, h - 1)
         return ResolvedOuter(method=self.method, alpha=alpha, beta=beta, gamma=gamma, h=h,
-                             group_size=self.group_size)
+                             group_size=self.group_size, max_delay_steps=max_delay)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +235,8 @@ class ResolvedOuter:
     gamma: float
     h: int
     group_size: int
+    max_delay_steps: int
+    """With overlap: the latest a round may settle, in inner steps after its outer step (0: h = 1)."""
 
 
 @dataclass(kw_only=True)

@@ -177,7 +177,7 @@ class Simulation:
                                      outer_step=self.outer_steps)
             for replica, members in zip(stage_replicas, groups, strict=True):
                 partners = [states[j] for j in members[1:]]
-                if not self.cfg.outer.overlap:
+                if not self.cfg.outer.overlap or self.cfg.outer.simulated_delay_steps == 0:  # the blocking step
                     replica.apply_outer_step(partners, self.coeffs)
                 else:
                     self._overlapped_outer_step(replica, states[members[0]], partners)

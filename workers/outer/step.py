@@ -75,7 +75,7 @@ class OuterStep:
         self.settings = cfg.outer.resolved()
         self.coeffs = OuterCoefficients.from_config(self.settings)
         self.overlap = cfg.outer.overlap
-        self.max_delay_steps = cfg.outer.max_delay_steps
+        self.max_delay_steps = self.settings.max_delay_steps
         self.exchanger = exchanger
         self.replica = replica
         self.peers = peers
