@@ -48,7 +48,7 @@ def test_workers_refuse_the_deferred_overlap_correction_of_the_simulator():
 
 
 def test_the_default_delay_bound_fits_below_any_h_and_overlap_needs_an_h_of_two():
-    assert OuterConfig(method="noloco").resolved().max_delay_steps == 4
+    assert OuterConfig(method="noloco").resolved().max_delay_steps == 49
     assert OuterConfig(method="noloco", h=3).resolved().max_delay_steps == 2
     assert OuterConfig(method="noloco", h=3, max_delay_steps=1).resolved().max_delay_steps == 1
     assert worker_outer_error(OuterConfig(method="noloco", h=2)) is None  # overlap on by default, delay 1

@@ -14,8 +14,6 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
 OVERLAP_CORRECTIONS = ("provisional", "deferred")
-DEFAULT_MAX_DELAY_STEPS = 4
-"""A straggler's partner waits up to one of its inner steps for the pull (benchmarks/README.md)."""
 ROUTING_POLICIES = ("balanced", "p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
@@ -187,8 +185,9 @@ class OuterConfig:
     max_delay_steps: int | None = None
     """Workers with overlap: a round not settled this many inner steps after its outer step
     is given up on both sides of the pair (the step stays local, counted dropped_late);
-    must be below h. None: DEFAULT_MAX_DELAY_STEPS, or h - 1 where h is smaller. A round
-    that settles sooner is applied sooner: this bounds only the late ones."""
+    must be below h. None: h - 1, the next outer step. A round that settles sooner is
+    applied sooner: this bounds only late ones (a straggler's partner waiting for its pull),
+    where a late correction costs less than none (benchmarks/README.md)."""
     simulated_delay_steps: int = 0
     """The simulator with overlap: inner steps between an outer step and its correction (the
     partners' arrival); must be below h. 0 reproduces the blocking step."""
@@ -222,7 +221,7 @@ class OuterConfig:
         else:
             gamma = float(defaults.get("gamma", beta))
         h = self.h if self.h is not None else int(defaults["h"])
-        max_delay = self.max_delay_steps if self.max_delay_steps is not None else min(DEFAULT_MAX_DELAY_STEPS, h - 1)
+        max_delay = self.max_delay_steps if self.max_delay_steps is not None else h - 1
         return ResolvedOuter(method=self.method, alpha=alpha, beta=beta, gamma=gamma, h=h,
                              group_size=self.group_size, max_delay_steps=max_delay)
 
