@@ -266,13 +266,13 @@ def test_a_partners_push_for_our_next_step_pulls_us_to_it_and_the_pair_matches()
     with _overlapped_pair(max_delay_steps=4) as (a, b):
         h = a.step.settings.h
         b.counters.inner_steps = 3
-        assert not b.step.pulled()
+        assert b.step.pulled_to() is None
         a.counters.inner_steps = h
         a.step.take()
-        _wait_until(b.step.pulled)
-        b.step.take(pulled=True)
+        _wait_until(lambda: b.step.pulled_to() == 1)
+        b.step.take(pulled_to=1)
         assert b.counters.clock_steps == h and b.counters.skipped_steps == h - 3
-        assert b.counters.pulled_outer_steps == 1 and not b.step.pulled()
+        assert b.counters.pulled_outer_steps == 1 and b.step.pulled_to() is None
         assert not b.step.due(b.counters.clock_steps)  # the next one is h inner steps away
         b.step.finish()
         _wait_until(lambda: 1 in a.exchanger._results)
@@ -281,6 +281,25 @@ def test_a_partners_push_for_our_next_step_pulls_us_to_it_and_the_pair_matches()
             assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
             assert worker.log.errors() == []
         assert [f["skipped_steps"] for _, e, f in b.log.lines if e == "outer_step_pulled"] == [h - 3]
+
+
+def test_a_worker_two_steps_behind_is_pulled_over_the_step_its_partner_took_without_it():
+    """b joined late (outer step 0) while a took step 1 without it and now pushes for step 2:
+    b jumps straight to step 2 (step 1 is skipped, not taken local) and the pair matches."""
+    with _overlapped_pair(max_delay_steps=4) as (a, b):
+        h = a.step.settings.h
+        a.counters.outer_steps, a.counters.inner_steps = 1, 2 * h
+        a.step.take()
+        _wait_until(lambda: b.step.pulled_to() == 2)
+        b.step.take(pulled_to=2)
+        assert b.counters.outer_steps == 2 and b.counters.skipped_outer_steps == 1
+        assert b.counters.clock_steps == 2 * h
+        b.step.finish()
+        _wait_until(lambda: 2 in a.exchanger._results)
+        a.step.after_inner_step()
+        for worker in (a, b):
+            assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
+            assert worker.log.errors() == []
 
 
 def _host_and_device_states() -> tuple[PeerOuterState, PeerOuterState]:

@@ -8,7 +8,7 @@ import torch
 
 from noloco_rt.net import messages
 from noloco_rt.net.wire import WireReject
-from noloco_rt.outer.schedule import outer_step_due, pulled_by
+from noloco_rt.outer.schedule import outer_step_due, pull_target
 from workers.counters import Counters
 
 
@@ -34,24 +34,30 @@ def test_a_worker_behind_takes_one_outer_step_per_inner_step_until_caught_up():
     assert taken == 3
 
 
-def test_only_a_push_from_a_partner_of_the_next_step_pulls():
-    assert pulled_by({"b"}, ["b"])
-    assert pulled_by({"c", "b"}, ["b", "d"])
-    assert not pulled_by({"c"}, ["b"])
-    assert not pulled_by(set(), ["b"])
-    assert not pulled_by({"b"}, [])
+def test_only_a_push_from_a_partner_of_that_step_pulls_and_the_earliest_wins():
+    partners = {4: ["b"], 5: ["c", "d"], 6: ["b"]}.get
+    assert pull_target({4: {"b"}}, partners, 4) == 4
+    assert pull_target({4: {"x"}}, partners, 4) is None  # not our partner of step 4
+    assert pull_target({}, partners, 4) is None
+    # Behind by more than one step (a slow joiner): step 4's partner moved on without us,
+    # step 5's pushed; the earliest step a partner waits on is the one to take.
+    assert pull_target({6: {"b"}, 5: {"d"}}, partners, 4) == 5
+    assert pull_target({3: {"b"}, 6: {"b"}}, partners, 4) == 6  # a step behind us is no pull
+    assert pull_target({5: {"b"}}, lambda step: [], 4) is None
 
 
 def test_a_pulled_clock_jumps_to_the_step_start_and_counts_on_from_there():
-    counters = Counters(inner_steps=14)
+    counters = Counters(inner_steps=14, outer_steps=1)
     assert counters.pull_clock_to(2, h=10) == 6  # a partner pushed for step 2 at our step 14
     assert counters.clock_steps == 20 and counters.pulled_outer_steps == 1
+    assert counters.skipped_outer_steps == 0
     counters.outer_steps = 2
     counters.inner_steps += 9
     assert not outer_step_due(counters.clock_steps, counters.outer_steps, 10)
     counters.inner_steps += 1
     assert outer_step_due(counters.clock_steps, counters.outer_steps, 10)  # H steps after the pull
     assert counters.pull_clock_to(3, h=10) == 0  # already there: nothing skipped
+    assert counters.pull_clock_to(6, h=10) == 30 and counters.skipped_outer_steps == 3  # 3, 4 and 5 jumped over
 
 
 def test_restored_counts_keep_a_clock_that_was_pulled_ahead():

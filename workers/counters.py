@@ -23,6 +23,9 @@ class Counters:
     outer clock instead of falling behind it."""
     pulled_outer_steps: int = 0
     """Outer steps taken early because a partner's push for them had arrived."""
+    skipped_outer_steps: int = 0
+    """Outer steps never taken: a pull to a later one jumped over them (a worker that was
+    more than one step behind)."""
     outer_kinds: collections.Counter = field(default_factory=collections.Counter)
     """Outer steps taken by this incarnation, by kind (OUTER_STEP_KINDS)."""
     unmatched_reasons: collections.Counter = field(default_factory=collections.Counter)
@@ -60,6 +63,7 @@ class Counters:
         the next outer step is due H inner steps from now. Returns the steps skipped."""
         skipped = max(0, outer_step * h - self.clock_steps)
         self.skipped_steps += skipped
+        self.skipped_outer_steps += max(0, outer_step - self.outer_steps - 1)
         self.pulled_outer_steps += 1
         return skipped
 

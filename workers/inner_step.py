@@ -63,5 +63,5 @@ class InnerStep:
                           lr=self.replica.inner.current_lr(), **fields)
         if self.outer.due(self.data_path.data_step()):
             self.outer.take()
-        elif self.outer.pulled():
-            self.outer.take(pulled=True)
+        elif (pulled_to := self.outer.pulled_to()) is not None:
+            self.outer.take(pulled_to=pulled_to)

@@ -65,12 +65,16 @@ class SnapshotInbox:
             self._arrived.notify_all()
             return True
 
-    def senders_for(self, outer_step: int) -> set[str]:
-        """Who has a fresh push kept for our `outer_step` (without taking it)."""
+    def pushed_from(self, outer_step: int) -> dict[int, set[str]]:
+        """Our outer steps from `outer_step` on with fresh pushes kept, and their senders
+        (nothing is taken)."""
         with self._arrived:
             now = self.clock()
-            return {sender for (sender, step), (received_at, _, _) in self._entries.items()
-                    if step == outer_step and now - received_at < self.fresh_s}
+            pushed: dict[int, set[str]] = {}
+            for (sender, step), (received_at, _, _) in self._entries.items():
+                if step >= outer_step and now - received_at < self.fresh_s:
+                    pushed.setdefault(step, set()).add(sender)
+            return pushed
 
     def accepts(self, for_step: int) -> bool:
         """Whether a push for our outer step `for_step` may still be kept."""

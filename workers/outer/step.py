@@ -23,7 +23,7 @@ from noloco_rt.config import Config
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.outer.formula import OuterCoefficients
 from noloco_rt.outer.matching import matched_partners
-from noloco_rt.outer.schedule import outer_step_due, pulled_by
+from noloco_rt.outer.schedule import outer_step_due, pull_target
 from noloco_rt.routing.peers import PeerView
 from workers.counters import Counters
 from workers.metrics import WorkerMetrics
@@ -97,26 +97,31 @@ class OuterStep:
         """Whether our clock has reached our next outer step (outer_step_due)."""
         return outer_step_due(clock_steps, self.counters.outer_steps, self.settings.h)
 
-    def pulled(self) -> bool:
-        """Whether a partner of our next outer step has pushed its state for it already: then
-        we take it now rather than keep that partner waiting (noloco_rt/outer/schedule.py)."""
+    def pulled_to(self) -> int | None:
+        """The outer step a partner of ours for it has pushed its state for already, before
+        our clock got there (our next one, or a later one when we are further behind): we
+        take it now rather than keep that partner waiting (noloco_rt/outer/schedule.py)."""
         if not self.pulls:
-            return False
-        outer_step = self.counters.outer_steps + 1
-        pushed = self.service.inbox.senders_for(outer_step)
-        return bool(pushed) and pulled_by(pushed, [p.worker_id for p in self.partners(outer_step)])
+            return None
+        next_step = self.counters.outer_steps + 1
+        pushed = self.service.inbox.pushed_from(next_step)
+        if not pushed:
+            return None
+        return pull_target(pushed, lambda step: [p.worker_id for p in self.partners(step)], next_step)
 
-    def take(self, *, pulled: bool = False) -> None:
+    def take(self, *, pulled_to: int | None = None) -> None:
         """The outer step: the local step at once; with overlap, its correction comes later
         (settle), else we wait for the partners here and correct at once (delay 0: exactly
-        the paper's blocking step). `pulled`: a partner's push brought the step before our
-        clock did."""
+        the paper's blocking step). `pulled_to`: the step a partner's push brought before
+        our clock did (outer steps before it are skipped, not taken)."""
         started = time.monotonic()
         self.settle(final=True)  # a round still open now is later than any allowed delay
         outer_step = self.counters.outer_steps + 1
-        if pulled:
-            skipped = self.counters.pull_clock_to(outer_step, h=self.settings.h)
-            self.log.info("outer_step_pulled", outer_step=outer_step, skipped_steps=skipped)
+        if pulled_to is not None:
+            skipped = self.counters.pull_clock_to(pulled_to, h=self.settings.h)
+            self.log.info("outer_step_pulled", outer_step=pulled_to, skipped_steps=skipped,
+                          skipped_outer_steps=pulled_to - outer_step)
+            outer_step = pulled_to
         partners = self.partners(outer_step) if self.settings.method == "noloco" else []
         own = self.replica.provisional_outer_step(self.coeffs)
         self.counters.outer_steps = outer_step
