@@ -44,6 +44,19 @@ def test_a_full_inbox_drops_the_furthest_step_first():
     assert inbox.take(9, "b") is None and inbox.take(1, "e") is not None
 
 
+def test_latest_pushes_names_each_senders_latest_step_from_the_one_asked():
+    now = [0.0]
+    inbox = SnapshotInbox(fresh_s=10, clock=lambda: now[0])
+    for sender, step in (("a", 2), ("a", 4), ("b", 3), ("c", 1)):
+        inbox.keep(sender, step, *push(step))
+    # a's push for 2 is not counted: it pushed for 4 since, so its round 2 is closed.
+    assert inbox.latest_pushes(2) == {4: {"a"}, 3: {"b"}}
+    assert inbox.latest_pushes(4) == {4: {"a"}}
+    now[0] = 11.0
+    assert inbox.latest_pushes(1) == {}  # stale
+    assert len(inbox) == 4  # nothing was taken
+
+
 def test_stale_pushes_expire():
     now = [0.0]
     inbox = SnapshotInbox(fresh_s=10, clock=lambda: now[0])

@@ -58,10 +58,11 @@ class Counters:
         self.outer_steps = outer_steps
         self.skipped_steps = max(0, outer_steps * h - inner_steps)
 
-    def pull_clock_to(self, outer_step: int, *, h: int) -> int:
+    def pull_clock_to(self, outer_step: int, *, h: int, clock: bool = True) -> int:
         """A partner's push pulled us to `outer_step` early: our clock jumps to its start, so
-        the next outer step is due H inner steps from now. Returns the steps skipped."""
-        skipped = max(0, outer_step * h - self.clock_steps)
+        the next outer step is due H inner steps from now (`clock` False: a later stage, whose
+        clock is its data, only counts the pull). Returns the inner steps skipped."""
+        skipped = max(0, outer_step * h - self.clock_steps) if clock else 0
         self.skipped_steps += skipped
         self.skipped_outer_steps += max(0, outer_step - self.outer_steps - 1)
         self.pulled_outer_steps += 1
@@ -85,7 +86,7 @@ class Counters:
 
     def progress(self, *, queue_depth: int, loss: float | None, tokens_per_s: float) -> WorkerProgress:
         """What the heartbeat publishes, from these counts and the live figures given."""
-        return WorkerProgress(outer_step=self.outer_steps, queue_depth=queue_depth, inner_step=self.inner_steps,
+        return WorkerProgress(outer_step=self.outer_steps, queue_depth=queue_depth, inner_step=self.clock_steps,
                               loss=loss, tokens_per_s=round(tokens_per_s, 1), retried=self.retried,
                               dropped=self.dropped, **outer_kind_fields(self.outer_kinds))
 

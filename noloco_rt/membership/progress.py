@@ -27,6 +27,8 @@ class WorkerProgress:
     queue_depth: int = field(default=0, metadata=_REQUIRED)
     """Forwards waiting or in flight at the worker: the routing hint."""
     inner_step: int = 0
+    """The worker's inner steps; for stage 0 its clock (the inner steps a pull skipped count:
+    what run.steps is measured against)."""
     loss: float | None = None
     """Mean training loss of the last inner step (stages that compute the loss)."""
     tokens_per_s: float = 0.0

@@ -56,6 +56,8 @@ class ChaosDriver:
         self.tails: dict[Path, int] = {}
         self.reached: dict[str, int] = {}
         self.online: set[tuple[str, int]] = set()
+        self.steps_done: set[tuple[str, int]] = set()
+        """Incarnations that logged their steps done: finishing, a fault there would not be seen."""
         self.injected: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
         self.exits: list[dict[str, Any]] = []
@@ -133,6 +135,9 @@ class ChaosDriver:
                 if isinstance(record.get("inner_step"), int) and event in (
                         "train_progress", "steps_done", "checkpoint_written"):
                     self.reached[name] = max(self.reached.get(name, 0), record["inner_step"])
+                if event == "steps_done":  # done by its clock: a pulled stage-0 worker skipped inner steps
+                    self.reached[name] = max(self.reached.get(name, 0), self.target_steps)
+                    self.steps_done.add((name, int(incarnation)))
                 if event == "train_progress" and self.train_started is None:
                     self.train_started = time.monotonic()  # the schedule's clock starts with training
 
@@ -179,6 +184,9 @@ class ChaosDriver:
             return
         if fault.target in self.stopped or fault.target in self.awaiting_respawn:
             self._skip(record, "target already faulted", fault)
+            return
+        if (fault.target, status.incarnation) in self.steps_done:  # its exit, not the fault's effect, comes next
+            self._skip(record, "target finishing its steps", fault)
             return
         stage = self.names[fault.target]
         healthy = [s for n, s in statuses.items() if self.names[n] == stage and n != fault.target

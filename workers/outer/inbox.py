@@ -65,15 +65,19 @@ class SnapshotInbox:
             self._arrived.notify_all()
             return True
 
-    def pushed_from(self, outer_step: int) -> dict[int, set[str]]:
-        """Our outer steps from `outer_step` on with fresh pushes kept, and their senders
-        (nothing is taken)."""
+    def latest_pushes(self, outer_step: int) -> dict[int, set[str]]:
+        """Each sender's latest fresh push kept for our outer steps from `outer_step` on, by
+        step (nothing is taken). Only the latest counts: a sender that pushed for a later
+        step has closed its round for the earlier one."""
         with self._arrived:
             now = self.clock()
-            pushed: dict[int, set[str]] = {}
+            latest: dict[str, int] = {}
             for (sender, step), (received_at, _, _) in self._entries.items():
                 if step >= outer_step and now - received_at < self.fresh_s:
-                    pushed.setdefault(step, set()).add(sender)
+                    latest[sender] = max(step, latest.get(sender, step))
+            pushed: dict[int, set[str]] = {}
+            for sender, step in latest.items():
+                pushed.setdefault(step, set()).add(sender)
             return pushed
 
     def accepts(self, for_step: int) -> bool:

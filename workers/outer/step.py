@@ -104,7 +104,7 @@ class OuterStep:
         if not self.pulls:
             return None
         next_step = self.counters.outer_steps + 1
-        pushed = self.service.inbox.pushed_from(next_step)
+        pushed = self.service.inbox.latest_pushes(next_step)
         if not pushed:
             return None
         return pull_target(pushed, lambda step: [p.worker_id for p in self.partners(step)], next_step)
@@ -117,8 +117,8 @@ class OuterStep:
         started = time.monotonic()
         self.settle(final=True)  # a round still open now is later than any allowed delay
         outer_step = self.counters.outer_steps + 1
-        if pulled_to is not None:
-            skipped = self.counters.pull_clock_to(pulled_to, h=self.settings.h)
+        if pulled_to is not None:  # stage 0's clock jumps; a later stage's is its data
+            skipped = self.counters.pull_clock_to(pulled_to, h=self.settings.h, clock=self.stage == 0)
             self.log.info("outer_step_pulled", outer_step=pulled_to, skipped_steps=skipped,
                           skipped_outer_steps=pulled_to - outer_step)
             outer_step = pulled_to
@@ -220,8 +220,9 @@ class OuterStep:
         self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
                       used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec, **fields)
-        # The step is final now (corrected, or local): what joiners download, and what a checkpoint keeps.
-        self.service.publish_bootstrap(self.replica, self.counters.inner_steps, self.counters.outer_steps)
+        # The step is final now (corrected, or local): what joiners download (our clock: where the
+        # stage is), and what a checkpoint keeps.
+        self.service.publish_bootstrap(self.replica, self.counters.clock_steps, self.counters.outer_steps)
         self.on_final()
 
     def partners(self, outer_step: int) -> list[MemberRecord]:
