@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from workers.cluster.local_cluster import LocalCluster, one_sided_share
+from workers.cluster.local_cluster import LocalCluster, each_outer_step_once, one_sided_share
 
 
 # Overlap with seeded groups runs in tests/test_exchange_faults.py, with readiness pairing in
@@ -26,15 +26,22 @@ def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path,
         for worker in workers:
             assert cluster.wait_exit(worker, timeout_s=240) == 0
         ids = {w.events("worker_started")[0]["worker"]: w.name for w in workers}
+        jumped = {w.name: w.outer_steps_jumped_over() for w in workers}
+        started_at = {w.name: (w.events("bootstrapped") or [{"outer_step": 0}])[0]["outer_step"] for w in workers}
+        # Steps a pull jumped over: never taken, so a partner that drew us for one has no answer.
+        never_taken = {(w.name, k) for w in workers for e in w.events("outer_step_pulled")
+                       for k in range(e["outer_step"] - e["skipped_outer_steps"], e["outer_step"])}
         steps = {(ids[e["worker"]], e["outer_step"]): e for w in workers for e in w.events("outer_step_done")}
         assert cluster.error_events() == []  # fault-free
     finally:
         cluster.close()
     # 60 inner steps, h = 5: each worker logs every outer step up to 12 from its first (one that
-    # bootstrapped from an early peer starts at that peer's step).
+    # bootstrapped from an early peer starts at that peer's step: on a loaded machine the last
+    # to start may find the first a few steps ahead), but those a pull jumped over.
     for name in ids.values():
         mine = sorted(k for (who, k) in steps if who == name)
-        assert mine == list(range(mine[0], 13)) and mine[0] <= 2, (name, mine)
+        assert each_outer_step_once(mine, first=started_at[name] + 1, last=12, jumped_over=jumped[name]), (
+            name, mine, jumped, started_at)
     kinds = Counter(e["kind"] for e in steps.values())
     delays = Counter(e["delay"] for e in steps.values() if e["kind"] == "matched")
     print(f"outer steps by kind: {dict(kinds)}; delays {dict(delays)}")
@@ -52,9 +59,12 @@ def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path,
     reciprocal = checked = 0  # a partner that computed a group names us back
     for (name, k), event in steps.items():
         for partner in _full(ids, event["group"]):
+            if (ids[partner], k) in never_taken:
+                continue
             checked += 1
             theirs = steps.get((ids[partner], k), {"group": []})
             reciprocal += name in [ids[i] for i in _full(ids, theirs["group"])]
+    print(f"reciprocal groups {reciprocal} of {checked}; steps jumped over {sorted(never_taken)}")
     assert checked and reciprocal >= 0.9 * checked, (reciprocal, checked)
     _assert_mean_kept(steps)
 

@@ -155,12 +155,32 @@ def test_a_deferred_step_without_partners_is_the_local_step():
             assert torch.allclose(g, w, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("coeffs", [OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7),
+                                    OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.2)], ids=["shortcut", "general"])
+def test_a_partial_group_of_three_keeps_the_mean_where_every_pair_that_exchanged_cancels(coeffs):
+    # a, b, c drew one group of three; a and c never exchanged (a push failed), a-b and b-c did.
+    a, b, c = (replica(seed) for seed in (0, 1, 2))
+    state = {name: PeerOuterState.of(fast, slow, theta_only=coeffs.theta_shortcut)
+             for name, (slow, _, fast) in zip("abc", (a, b, c), strict=True)}
+    used = {"a": ["b"], "b": ["a", "c"], "c": ["b"]}
+    corrections = [correction_term(state[me], [state[p] for p in partners], coeffs, group_size=3)
+                   for me, partners in used.items()]
+    for parts in zip(*corrections, strict=True):
+        assert torch.allclose(sum(parts), torch.zeros_like(parts[0]), rtol=0, atol=1e-12)
+    # With every member in, the group's size is the count: the same c as without it.
+    full = correction_term(state["a"], [state["b"], state["c"]], coeffs)
+    for x, y in zip(full, correction_term(state["a"], [state["b"], state["c"]], coeffs, group_size=3), strict=True):
+        assert torch.equal(x, y)
+
+
 def test_a_correction_refuses_no_partners_and_mixed_kinds():
     coeffs = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7)
     slow, _, fast = replica(0)
     own = PeerOuterState.of(fast, slow, theta_only=True)
     with pytest.raises(ValueError, match="at least one"):
         correction_term(own, [], coeffs)
+    with pytest.raises(ValueError, match="cannot hold"):
+        correction_term(own, [own, own], coeffs, group_size=2)
     with pytest.raises(ValueError, match="mix"):
         correction_term(own, [PeerOuterState(slow=slow, outer_grad=fast)], coeffs)
     general = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.2)

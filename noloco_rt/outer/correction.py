@@ -6,11 +6,19 @@ At outer step k a worker does not wait for its partners: it takes the local step
     δ_i ← α·δ_i + β·Δ_i ;  φ_i ← φ_i + δ_i ;  θ_i ← φ_i
 
 and when the partners' step-k snapshots arrive it adds what the group step would have
-added beyond the local one, with Δ_i, φ_i its own values at step k and G the members that
-arrived (i included):
+added beyond the local one, with Δ_i, φ_i its own values at step k and G its group:
 
     c = β·(mean_G Δ − Δ_i) + γ·(mean_G φ − φ_i)      (γ = β: c = β·(mean_G θ − θ_i))
     δ_i += c ;  φ_i += c ;  θ_i += c
+
+computed as a sum over the partners whose states were used, over the group's size,
+
+    c = (1/|G|)·Σ_j [β·(Δ_j − Δ_i) + γ·(φ_j − φ_i)]
+
+so that when a member of a group of three is missing (partial), the two who exchanged
+still move by equal and opposite amounts. Partners use each other's states or neither
+does, so the c of a step sum to zero and the replicas' mean of φ is kept; a mean over the
+members that arrived would weigh the same pair 1/2 on one side and 1/3 on the other.
 
 Applied before any inner step this equals noloco_rt.outer.formula.group_outer_step
 exactly; applied later it also carries the inner steps taken meanwhile (θ keeps its
@@ -45,28 +53,38 @@ from noloco_rt.outer.formula import (
 
 
 @torch.no_grad()
-def correction_term(own: PeerOuterState, peers: Sequence[PeerOuterState], coeffs: OuterCoefficients) -> TensorList:
-    """c for worker i from its own step-k state and the partners' step-k states.
+def correction_term(own: PeerOuterState, peers: Sequence[PeerOuterState], coeffs: OuterCoefficients, *,
+                    group_size: int | None = None) -> TensorList:
+    """c for worker i from its own step-k state and the states of the partners it used.
 
     `own` holds θ_i (shortcut) or φ_i and Δ_i as they were at step k, before the
     provisional step; every state must be of the same kind and on the same device
-    (ValueError naming both devices otherwise).
+    (ValueError naming both devices otherwise). `group_size`: |G| as the group was computed,
+    us included (None: every member's state is here, len(peers) + 1).
     """
     if not peers:
         raise ValueError("a correction needs at least one partner's state")
+    size = len(peers) + 1 if group_size is None else group_size
+    if size <= len(peers):
+        raise ValueError(f"a group of {size} cannot hold us and {len(peers)} partners")
     one_device(*(state_tensors(s) for s in (own, *peers)), what="correction_term")
     states = [own, *peers]
     if all(s.slow is not None and s.outer_grad is not None for s in states):
-        mean_grad = mean_of([s.outer_grad for s in states])  # type: ignore[misc]
-        mean_slow = mean_of([s.slow for s in states])  # type: ignore[misc]
-        return [coeffs.beta * (mg - d) + coeffs.gamma * (ms - s)
-                for mg, d, ms, s in zip(mean_grad, own.outer_grad, mean_slow, own.slow, strict=True)]  # type: ignore[arg-type]
+        grad_gap = _summed_gaps([p.outer_grad for p in peers], own.outer_grad, size)  # type: ignore[misc, arg-type]
+        slow_gap = _summed_gaps([p.slow for p in peers], own.slow, size)  # type: ignore[misc, arg-type]
+        return [coeffs.beta * g + coeffs.gamma * s for g, s in zip(grad_gap, slow_gap, strict=True)]
     if any(s.fast is None for s in states):
         raise ValueError("states mix fast-only and slow+gradient kinds")
     if not coeffs.theta_shortcut:
         raise ValueError(f"fast-only states need gamma == beta, got gamma={coeffs.gamma}, beta={coeffs.beta}")
-    mean_fast = mean_of([s.fast for s in states])  # type: ignore[misc]
-    return [coeffs.beta * (m - t) for m, t in zip(mean_fast, own.fast, strict=True)]  # type: ignore[arg-type]
+    return [coeffs.beta * g for g in _summed_gaps([p.fast for p in peers], own.fast, size)]  # type: ignore[misc, arg-type]
+
+
+def _summed_gaps(theirs: Sequence[TensorList], mine: TensorList, group_size: int) -> TensorList:
+    """(1/|G|)·Σ_j (x_j − x_i), tensor by tensor: with every member in, mean_G x − x_i."""
+    total = mean_of(theirs)  # Σ_j x_j / n
+    count = len(theirs)
+    return [(count * t - count * m) / group_size for t, m in zip(total, mine, strict=True)]
 
 
 @torch.no_grad()

@@ -63,6 +63,19 @@ class WorkerProcess:
         steps = [e.get("inner_step", 0) for e in self.events() if "inner_step" in e]
         return max(steps, default=0)
 
+    def outer_steps_jumped_over(self) -> int:
+        """Outer steps its last summary says a pull jumped over (never taken, never logged)."""
+        summaries = self.events("worker_summary")
+        return summaries[-1].get("skipped_outer_steps", 0) if summaries else 0
+
+
+def each_outer_step_once(steps: list[int], *, first: int, last: int, jumped_over: int) -> bool:
+    """Outer steps logged in order, each once, from `first` (1, or one past the step a joiner
+    bootstrapped at) to `last`, but for those a pull jumped over (a worker more than one
+    step behind its partners)."""
+    return (bool(steps) and steps == sorted(set(steps)) and steps[0] >= first and steps[-1] == last
+            and len(steps) + jumped_over == last - first + 1)
+
 
 class LocalCluster:
     def __init__(self, tmp_path: Path, *, stages: int = 2, settings: dict[str, Any] | None = None) -> None:

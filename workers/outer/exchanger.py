@@ -184,7 +184,8 @@ class OuterExchanger:
             if why is not None:
                 result.missing[partner_id] = why
         if result.states:
-            correction = correction_term(own, result.states, outer_round.coeffs)
+            # Over the group's computed size: a partial group's pairs still cancel (correction.py).
+            correction = correction_term(own, result.states, outer_round.coeffs, group_size=len(ids) + 1)
             result.correction_sums = correction_sums(correction)
             result.correction = self.service.boundary.ready_for_device(correction)
         result.seconds = time.monotonic() - started
