@@ -258,7 +258,7 @@ class WorkerCheckpoints:
     replicas_by_stage: list[list[list[torch.Tensor]]]
     """Per stage, every replica's slow weights (float32)."""
     inner_steps_by_stage: list[list[int]]
-    """Per stage, the inner step of each checkpoint used."""
+    """Per stage, the clock of each checkpoint used: its inner steps, plus any a pull skipped."""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """(file, reason) for every *.pt not used: unreadable, another run, wrong stage or shapes."""
 
@@ -285,7 +285,8 @@ def read_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> WorkerCheckpoi
             continue
         stage, slow = usable
         found.replicas_by_stage[stage].append([t.float() for t in slow])
-        found.inner_steps_by_stage[stage].append(int((state.get("counters") or {}).get("inner_steps", 0)))
+        counters = state.get("counters") or {}
+        found.inner_steps_by_stage[stage].append(int(counters.get("clock_steps", counters.get("inner_steps", 0))))
     return found
 
 

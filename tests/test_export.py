@@ -320,6 +320,11 @@ def test_consensus_from_real_checkpoint_files_skips_what_does_not_belong(tmp_pat
     assert "belongs to run 'other'" in skipped["other-run.pt"]
     assert "cannot be read" in skipped["corrupt.pt"]
     assert "stage 1 slow weights: 1 tensors, expected" in skipped["wrong-shapes.pt"]
+    # The run's step is stage 0's clock: a replica a pull skipped ahead counts the steps it skipped.
+    pulled = _worker_state(cfg, 0, replicas[0][0])
+    pulled["counters"].update(inner_steps=8, clock_steps=10)
+    save_checkpoint(tmp_path / "s0-r0.pt", pulled)
+    assert read_worker_checkpoints(tmp_path, cfg).inner_steps_by_stage[0] == [10, 10]
 
 
 def test_consensus_needs_every_stage(tmp_path):

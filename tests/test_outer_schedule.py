@@ -66,6 +66,8 @@ def test_restored_counts_keep_a_clock_that_was_pulled_ahead():
     assert counters.clock_steps == 40
     counters.set_steps(47, 4, h=10)
     assert counters.clock_steps == 47 and counters.skipped_steps == 0
+    counters.set_steps(25, 4, h=10, clock_steps=43)  # the clock saved with them, exactly
+    assert counters.clock_steps == 43 and counters.skipped_steps == 18
 
 
 def _decoded(origin_step):

@@ -194,6 +194,9 @@ def test_the_final_row_comes_from_every_incarnations_summary(tmp_path):
     assert (row.outer_matched, row.outer_local, row.outer_failed, row.queue_depth, row.tokens_per_s) == (3, 1, 1, 0, 0.0)
     untouched = _row("v", 0, outer_matched=4)
     assert final_row(untouched, []) == untouched
+    # A pulled worker's inner step is its clock, as its heartbeat shows it: trained plus skipped.
+    pulled = final_row(_row("w", 0), [{**summary, "inner_steps": 37, "skipped_steps": 3}])
+    assert pulled.inner_step == 40
 
 
 def test_up_warns_when_a_stage_of_several_replicas_matched_under_ninety_percent():

@@ -22,7 +22,11 @@ from workers.finish import UPSTREAM_GONE_S
 
 pytestmark = pytest.mark.timeout(360)
 
-STEPS = 45
+H = 5  # LocalCluster's outer.h
+MORE_STEPS = 15
+"""Inner steps the restarted stage 0 trains past the outer step it resumes at. The first
+incarnations have no limit: they must still be training when they are killed, however fast
+their clocks run (a pull can skip a slow one ahead)."""
 
 
 def _kill_stage_1_and_replace(cluster: LocalCluster, checkpoints: StageCheckpoints, first: list[WorkerProcess],
@@ -52,7 +56,7 @@ def _kill_stage_1_and_replace(cluster: LocalCluster, checkpoints: StageCheckpoin
 
 
 def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProcess], cursors: DataCursors,
-                                 fresh_dir: str) -> list[WorkerProcess]:
+                                 checkpoints: StageCheckpoints, fresh_dir: str) -> tuple[list[WorkerProcess], int]:
     first, later = [w for w in workers if w.stage == 0], [w for w in workers if w.stage == 1]
     for worker in first:  # stage 0 goes first, every replica at once
         cluster.stop(worker, signal.SIGKILL)
@@ -66,9 +70,10 @@ def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProc
         cluster.stop(worker, signal.SIGKILL)
     cluster.redis.stop()  # the membership table, high-water marks and all, is gone
     saved_cursor = cursors.load("a0")
+    steps = checkpoints.newest_step(0) * H + MORE_STEPS  # stage 0 is dead: its newest checkpoint stays
     cluster.redis = EmbeddedRedis().start()
     # New pods: the same names (an Indexed Job's), empty local disks.
-    again = [cluster.start_worker(w.stage, w.name, steps=STEPS if w.stage == 0 else 100_000,
+    again = [cluster.start_worker(w.stage, w.name, steps=steps if w.stage == 0 else 100_000,
                                   **{"paths.checkpoint_dir": fresh_dir}) for w in workers]
     cluster.wait_online(4, timeout_s=120)
     for stage in (0, 1):
@@ -78,7 +83,7 @@ def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProc
             assert not worker.events("first_of_stage"), worker.log_text()[-2000:]
     restored = cluster.wait_event(again[0], "data_cursor_restored", timeout_s=10)
     assert (restored["epoch"], restored["position"]) == (saved_cursor.epoch, saved_cursor.position)
-    return again
+    return again, steps
 
 
 def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_store(tmp_path):
@@ -87,7 +92,7 @@ def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_
                                                "worker.exchange_timeout_s": 4.0})
     checkpoints, cursors = StageCheckpoints(store, "default"), DataCursors(store, "default")
     try:
-        first = [cluster.start_worker(0, f"a{r}", steps=STEPS) for r in range(2)]
+        first = [cluster.start_worker(0, f"a{r}", steps=100_000) for r in range(2)]
         doomed = [cluster.start_worker(1, f"b{r}") for r in range(2)]
         cluster.wait_for(lambda: checkpoints.newest_step(1) >= 4, timeout_s=150,
                          what="a stage-1 checkpoint of outer step 4 in the store")
@@ -95,7 +100,8 @@ def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_
 
         cluster.wait_for(lambda: min(checkpoints.newest_step(s) for s in (0, 1)) >= 6 and cursors.load("a0"),
                          timeout_s=150, what="checkpoints of outer step 6 of both stages and a0's cursor")
-        again = _kill_everything_and_restart(cluster, first + fresh, cursors, str(tmp_path / "again"))
+        again, steps = _kill_everything_and_restart(cluster, first + fresh, cursors, checkpoints,
+                                                    str(tmp_path / "again"))
         resumed = [e for w in again for e in w.events("resumed_from_store")]
         # Nothing went back to the seed: every stage resumed at outer step 6 or later, stage 0 at
         # inner step 30 (6 of h = 5); a later stage's inner steps follow its share of the data.
@@ -103,7 +109,8 @@ def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_
         assert min(e["inner_step"] for w in again[:2] for e in w.events("resumed_from_store")) >= 30, resumed
 
         for worker in again[:2]:
-            cluster.wait_event(worker, "steps_done", timeout_s=240)
+            done = cluster.wait_event(worker, "steps_done", timeout_s=240)
+            assert done["inner_step"] <= steps, (done, steps)
             assert worker.process.wait(20) == 0
         for worker in again[2:]:  # stage 1 finishes with its upstream, and marks the run finished
             cluster.wait_event(worker, "steps_done", timeout_s=60)

@@ -51,12 +51,14 @@ class Counters:
         what forwards carry as their origin step, and what outer steps follow."""
         return self.inner_steps + self.skipped_steps
 
-    def set_steps(self, inner_steps: int, outer_steps: int, *, h: int) -> None:
-        """Counts restored (a checkpoint, a donor's state): a clock at least at the outer step
-        reached, so that a worker that had been pulled ahead of its own count stays there."""
+    def set_steps(self, inner_steps: int, outer_steps: int, *, h: int, clock_steps: int | None = None) -> None:
+        """Counts restored (a checkpoint, a donor's state): the clock saved with them, else one
+        at least at the outer step reached, so that a worker that had been pulled ahead of its
+        own count stays there."""
         self.inner_steps = inner_steps
         self.outer_steps = outer_steps
-        self.skipped_steps = max(0, outer_steps * h - inner_steps)
+        floor = outer_steps * h if clock_steps is None else clock_steps
+        self.skipped_steps = max(0, floor - inner_steps)
 
     def pull_clock_to(self, outer_step: int, *, h: int, clock: bool = True) -> int:
         """A partner's push pulled us to `outer_step` early: our clock jumps to its start, so

@@ -39,7 +39,8 @@ class WorkerCheckpoint:
             "slow": [t.cpu() for t in replica.slow], "fast": [t.cpu() for t in replica.fast],
             "momentum": [t.cpu() for t in replica.momentum],
             "inner_optimizer": replica.inner.state_dict(),
-            "counters": {"inner_steps": self.counters.inner_steps, "outer_steps": self.counters.outer_steps},
+            "counters": {"inner_steps": self.counters.inner_steps, "outer_steps": self.counters.outer_steps,
+                         "clock_steps": self.counters.clock_steps},
             "cursor": self.cursor_state(),
         }
 
@@ -62,8 +63,10 @@ class WorkerCheckpoint:
         its data cursor."""
         self.replica.load_weights(slow=state["slow"], fast=state["fast"], momentum=state["momentum"])
         self.replica.inner.load_state_dict(state["inner_optimizer"])
-        self.counters.set_steps(int(state["counters"]["inner_steps"]), int(state["counters"]["outer_steps"]),
-                                h=self.h)
+        counters = state["counters"]
+        clock = counters.get("clock_steps")  # absent from checkpoints written before pulls
+        self.counters.set_steps(int(counters["inner_steps"]), int(counters["outer_steps"]), h=self.h,
+                                clock_steps=None if clock is None else int(clock))
         return DataCursor.from_state_dict(state["cursor"]) if state.get("cursor") else None
 
 

@@ -48,14 +48,16 @@ def worker_summaries(log_paths: Iterable[Path]) -> list[Summary]:
 
 def final_row(row: WorkerRow, summaries: Sequence[Summary]) -> WorkerRow:
     """`row` with the figures its incarnations reported as they exited: counts summed over
-    incarnations, steps from the last one. Unchanged when none reported (killed at once)."""
+    incarnations, steps from the last one. Unchanged when none reported (killed at once).
+    Its inner step is the worker's clock, as its heartbeat publishes it: the inner steps it
+    trained plus those a pull skipped (workers/counters.py)."""
     if not summaries:
         return row
     last = summaries[-1]
     kinds: collections.Counter[str] = collections.Counter()
     for summary in summaries:
         kinds.update({k: int(v) for k, v in (summary.get("outer_kinds") or {}).items() if k in OUTER_STEP_KINDS})
-    return dataclasses.replace(row, inner_step=int(last.get("inner_steps", row.inner_step)),
+    return dataclasses.replace(row, inner_step=int(last.get("inner_steps", row.inner_step)) + int(last.get("skipped_steps", 0)),
                                outer_step=int(last.get("outer_steps", row.outer_step)),
                                retried=sum(int(s.get("retried", 0)) for s in summaries),
                                dropped=sum(int(s.get("dropped", 0)) for s in summaries),
