@@ -208,7 +208,7 @@ class StageWorker:
         self.checkpoint.apply(loaded.state)
         info = loaded.info
         self.log.warning("resumed_from_store", outer_step=info.outer_step, inner_step=info.inner_step,
-                         sha256=info.sha256[:16], writer=info.writer,
+                         clock_step=self.counters.clock_steps, sha256=info.sha256[:16], writer=info.writer,
                          run_reached=self.membership.high_water.of(self.stage),
                          note="no live peer of this stage: continuing from its durable checkpoint")
         return True
