@@ -7,6 +7,7 @@ from workers.cluster.chaos_report import (
     loss_ratio_check,
     microbatch_accounting,
     not_rejoined,
+    render,
     unexpected_exits,
 )
 
@@ -47,3 +48,13 @@ def test_exits_and_loss_ratio():
     assert loss_ratio_check(2.2, 2.0)[1] and not loss_ratio_check(2.21, 2.0)[1]
     assert loss_ratio_check(2.5, 2.0) == (1.25, False)
     assert loss_ratio_check(None, 2.0) == (None, False)
+
+
+def test_the_report_names_a_kind_that_never_fired():
+    phase = {"injected": [{"kind": "sigkill"}], "skipped": [], "observed": {"sigkill": 1}, "elapsed_s": 30.0,
+             "val_loss": 5.0, "not_injected": {"sigterm": "training ended before its turn at 20.0 s"}}
+    report = {"faulty": phase, "kinds": ["sigkill", "sigterm"], "failed": [],
+              "invariants": {"final_loss": {"ok": True, "ratio": 1.0, "detail": "-"}}}
+    text = render(report)
+    assert "not injected: sigterm (training ended before its turn at 20.0 s)" in text
+    assert "not injected: sigkill" not in text

@@ -49,6 +49,7 @@ class ChaosDriver:
         self.config_file = config_file
         self.target_steps = target_steps
         self.pending = sorted(schedule, key=lambda f: f.at_s)
+        self.scheduled_kinds = sorted({f.kind for f in schedule})
         self.timeout_s = timeout_s
         self.log = get_logger(run=cfg.run.run_id, role="chaos")
         self.names = names_by_stage(cfg)
@@ -209,6 +210,18 @@ class ChaosDriver:
         self.injected.append(record)
         self.log.info("chaos_fault", **record)
 
+    def not_injected(self) -> dict[str, str]:
+        """Scheduled kinds that never fired, each with why: a run that ends first shows it."""
+        missing: dict[str, str] = {}
+        for kind in self.scheduled_kinds:
+            if any(f["kind"] == kind for f in self.injected):
+                continue
+            due = [f.at_s for f in self.pending if f.kind == kind]
+            skips = [f["skipped"] for f in self.skipped if f["kind"] == kind]
+            missing[kind] = (f"training ended before its turn at {min(due)} s" if due else "") + \
+                (f"; skipped: {skips[-1]}" if skips else "")
+        return missing
+
     def _skip(self, record: dict[str, Any], reason: str, fault: Fault | None = None) -> None:
         if fault is not None and self.train_started is not None and \
                 not any(f["kind"] == fault.kind for f in self.injected):
@@ -255,6 +268,7 @@ class ChaosDriver:
         logs = read_logs(self.out / "logs")
         accounting = microbatch_accounting(logs, [n for n, s in self.names.items() if s == 0])
         return {"injected": self.injected, "skipped": self.skipped, "exits": self.exits,
+                "not_injected": self.not_injected(),
                 "observed": observed_counts(self.injected, logs, self.exits),
                 "largest_progress_gap_s": round(largest_progress_gap_s(logs), 2),
                 "unexpected_exits": unexpected_exits(self.exits, self.caused),

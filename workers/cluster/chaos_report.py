@@ -201,7 +201,9 @@ def render(report: Mapping[str, Any]) -> str:
                            for name, c in report["invariants"].items()], ("invariant", "result", "detail"))
     baseline = report.get("baseline") or {}
     ratio = report["invariants"]["final_loss"]["ratio"]
-    lines = [faults, "", checks, "",
+    lines = [faults, ""]
+    lines += [f"not injected: {kind} ({why.lstrip('; ')})" for kind, why in phase.get("not_injected", {}).items()]
+    lines += [checks, "",
              f"faulty run: {phase['elapsed_s']} s, val loss {phase.get('val_loss')}; baseline: "
              f"{baseline.get('elapsed_s')} s, val loss {baseline.get('val_loss')}; ratio "
              f"{'n/a' if ratio is None else f'{ratio:.3f}'}",
