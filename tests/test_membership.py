@@ -12,7 +12,7 @@ from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import connect
-from noloco_rt.membership.table import Membership
+from noloco_rt.membership.table import Membership, table_settling_s
 
 
 @pytest.fixture
@@ -217,3 +217,16 @@ def test_exclude_id(server):
     m.register(record("a", state=WorkerState.ONLINE))
     Membership(connect(server.url), run_id="r").register(record("b", state=WorkerState.ONLINE))
     assert [r.worker_id for r in m.live_members(stage=0, exclude_id="a")] == ["b"]
+
+
+def test_a_table_younger_than_a_record_ttl_is_still_settling(server):
+    # A restarted Redis without persistence lists no one until members re-register (at their
+    # next heartbeat): within a TTL of its start an empty stage does not mean no live peer.
+    assert table_settling_s(0.0, 3.0) == 4.0 and table_settling_s(2.0, 3.0) == 2.0
+    assert table_settling_s(4.0, 3.0) == 0.0 and table_settling_s(100.0, 3.0) == 0.0
+    m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=1.0)
+    assert 0.0 < m.settling_s() <= 4.0  # the fixture's server started a moment ago
+    m_no_ttl = Membership(connect(server.url), run_id="r", heartbeat_interval_s=1.0, ttl_s=0.0)
+    poll(lambda: m_no_ttl.settling_s() == 0.0, 5.0, "a TTL-0 table to be settled after a second")
+    server.stop()
+    assert m.settling_s() == 0.0 and m.redis_available is False  # no answer: nothing to wait for

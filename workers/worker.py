@@ -37,6 +37,7 @@ from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
+from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
 from noloco_rt.transfer_time import stage_timeouts
 from workers.counters import Counters
@@ -184,9 +185,14 @@ class StageWorker:
         resumed, cursor = self.checkpoint.resume()
         if resumed:
             return cursor
-        donated = bootstrap_from_stage(self.ctx, self.peers, self.snapshots, timeout_s=self.timeouts.bootstrap_s,
-                                       pull_timeout_s=self.timeouts.bootstrap_pull_s,
-                                       leave_requested=self.leave_requested)
+        donated = self._bootstrap()
+        if donated is None and (settling_s := self.membership.settling_s()) > 0:
+            # Redis restarted moments ago (its data lost): a live peer may not have re-registered
+            # yet, and taking the seed would throw the stage's training away for this replica.
+            self.log.warning("membership_settling", wait_s=round(settling_s, 1),
+                             note="Redis started moments ago: waiting for live peers to re-register")
+            self.leave_requested.wait(settling_s)
+            donated = self._bootstrap()
         if donated is not None:
             donor, state = donated
             self.replica.load_weights(slow=state.slow, fast=state.slow, momentum=state.momentum)
@@ -199,6 +205,10 @@ class StageWorker:
                            allow_reseed=self.cfg.worker.allow_reseed, store_url=self.cfg.store.url)
             self.log.info("first_of_stage", note="initialised from the run seed (or --init-from)")
         return self.durable.cursor() if self.durable is not None else None
+
+    def _bootstrap(self) -> tuple[str, BootstrapState] | None:
+        return bootstrap_from_stage(self.ctx, self.peers, self.snapshots, timeout_s=self.timeouts.bootstrap_s,
+                                    pull_timeout_s=self.timeouts.bootstrap_pull_s, leave_requested=self.leave_requested)
 
     def _resume_from_store(self) -> bool:
         """No live peer: continue the stage from its newest checkpoint in the durable store."""

@@ -38,6 +38,12 @@ VIEW_FIELDS = ("state", "data_addr", "exchange_addr", "public_key", "name", "met
 """Fields whose change is published to the stage's view at once (the rest: at most every hint_interval_s)."""
 
 
+def table_settling_s(redis_uptime_s: float, ttl_s: float) -> float:
+    """How long a Redis up for `redis_uptime_s` (whole seconds, rounded down) may still miss
+    live members whose records live `ttl_s` (pure)."""
+    return max(0.0, ttl_s + 1.0 - redis_uptime_s)  # +1: uptime is whole seconds
+
+
 class Membership:
     def __init__(self, client: redis.Redis, *, run_id: str, prefix: str = "noloco", heartbeat_interval_s: float = 1.0,
                  ttl_s: float | None = None, hint_interval_s: float | None = None,
@@ -112,6 +118,18 @@ class Membership:
             return int(value) if value is not None else None
         except ValueError:  # not ours: someone else wrote the key
             return None
+
+    def settling_s(self) -> float:
+        """Seconds until this Redis' table lists every live member again, when it (re)started
+        less than a record's TTL ago (its data lost: members re-register at their next
+        heartbeat); 0 otherwise or when Redis does not answer. Before that, an empty stage
+        may only mean its members have not re-registered yet."""
+        try:
+            uptime_s = float(self.client.info("server")["uptime_in_seconds"])
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
+            return 0.0
+        return table_settling_s(uptime_s, self.ttl_s)
 
     def _mark(self, available: bool, error: Exception | None = None) -> None:
         if available and not self.redis_available:
