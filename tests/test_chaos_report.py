@@ -7,6 +7,7 @@ from workers.cluster.chaos_report import (
     loss_ratio_check,
     microbatch_accounting,
     not_rejoined,
+    observed_counts,
     render,
     unexpected_exits,
 )
@@ -36,6 +37,29 @@ def test_rejoin_needs_online_and_state():
     logs = {("a", 0): [], ("a", 1): [{"event": "member_online"}, {"event": "resumed_checkpoint"}],
             ("b", 1): [{"event": "member_online"}], ("c", 2): [{"event": "bootstrapped"}]}
     assert not_rejoined(logs) == ["b.1", "c.2"]
+
+
+def test_a_restart_from_the_seed_counts_only_before_the_stage_s_first_outer_step():
+    # Killed 2 s in, before any checkpoint or snapshot existed: the seed is the stage's state.
+    logs = {("a", 0): [{"event": "outer_step_done", "stage": 0, "timestamp": "2026-01-01T00:00:10.000Z"}],
+            ("a", 1): [{"event": "first_of_stage", "stage": 0, "timestamp": "2026-01-01T00:00:04.000Z"},
+                       {"event": "member_online"}],
+            ("b", 1): [{"event": "first_of_stage", "stage": 0, "timestamp": "2026-01-01T00:00:12.000Z"},
+                       {"event": "member_online"}],
+            ("c", 1): [{"event": "first_of_stage", "stage": 1, "timestamp": "2026-01-01T00:00:12.000Z"},
+                       {"event": "member_online"}]}
+    assert not_rejoined(logs) == ["b.1"]  # b lost the stage's trained state; c's stage had none yet
+
+
+def test_a_replacement_that_finds_the_run_finished_came_back():
+    # Preempted near the end: its replacement starts after the last stage finished, logs
+    # run_already_finished and exits 0. Nothing was left to rejoin; the fault had its effect.
+    logs = {("a", 0): [{"event": "member_online"}, {"event": "leaving"}],
+            ("a", 1): [{"event": "run_already_finished"}], ("b", 1): []}
+    assert not_rejoined(logs) == ["b.1"]
+    exits = [{"name": "a", "incarnation": 0, "returncode": 0}, {"name": "a", "incarnation": 1, "returncode": 0}]
+    injected = [{"kind": "sigterm", "target": "a", "incarnation": 0}]
+    assert observed_counts(injected, logs, exits)["sigterm"] == 1
 
 
 def test_exits_and_loss_ratio():

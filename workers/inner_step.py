@@ -59,7 +59,10 @@ class InnerStep:
         if step % PROGRESS_LOG_EVERY == 0 or step == 1:
             fields = {"loss": round(self.last_loss, 4)} if losses and self.last_loss is not None else {}
             fields |= memory_fields(self.replica.parameters[0].device)
-            self.log.info("train_progress", inner_step=step, tokens_per_s=round(self.tokens.per_s(), 1),
+            # clock_step: the run's step this worker is at (stage 0: its clock; later stages: their
+            # data's), ahead of inner_step after pulls or, downstream, after a restart's gap.
+            self.log.info("train_progress", inner_step=step, clock_step=self.data_path.data_step(),
+                          tokens_per_s=round(self.tokens.per_s(), 1),
                           lr=self.replica.inner.current_lr(), **fields)
         if self.outer.due(self.data_path.data_step()):
             self.outer.take()

@@ -20,6 +20,7 @@ from noloco_rt.config import Config
 from noloco_rt.logs import get_logger, read_json_lines
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from workers.cluster.chaos_report import (
+    FOUND_RUN_FINISHED,
     injected_network_faults,
     largest_progress_gap_s,
     microbatch_accounting,
@@ -131,11 +132,13 @@ class ChaosDriver:
             name, _, incarnation = path.name[:-len(".log")].rpartition(".")
             for record in records:
                 event = record.get("event")
-                if event == "member_online":
+                if event in ("member_online", FOUND_RUN_FINISHED):  # the latter: back, nothing to rejoin
                     self.online.add((name, int(incarnation)))
-                if isinstance(record.get("inner_step"), int) and event in (
-                        "train_progress", "steps_done", "checkpoint_written"):
-                    self.reached[name] = max(self.reached.get(name, 0), record["inner_step"])
+                # The run's step the worker is at: a later stage's worker restarted a few times
+                # trains fewer inner steps than its data's clock has advanced.
+                step = record.get("clock_step", record.get("inner_step"))
+                if isinstance(step, int) and event in ("train_progress", "steps_done", "checkpoint_written"):
+                    self.reached[name] = max(self.reached.get(name, 0), step)
                 if event == "steps_done":  # done by its clock: a pulled stage-0 worker skipped inner steps
                     self.reached[name] = max(self.reached.get(name, 0), self.target_steps)
                     self.steps_done.add((name, int(incarnation)))

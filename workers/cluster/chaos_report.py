@@ -7,6 +7,7 @@ workers/cluster/chaos.py prints the tables.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,14 +100,31 @@ def microbatch_accounting(logs: Mapping[tuple[str, int], Sequence[Event]], first
     return result
 
 
+FOUND_RUN_FINISHED = "run_already_finished"
+"""What a worker logs when it starts after the run's last stage finished: it exits 0 with
+nothing to rejoin (a replacement that came up late), which is a correct way to come back."""
+
+
 def not_rejoined(logs: Mapping[tuple[str, int], Sequence[Event]]) -> list[str]:
-    """Restarted incarnations (>= 1) that did not log member_online and bootstrapped/resumed_checkpoint."""
+    """Restarted incarnations (>= 1) that did not log member_online and a state they took:
+    bootstrapped, resumed_checkpoint, or first_of_stage while its stage had taken no outer
+    step yet (killed before its first checkpoint, a worker restarts from the run seed, which
+    is then still every replica's φ). One that found the run finished had nothing to rejoin."""
+    first_outer_step: dict[Any, float] = {}
+    for events in logs.values():
+        for e in events:
+            if e.get("event") == "outer_step_done" and (t := event_time(e)) is not None:
+                first_outer_step[e.get("stage")] = min(first_outer_step.get(e.get("stage"), t), t)
     missing = []
     for (name, incarnation), events in sorted(logs.items()):
         if incarnation < 1:
             continue
         kinds = {e.get("event") for e in events}
-        if "member_online" not in kinds or not kinds & {"bootstrapped", "resumed_checkpoint"}:
+        if FOUND_RUN_FINISHED in kinds:
+            continue
+        from_seed = any(e.get("event") == "first_of_stage" and (t := event_time(e)) is not None
+                        and t < first_outer_step.get(e.get("stage"), math.inf) for e in events)
+        if "member_online" not in kinds or not (kinds & {"bootstrapped", "resumed_checkpoint"} or from_seed):
             missing.append(f"{name}.{incarnation}")
     return missing
 
@@ -114,10 +132,11 @@ def not_rejoined(logs: Mapping[tuple[str, int], Sequence[Event]]) -> list[str]:
 def observed_counts(injected: Sequence[Mapping[str, Any]], logs: Mapping[tuple[str, int], Sequence[Event]],
                     exits: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """Per fault kind, how many injected faults had their expected effect, from the evidence:
-    sigkill: that incarnation exited by SIGKILL and the next one came online; sigterm: it
-    logged `leaving`, exited 0 and the next one came online; sigstop: the worker logged
+    sigkill: that incarnation exited by SIGKILL and the next one came online (or found the
+    run finished); sigterm: it logged `leaving`, exited 0 and the next one came back so; sigstop: the worker logged
     something after its SIGCONT; redis_restart: some worker re-registered after the outage."""
-    online = {key for key, events in logs.items() if any(e.get("event") == "member_online" for e in events)}
+    online = {key for key, events in logs.items()
+              if any(e.get("event") in ("member_online", FOUND_RUN_FINISHED) for e in events)}
     codes = {(e["name"], e["incarnation"]): e.get("returncode") for e in exits}
     counts = dict.fromkeys(FAULT_KINDS, 0)
     for fault in injected:
