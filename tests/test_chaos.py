@@ -3,8 +3,9 @@
 A short version of `make chaos`: 2 stages × 2 replicas, a fault every 2 s (each kind at
 least once), a fault-free baseline first. The driver's own waits are bounded (--timeout).
 80 steps: with the overlapped outer step a stage-0 worker whose partner is held up trains
-on alone, and a run of 40 could end before the last kind's turn (the schedule lands all
-four by 14 s: the Redis outage after the worker faults' recovery).
+on alone, and a run of 40 could end before the last kinds' turn (a Redis restart's
+recovery room puts the first worker fault at 14 s); a fast run that gets to 80 first trains
+on until every kind has fired.
 """
 
 from __future__ import annotations

@@ -114,6 +114,8 @@ class ChaosDriver:
         online (so a last restart is seen to rejoin)."""
         if not self._all_reached():
             return False
+        if any(f.kind in self._kinds_not_seen() for f in self.pending) and not self._all_finishing():
+            return False  # the workers train on (to twice the steps) until every kind has fired
         if self.stopped or self.redis_down is not None or self.awaiting_respawn:
             return False
         # The supervisor notices a SIGKILL only at its next poll: until then the killed
@@ -122,6 +124,13 @@ class ChaosDriver:
             return False
         return all((s.name, s.incarnation) in self.online for s in self.supervisor.statuses()
                    if s.state == "running")
+
+    def _all_finishing(self) -> bool:
+        """Every worker's current incarnation logged its steps done: no fault can land any more."""
+        return all((s.name, s.incarnation) in self.steps_done for s in self.supervisor.statuses())
+
+    def _kinds_not_seen(self) -> set[str]:
+        return set(self.scheduled_kinds) - {f["kind"] for f in self.injected}
 
     def _all_reached(self) -> bool:
         return all(self.reached.get(name, 0) >= self.target_steps for name in self.names)
@@ -163,10 +172,12 @@ class ChaosDriver:
                 self._resume(name)
         if self.redis_down is not None and time.monotonic() >= self.redis_down[0]:
             self._redis_back()
-        if self._all_reached():
-            return  # nothing new once every worker is there: only the recoveries are awaited
         while self.pending and self.pending[0].at_s <= now_s:
-            self._inject(self.pending.pop(0))
+            fault = self.pending.pop(0)
+            # Once every worker is there only a kind not yet seen is injected (a fast run can
+            # get there before the first pass is over); the recoveries are awaited.
+            if not self._all_reached() or fault.kind in self._kinds_not_seen():
+                self._inject(fault)
 
     def _inject(self, fault: Fault) -> None:
         record = {**fault.to_json(), "wall": time.time()}

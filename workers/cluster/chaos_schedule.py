@@ -1,8 +1,8 @@
 """A seeded fault schedule for the chaos driver (`noloco-rt chaos`): pure, no I/O.
 
 Faults come one per slot, every `every_s` seconds from the time training starts. The
-first slots cover every requested kind once, in the order that lands them all soonest,
-so a short run still sees each kind; later slots draw a kind at random.
+first slots cover every requested kind once (in a seeded order), so a short run still
+sees each kind; later slots draw a kind at random.
 
 Placement rules (what `violations` checks):
 - A worker fault occupies its target for a window: SIGSTOP for its hold, SIGKILL and
@@ -18,7 +18,6 @@ not be placed is tried again at the next slot.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,37 +65,12 @@ def build_schedule(seed: int, duration_s: float, every_s: float, worker_names: M
     first_pass = list(dict.fromkeys(kinds))
     rng.shuffle(first_pass)
     names = sorted(worker_names)
-    targets_seed = rng.getrandbits(64)
-    # Every order of the first pass is tried, and the one that lands the most kinds, soonest,
-    # wins (ties: the seeded order). A Redis outage first keeps worker faults away for its
-    # hold and recovery, and a short run could end before the last kind's turn.
-    best: tuple[tuple[int, float], list[Fault], int, random.Random] | None = None
-    for order in itertools.permutations(first_pass):
-        trial_rng = random.Random(targets_seed)
-        faults, slot = _fill(list(order), 1, duration_s, every_s, [], names, worker_names, hold_s, recover_s,
-                             kinds, trial_rng)
-        key = (-len({f.kind for f in faults}), max((f.at_s for f in faults), default=0.0))
-        if best is None or key < best[0]:
-            best = (key, faults, slot, trial_rng)
-    assert best is not None
-    _, faults, slot, rng = best
-    faults, _ = _fill([], slot, duration_s, every_s, faults, names, worker_names, hold_s, recover_s, kinds, rng)
-    return faults
-
-
-def _fill(first_pass: list[str], slot: int, duration_s: float, every_s: float, faults: list[Fault],
-          names: list[str], worker_names: Mapping[str, int], hold_s: float, recover_s: float,
-          kinds: Sequence[str], rng: random.Random) -> tuple[list[Fault], int]:
-    """Places faults from `slot` on: while first_pass has kinds left, the first of them that fits
-    (and returns then, with the next slot); after it, one drawn kind per slot until duration_s."""
-    faults = list(faults)
-    stop_after_first_pass = bool(first_pass)
-    first_pass = list(first_pass)
+    faults: list[Fault] = []
+    slot = 1
     while slot * every_s < duration_s:
-        if stop_after_first_pass and not first_pass:
-            break
         at_s = round(slot * every_s, 3)
         slot += 1
+        # The first pass tries its kinds in order (the first that fits wins); later slots draw one.
         for kind in first_pass or [rng.choice(list(kinds))]:
             placed = _place(faults, at_s, kind, names, worker_names, hold_s, recover_s, rng)
             if placed is not None:
@@ -104,7 +78,7 @@ def _fill(first_pass: list[str], slot: int, duration_s: float, every_s: float, f
                 if kind in first_pass:
                     first_pass.remove(kind)
                 break
-    return faults, slot
+    return faults
 
 
 def _place(faults: list[Fault], at_s: float, kind: str, names: list[str], worker_names: Mapping[str, int],
