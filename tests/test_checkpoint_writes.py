@@ -190,6 +190,22 @@ def test_a_background_write_copies_the_state_and_a_second_one_while_busy_is_skip
     writes.close()
 
 
+def test_the_final_write_waits_for_the_one_in_flight(tmp_path):
+    log, held = RecordingLog(), HeldWrite()
+    writes = CheckpointWrites(tmp_path / "w.pt", keep=1, log=log, fault=held)
+    assert writes.in_background(lambda: _state(1), reason="periodic", outer_step=1, inner_step=5)
+    assert held.entered.wait(10)
+    final = threading.Thread(target=writes.now, args=(_state(2),),
+                             kwargs={"reason": "leave", "outer_step": 2, "inner_step": 10})
+    final.start()
+    held.release.set()
+    final.join(30)
+    assert not final.is_alive()
+    assert [e["reason"] for e in log.events("checkpoint_written")] == ["periodic", "leave"]  # in that order
+    assert _step_on_disk(tmp_path / "w.pt") == 2 and log.events("checkpoint_superseded") == []
+    writes.close()
+
+
 def test_an_older_write_never_replaces_the_final_one(tmp_path):
     log = RecordingLog()
     writes = CheckpointWrites(tmp_path / "w.pt", keep=1, log=log)

@@ -91,9 +91,12 @@ class CheckpointWrites:
         return self.writer.submit(lambda: self._write(snapshot, reason=reason, outer_step=outer_step,
                                                       inner_step=inner_step))
 
-    def now(self, state: dict[str, Any], *, reason: str, outer_step: int, inner_step: int) -> bool:
-        """In the caller's thread (finishing, leaving): once the write in flight is done, so
-        that an older write can never replace this one. True when written."""
+    def now(self, state: dict[str, Any], *, reason: str, outer_step: int, inner_step: int,
+            wait_s: float = 600.0) -> bool:
+        """In the caller's thread (finishing, leaving), once the write in flight is done (up to
+        `wait_s`; a write past that still finishes first, and is older, so it cannot replace
+        this one). True when written."""
+        self.writer.wait_idle(wait_s)
         return self._write(state, reason=reason, outer_step=outer_step, inner_step=inner_step)
 
     def _write(self, state: dict[str, Any], *, reason: str, outer_step: int, inner_step: int) -> bool:
@@ -111,8 +114,9 @@ class CheckpointWrites:
                 self.written += 1
                 self.last_written = (outer_step, inner_step)
                 self._last_write_at = self.clock()
-        self.log.info("checkpoint_written", reason=reason, path=str(self.path), inner_step=inner_step,
-                      outer_step=outer_step, bytes=len(data))
+            # Logged under the write lock: the log's order is the order of the writes.
+            self.log.info("checkpoint_written", reason=reason, path=str(self.path), inner_step=inner_step,
+                          outer_step=outer_step, bytes=len(data))
         return True
 
     def _count_failure(self, exc: BaseException, *, reason: str, outer_step: int | None) -> None:
