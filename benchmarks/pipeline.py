@@ -47,7 +47,8 @@ def baseline_tokens_per_s(preset: str, steps: int, microbatches: int, threads: i
 def pipeline_tokens_per_s(preset: str, steps: int, microbatches: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp), settings={"model.preset": preset, "pipeline.max_inflight": microbatches,
-                                                    "worker.checkpoint_every": 0, "outer.h": 1000})
+                                                    "worker.checkpoint_every": 0, "worker.checkpoint_interval_s": 0,
+                                                    "outer.h": 1000})
         try:
             first = cluster.start_worker(0, "p0", steps=steps)
             cluster.start_worker(1, "p1")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,24 +48,49 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     return removed
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def write_temporary(path: Path, data: bytes, *, fault: Callable[[], None] | None = None) -> Path:
+    """`data` in a fsynced temporary next to `path`, for the caller to rename onto it. A write
+    that fails (a full disk: OSError ENOSPC) removes its temporary and raises. `fault` is for
+    tests only: called once the data is written, it stands in for a write call that raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+            if fault is not None:
+                fault()
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    return Path(tmp_name)
+
+
+def publish_temporary(tmp: Path, path: Path, *, before: Callable[[], None] = lambda: None) -> None:
+    """Rename the complete temporary `tmp` onto `path` (after `before`, e.g. rotating the file
+    it replaces) and make the rename durable; the temporary is removed if that fails."""
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
+        before()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+    remove_stale_temporaries(path)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make renames in `folder` durable."""
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    remove_stale_temporaries(path)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, fault: Callable[[], None] | None = None) -> None:
+    publish_temporary(write_temporary(path, data, fault=fault), path)
 
 
 def checkpoint_bytes(state: dict[str, Any]) -> bytes:

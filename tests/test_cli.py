@@ -124,7 +124,8 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
     with EmbeddedRedis() as server:
         Membership(connect(server.url), run_id="default", heartbeat_interval_s=30).register(
             MemberRecord("abcdef0123", "default", 1, "tcp://10.0.0.7:5000", "tcp://10.0.0.7:5001",
-                         WorkerState.ONLINE, outer_step=3, queue_depth=2, outer_matched=2, outer_failed=1))
+                         WorkerState.ONLINE, outer_step=3, queue_depth=2, outer_matched=2, outer_failed=1,
+                         checkpoint_failed=4))
         marks = Membership(connect(server.url), run_id="default").high_water
         marks.client.hset(marks.key, "1", "3")
         marks.record_durable(1, 2)
@@ -140,6 +141,8 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         assert result.stdout.splitlines()[1] == ("outer steps stage 1: 2 of 3 matched, 0 partial, 0 local, "
                                                  "0 dropped_late, 1 failed")
         assert " 2/0/0/0/1 " in row
+        header = next(line for line in result.stdout.splitlines() if line.startswith("stage"))
+        assert row.split()[row.split().index("2/0/0/0/1") + 1] == "4" and "ckpt failed" in header
         marks_finished = Membership(connect(server.url), run_id="default")
         marks_finished.mark_run_finished(40)
         after = run_cli("status", "--redis-url", server.url, env={"COLUMNS": "80"})
@@ -152,6 +155,7 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         assert member["loss"] is None and member["heartbeat_age_s"] >= 0
         assert {k: member[f"outer_{k}"] for k in ("matched", "partial", "local", "dropped_late", "failed")} == {
             "matched": 2, "partial": 0, "local": 0, "dropped_late": 0, "failed": 1}
+        assert member["checkpoint_failed"] == 4
         url = server.url
     result = run_cli("status", "--redis-url", url)
     assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr

@@ -36,6 +36,7 @@ def test_disk_sizes_count_every_copy() -> None:
     # consensus (4 B per parameter of the model) twice, all with 25 % headroom.
     assert sizing.store_bytes([1000, 3000], keep=2) == math.ceil((3 * 80_000 + 2 * 16_000) * 1.25)
     assert sizing.worker_ephemeral_bytes(1000) == 40_000 + GIB
+    assert sizing.worker_ephemeral_bytes(1000, keep=3) == 80_000 + GIB  # worker.checkpoint_keep files and a temporary
     assert sizing.coordinator_ephemeral_bytes(1000) == 8_000 + GIB
     assert [sizing.gib_quantity(n) for n in (1, GIB, GIB + 1, 13 * GIB)] == ["1Gi", "1Gi", "2Gi", "13Gi"]
 

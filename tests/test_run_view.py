@@ -183,7 +183,9 @@ def test_the_final_row_comes_from_every_incarnations_summary(tmp_path):
     (logs / "w.0.log").write_text(json.dumps(summary) + "\n")
     (logs / "w.1.log").write_text('{"event": "train_progress"}\nnot json\n'
                                   + json.dumps({**summary, "inner_steps": 20, "outer_steps": 5, "dropped": 2,
-                                                "outer_kinds": {"matched": 1, "failed": 1}}) + "\n")
+                                                "outer_kinds": {"matched": 1, "failed": 1},
+                                                "checkpoint": {"written": 1, "failed": {"ENOSPC": 2, "EIO": 1}}})
+                                  + "\n")
     (logs / "w.10.log").write_text("")  # an incarnation killed before its summary
     (logs / "w.x.log").write_text(json.dumps(summary) + "\n")  # not an incarnation
     (logs / "w2.0.log").write_text(json.dumps(summary) + "\n")  # another worker
@@ -192,6 +194,14 @@ def test_the_final_row_comes_from_every_incarnations_summary(tmp_path):
     row = final_row(_row("w", 0, queue_depth=3, tokens_per_s=50.0), worker_summaries(paths))
     assert (row.inner_step, row.outer_step, row.retried, row.dropped) == (20, 5, 2, 2)  # counts summed
     assert (row.outer_matched, row.outer_local, row.outer_failed, row.queue_depth, row.tokens_per_s) == (3, 1, 1, 0, 0.0)
+    assert row.checkpoint_failed == 3  # failed checkpoint writes of every kind and incarnation
+    sample = build_sample(now=1.0, started=0.0, steps=10, names_by_stage={}, processes={}, records=[],
+                          last_seen={}, coordinator_status=None, coordinator_state="off", redis_up=True)
+    sample.workers = [row, _row("v", 0, checkpoint_failed=1)]
+    assert log_fields(sample)["checkpoint_failed"] == 4
+    table = render_table(sample, title="t")
+    column = [c.header for c in table.columns].index("ckpt failed")
+    assert list(table.columns[column].cells) == ["1", "3"]  # rows sorted by name: v, w
     untouched = _row("v", 0, outer_matched=4)
     assert final_row(untouched, []) == untouched
     # A pulled worker's inner step is its clock, as its heartbeat shows it: trained plus skipped.

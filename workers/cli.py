@@ -81,6 +81,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> int:
     """Compose the worker from its parts and run it until its steps are done or it leaves."""
     from noloco_rt.membership.table import Membership
+    from workers.faults.checkpoint_writes import disk_full_from_env
     from workers.faults.data_path import data_faults_from_env
     from workers.health_metrics import register_health_collector
     from workers.metrics import WorkerMetrics
@@ -102,7 +103,8 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
     stage_worker = StageWorker(cfg, stage, membership=membership, ctx=started.ctx, name=name,
                                device=pick_device(int(os.environ.get("LOCAL_RANK", "0"))),
                                checkpoint_path=checkpoint_dir / f"{name}.pt", metrics=metrics,
-                               data_faults=data_faults_from_env(os.environ, name=name))
+                               data_faults=data_faults_from_env(os.environ, name=name),
+                               checkpoint_fault=disk_full_from_env(os.environ))
     register_health_collector(metrics.registry, membership, stage_worker.replica.inner,
                               stage_worker.exchange_server, stage_worker.views)
     stage_worker.metrics_addr = f"{cfg.network.advertise_host or cfg.network.bind_host}:{metrics_port_bound}"

@@ -86,11 +86,13 @@ class Counters:
         values["outer_blocked_s"] = round(self.outer_blocked_s, 3)
         return values
 
-    def progress(self, *, queue_depth: int, loss: float | None, tokens_per_s: float) -> WorkerProgress:
+    def progress(self, *, queue_depth: int, loss: float | None, tokens_per_s: float,
+                 checkpoint_failed: int = 0) -> WorkerProgress:
         """What the heartbeat publishes, from these counts and the live figures given."""
         return WorkerProgress(outer_step=self.outer_steps, queue_depth=queue_depth, inner_step=self.clock_steps,
                               loss=loss, tokens_per_s=round(tokens_per_s, 1), retried=self.retried,
-                              dropped=self.dropped, **outer_kind_fields(self.outer_kinds))
+                              dropped=self.dropped, checkpoint_failed=checkpoint_failed,
+                              **outer_kind_fields(self.outer_kinds))
 
 
 class TokenRate:

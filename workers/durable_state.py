@@ -10,29 +10,16 @@ resumes the stage's newest checkpoint that passes its checksum.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from noloco_rt.data import DataCursor
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.cursors import DataCursors
 from noloco_rt.store.stage_checkpoints import LoadedStageCheckpoint, StageCheckpoints
+from workers.background_writer import BackgroundWriter, detached_copy
 
-
-def detached_copy(value: Any) -> Any:
-    """A deep copy of a state dict's tensors on the CPU, so the training thread can go on
-    changing the originals while a background thread serialises the copy."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: detached_copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(detached_copy(v) for v in value)
-    return value
+__all__ = ["DurableStageState", "detached_copy", "durable_state_for", "is_elected_writer"]
 
 
 def is_elected_writer(own_id: str, live_peer_ids: list[str]) -> bool:
@@ -50,14 +37,11 @@ class DurableStageState:
         self.on_written = on_written
         self.written = 0
         self.failed = 0
-        self.skipped_busy = 0
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=1)
-        self._thread = threading.Thread(target=self._drain, name="durable-writer", daemon=True)
-        self._thread.start()
+        self.writer = BackgroundWriter("durable-writer", on_error=self._failed)
 
     def counts(self) -> dict[str, int]:
         """For the worker's summary line: stage checkpoints written, writes failed, skipped while busy."""
-        return {"written": self.written, "failed": self.failed, "skipped_busy": self.skipped_busy}
+        return {"written": self.written, "failed": self.failed, "skipped_busy": self.writer.skipped_busy}
 
     # -- resume ------------------------------------------------------------------------------
 
@@ -93,6 +77,10 @@ class DurableStageState:
         write_stage = is_elected_writer(self.worker_id, live_peer_ids)
         if not write_stage and cursor is None:
             return
+        if self.writer.busy():  # the store is slower than our outer steps: the next one will do
+            self.writer.skipped_busy += 1
+            self.log.warning("store_write_skipped", outer_step=outer_step, note="previous write still running")
+            return
         snapshot = detached_copy(state()) if write_stage else None
 
         def job() -> None:
@@ -100,11 +88,7 @@ class DurableStageState:
                 self._write_stage(snapshot, outer_step, inner_step)
             if cursor is not None:
                 self.cursors.save(self.name, cursor, inner_step=inner_step)
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:  # the store is slower than our outer steps: the next one will do
-            self.skipped_busy += 1
-            self.log.warning("store_write_skipped", outer_step=outer_step, note="previous write still running")
+        self.writer.submit(job)
 
     def write_now(self, outer_step: int, inner_step: int, *, state: dict[str, Any] | None,
                   cursor: dict[str, Any] | None, wait_s: float = 60.0) -> None:
@@ -117,8 +101,7 @@ class DurableStageState:
             if cursor is not None:
                 self.cursors.save(self.name, cursor, inner_step=inner_step)
         except Exception as exc:  # noqa: BLE001 - never let a store failure lose the local checkpoint
-            self.failed += 1
-            self.log.warning("store_write_failed", error=str(exc))
+            self._failed(exc)
 
     def _write_stage(self, state: dict[str, Any], outer_step: int, inner_step: int) -> None:
         info = self.checkpoints.save(self.stage, state, outer_step=outer_step, inner_step=inner_step,
@@ -127,20 +110,14 @@ class DurableStageState:
         self.log.info("store_checkpoint_written", outer_step=outer_step, sha256=info.sha256[:16], bytes=info.size)
         self.on_written(outer_step)
 
-    def _drain(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job()
-            except Exception as exc:  # noqa: BLE001 - a store outage must not kill training
-                self.failed += 1
-                self.log.warning("store_write_failed", error=str(exc))
+    def _failed(self, exc: Exception) -> None:
+        """A write that raised (a store outage, a full disk): counted; training goes on."""
+        self.failed += 1
+        self.log.warning("store_write_failed", error=str(exc), error_type=type(exc).__name__)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Let the queued write finish (bounded), then stop the writer thread."""
-        if not self._thread.is_alive():
-            return
-        self._jobs.put(None)
-        self._thread.join(timeout_s)
+        self.writer.close(timeout_s)
 
 
 def durable_state_for(cfg: Any, stage: int, *, worker_id: str, name: str, log: Any,

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from noloco_rt.algo.replica import StageReplica
-from noloco_rt.checkpoint import load_checkpoint, save_checkpoint
 from noloco_rt.data import DataCursor
+from noloco_rt.kept_checkpoints import load_newest_usable
+from workers.background_writer import detached_copy
+from workers.checkpoint_writes import CheckpointWrites
 from workers.counters import Counters
 
 
@@ -20,7 +22,8 @@ class WorkerCheckpoint:
     """This worker's checkpoint file: replica, inner optimizer, counters and data cursor."""
 
     def __init__(self, path: Path, *, run_id: str, stage: int, name: str, replica: StageReplica,
-                 counters: Counters, cursor_state: Callable[[], dict[str, Any] | None], h: int, log: Any) -> None:
+                 counters: Counters, cursor_state: Callable[[], dict[str, Any] | None], h: int, log: Any,
+                 writes: CheckpointWrites | None = None) -> None:
         self.path = path
         self.h = h
         """Inner steps per outer step: a restored clock is at least at the outer step reached."""
@@ -31,30 +34,48 @@ class WorkerCheckpoint:
         self.counters = counters
         self.cursor_state = cursor_state
         self.log = log
+        self.writes = writes if writes is not None else CheckpointWrites(path, keep=1, log=log)
 
     def state_dict(self) -> dict[str, Any]:
+        """The live state (tensors where they train): copy it (`snapshot`) before the training
+        thread goes on."""
         replica = self.replica
         return {
             "run_id": self.run_id, "stage": self.stage, "name": self.name,
-            "slow": [t.cpu() for t in replica.slow], "fast": [t.cpu() for t in replica.fast],
-            "momentum": [t.cpu() for t in replica.momentum],
+            "slow": list(replica.slow), "fast": list(replica.fast), "momentum": list(replica.momentum),
             "inner_optimizer": replica.inner.state_dict(),
             "counters": {"inner_steps": self.counters.inner_steps, "outer_steps": self.counters.outer_steps,
                          "clock_steps": self.counters.clock_steps},
             "cursor": self.cursor_state(),
         }
 
-    def save(self, reason: str) -> None:
-        save_checkpoint(self.path, self.state_dict())
-        self.log.info("checkpoint_written", reason=reason, path=str(self.path), inner_step=self.counters.inner_steps)
+    def snapshot(self) -> dict[str, Any]:
+        """The state copied to the CPU, independent of training from here on."""
+        return detached_copy(self.state_dict())
+
+    def save_in_background(self, reason: str) -> bool:
+        """Copy the state now (between inner steps: consistent) and write it off the training
+        thread; False when skipped (the previous write still runs)."""
+        return self.writes.in_background(self.state_dict, reason=reason, outer_step=self.counters.outer_steps,
+                                         inner_step=self.counters.inner_steps)
+
+    def save(self, reason: str) -> bool:
+        """Write now, in this thread, after any write in flight (finishing, leaving). A failed
+        write is counted and logged, not raised; True when written."""
+        return self.writes.now(self.snapshot(), reason=reason, outer_step=self.counters.outer_steps,
+                               inner_step=self.counters.inner_steps)
 
     def resume(self) -> tuple[bool, DataCursor | None]:
-        """(whether a checkpoint of this run and stage was loaded, its data cursor)."""
-        state = load_checkpoint(self.path, run_id=self.run_id, stage=self.stage)
+        """(whether a checkpoint of this run and stage was loaded, its data cursor). The newest
+        kept one that loads; older ones when it cannot be read (a warning says why)."""
+        state, used, passed_over = load_newest_usable(self.path, keep=self.writes.keep, run_id=self.run_id,
+                                                      stage=self.stage)
+        for problem in passed_over:
+            self.log.warning("checkpoint_passed_over", reason=problem, note="resuming from an older kept checkpoint")
         if state is None:
             return False, None
         cursor = self.apply(state)
-        self.log.info("resumed_checkpoint", path=str(self.path), inner_step=self.counters.inner_steps,
+        self.log.info("resumed_checkpoint", path=str(used), inner_step=self.counters.inner_steps,
                       outer_step=self.counters.outer_steps)
         return True, cursor
 

@@ -36,6 +36,9 @@ class WorkerMetrics:
         self.queue_depth = Gauge("noloco_queue_depth", "Forwards waiting or in flight at this worker", registry=r)
         self.live_peers = Gauge("noloco_live_peers", "ONLINE workers seen per stage", ["stage"], registry=r)
         self.loss = Gauge("noloco_train_loss", "Last training loss (last stage)", registry=r)
+        self.checkpoint_failures = Counter("noloco_checkpoint_failures",
+                                           "Checkpoint writes that failed (training went on), by errno name",
+                                           ["kind"], registry=r)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Start the HTTP endpoint; returns the port (a free one when port is 0)."""

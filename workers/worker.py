@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
 from noloco_rt.transfer_time import stage_timeouts
+from workers.checkpoint_writes import CheckpointWrites, checkpoint_due
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import decoder
@@ -68,7 +70,8 @@ LINK_FLUSH_S = 2.0
 class StageWorker:
     def __init__(self, cfg: Config, stage: int, *, membership: Membership, ctx: zmq.Context,
                  name: str, device: torch.device, checkpoint_path: Path, metrics: WorkerMetrics,
-                 max_steps: int | None = None, data_faults: DataFaults | None = None) -> None:
+                 max_steps: int | None = None, data_faults: DataFaults | None = None,
+                 checkpoint_fault: Callable[[], None] | None = None) -> None:
         if (why := worker_outer_error(cfg.outer)) is not None:
             raise ValueError(why)
         if not 0 <= stage < cfg.pipeline.stages:
@@ -112,10 +115,13 @@ class StageWorker:
                                         log=self.log, readiness=readiness)
         self.outer = OuterStep(cfg, exchanger=self.exchanger, service=self.snapshots, replica=self.replica,
                                peers=self.peers, counters=self.counters, metrics=metrics, log=self.log)
+        # checkpoint_fault: tests only, a disk that fills up (workers/faults/checkpoint_writes.py).
+        writes = CheckpointWrites(checkpoint_path, keep=cfg.worker.checkpoint_keep, log=self.log,
+                                  failures_metric=metrics.checkpoint_failures, fault=checkpoint_fault)
         self.checkpoint = WorkerCheckpoint(checkpoint_path, run_id=cfg.run.run_id, stage=stage, name=name,
                                            replica=self.replica, counters=self.counters,
                                            cursor_state=self.data_path.cursor_state, h=self.outer.settings.h,
-                                           log=self.log)
+                                           log=self.log, writes=writes)
         self.alive = AliveFile(cfg.worker.alive_file)
         self.durable = durable_state_for(cfg, stage, worker_id=self.worker_id, name=name, log=self.log,
                                          membership=membership)
@@ -129,7 +135,8 @@ class StageWorker:
     def progress(self) -> WorkerProgress:
         """What the heartbeat publishes besides liveness (read by `up` and `status`)."""
         return self.counters.progress(queue_depth=self.data_path.queue_depth(), loss=self.inner.last_loss,
-                                      tokens_per_s=self.data_path.ctx.tokens.per_s())
+                                      tokens_per_s=self.data_path.ctx.tokens.per_s(),
+                                      checkpoint_failed=self.checkpoint.writes.failed_total())
 
     def record(self, state: WorkerState) -> MemberRecord:
         return MemberRecord(worker_id=self.worker_id, run_id=self.cfg.run.run_id, stage=self.stage,
@@ -229,9 +236,13 @@ class StageWorker:
         self.inner.maybe_step()
 
     def _periodic_checkpoint(self) -> None:
-        every = self.cfg.worker.checkpoint_every
-        if every and self.counters.outer_steps % every == 0:
-            self.checkpoint.save("periodic")
+        """The outer step is final: our checkpoint when one is due (written off this thread),
+        our share of the durable store."""
+        worker_cfg = self.cfg.worker
+        if checkpoint_due(self.counters.outer_steps, every=worker_cfg.checkpoint_every,
+                          interval_s=worker_cfg.checkpoint_interval_s,
+                          since_write_s=self.checkpoint.writes.seconds_since_write()):
+            self.checkpoint.save_in_background("periodic")
         if self.durable is not None:
             self.durable.after_outer_step(self.counters.outer_steps, self.counters.inner_steps,
                                           state=self.checkpoint.state_dict, cursor=self.data_path.cursor_state(),
@@ -243,7 +254,8 @@ class StageWorker:
     def finish(self) -> None:
         """Our steps are done: LEAVING (peers stop routing to us) with the final figures, for
         observers; the stage marked finished for a later stage's finishing rule."""
-        self.log.info("steps_done", inner_step=self.counters.inner_steps)
+        self.log.info("steps_done", inner_step=self.counters.inner_steps,
+                      checkpoint_failed=self.checkpoint.writes.failed_total())
         self.outer.finish()
         self.membership.heartbeat(state=WorkerState.LEAVING, **asdict(self.progress()))
         self.membership.mark_stage_finished(self.stage)
@@ -253,7 +265,7 @@ class StageWorker:
         if self.durable is not None:  # the stage's final state outlives this machine
             writer = is_elected_writer(self.worker_id, [m.worker_id for m in self.peers.members(self.stage)])
             self.durable.write_now(self.counters.outer_steps, self.counters.inner_steps,
-                                   state=self.checkpoint.state_dict() if writer else None,
+                                   state=self.checkpoint.snapshot() if writer else None,
                                    cursor=self.data_path.cursor_state())
         self.membership.leave()
 
@@ -270,6 +282,7 @@ class StageWorker:
                                    cursor=self.data_path.cursor_state(), wait_s=self.cfg.worker.leave_grace_s / 4)
 
     def close(self) -> None:
+        self.checkpoint.writes.close()
         if self.durable is not None:
             self.durable.close()
         self.views.stop()
@@ -281,6 +294,7 @@ class StageWorker:
         faults = self.data_faults
         self.log.info("worker_summary", **self.counters.summary(), link=asdict(link),
                       rejected=merged_counts(self.data_path.ctx.rejected, self.snapshots.rejected),
+                      checkpoint=self.checkpoint.writes.counts(),
                       **({"store": self.durable.counts()} if self.durable is not None else {}),
                       **({"injected_lost": faults.dropped, "injected_delayed": faults.delayed} if faults else {}))
 

@@ -22,7 +22,8 @@ from noloco_rt.membership.records import MemberRecord
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("stage", "stage"), ("worker", "worker"), ("name", "name"), ("state", "state"),
     ("data address", "data_addr"), ("exchange address", "exchange_addr"), ("step", "inner_step"),
-    ("outer step", "outer_step"), (OUTER_KINDS_HEADER, "outer_kinds"), ("loss", "loss"),
+    ("outer step", "outer_step"), (OUTER_KINDS_HEADER, "outer_kinds"), ("ckpt failed", "checkpoint_failed"),
+    ("loss", "loss"),
     ("tokens/s", "tokens_per_s"), ("queue", "queue_depth"),
     ("heartbeat age s", "heartbeat_age_s"),
 )
@@ -63,7 +64,7 @@ def text_row(record: MemberRecord, now: float) -> list[str]:
     loss = "-" if record.loss is None else f"{record.loss:.3f}"
     return [str(record.stage), record.worker_id[:8], record.name or "-", record.state.value, record.data_addr,
             record.exchange_addr, str(record.inner_step), str(record.outer_step),
-            outer_kinds_cell(record), loss,
+            outer_kinds_cell(record), str(record.checkpoint_failed), loss,
             f"{record.tokens_per_s:.0f}", str(record.queue_depth), f"{now - record.heartbeat_time:.1f}"]
 
 

@@ -96,7 +96,19 @@ class WorkerConfig:
     leave_grace_s: float = 20.0
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
     checkpoint_every: int = 1
-    """Outer steps between periodic checkpoints (0: only on leave)."""
+    """Outer steps between the worker's checkpoints (0: none counted in steps). They are
+    written off the training thread; one due while the previous write still runs is skipped."""
+    checkpoint_interval_s: float = 600.0
+    """A checkpoint is also due at the first outer step this long after the last completed
+    write (0: off), so a worker with rare outer steps or a large checkpoint_every loses at
+    most about ten minutes of work to a crash; at that pace even a 1b stage's state (about
+    12 GB with its optimizer) asks some 20 MB/s of a disk. The final checkpoint (finished,
+    or leaving on SIGTERM) is always written."""
+    checkpoint_keep: int = 1
+    """Checkpoints a worker keeps: <name>.pt, the newest, then <name>.pt.1 ... older ones
+    (each a full copy of the state: mind the disk). A resume that cannot read the newest
+    falls back to an older one. A write that fails (a full disk) is counted
+    (noloco_checkpoint_failures_total) and training goes on with the last good one."""
     left_exit_code: int = 0
     """Exit status of a worker that left on SIGTERM before its steps were done. 0 on bare
     metal; Kubernetes Jobs use 75 so a preempted pod is replaced, not counted as completed."""
@@ -137,6 +149,9 @@ class WorkerConfig:
                 "must be an exit status in [0, 125]")
         require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
         require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
+        require(math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s >= 0, "worker",
+                "checkpoint_interval_s", self.checkpoint_interval_s, "must be >= 0 seconds (0: off)")
+        require(self.checkpoint_keep >= 1, "worker", "checkpoint_keep", self.checkpoint_keep, "must be >= 1")
         require(self.max_peer_distance_ratio > 0, "worker", "max_peer_distance_ratio",
                  self.max_peer_distance_ratio, "must be > 0")
         require(math.isfinite(self.fault_slowdown) and self.fault_slowdown >= 1.0, "worker", "fault_slowdown",

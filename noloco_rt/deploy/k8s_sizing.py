@@ -47,9 +47,10 @@ def store_bytes(stage_params: Sequence[int], *, keep: int) -> int:
     return math.ceil((checkpoints + consensus) * STORE_HEADROOM)
 
 
-def worker_ephemeral_bytes(stage_params: int) -> int:
-    """The local checkpoint under paths.checkpoint_dir and its temporary copy while written."""
-    return 2 * checkpoint_bytes(stage_params) + SCRATCH_BYTES
+def worker_ephemeral_bytes(stage_params: int, *, keep: int = 1) -> int:
+    """The worker.checkpoint_keep local checkpoints under paths.checkpoint_dir and the
+    temporary copy of the one being written (one write at a time)."""
+    return (keep + 1) * checkpoint_bytes(stage_params) + SCRATCH_BYTES
 
 
 def coordinator_ephemeral_bytes(model_params: int) -> int:
@@ -98,7 +99,7 @@ def sizing(stage_params: Sequence[int], worker: WorkerConfig, *, keep: int) -> P
                               redis_wait_s=worker.redis_wait_s)
     return PodSizing(
         store=gib_quantity(store_bytes(stage_params, keep=keep)),
-        worker_ephemeral=gib_quantity(worker_ephemeral_bytes(largest)),
+        worker_ephemeral=gib_quantity(worker_ephemeral_bytes(largest, keep=worker.checkpoint_keep)),
         coordinator_ephemeral=gib_quantity(coordinator_ephemeral_bytes(sum(stage_params))),
         startup_failures=probe_failures(budget),
         alive_stale_s=alive_stale_s(timeouts.exchange_s),

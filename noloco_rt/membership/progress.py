@@ -40,6 +40,8 @@ class WorkerProgress:
     """Outer steps by kind (OUTER_STEP_KINDS), as `outer_<kind>`."""
     retried: int = 0
     dropped: int = 0
+    checkpoint_failed: int = 0
+    """Writes of the worker's own checkpoint that failed (a full disk...); it trained on."""
 
 
 _PARSERS = {"int": int, "float": float, "float | None": float}

@@ -61,7 +61,14 @@ def final_row(row: WorkerRow, summaries: Sequence[Summary]) -> WorkerRow:
                                outer_step=int(last.get("outer_steps", row.outer_step)),
                                retried=sum(int(s.get("retried", 0)) for s in summaries),
                                dropped=sum(int(s.get("dropped", 0)) for s in summaries),
+                               checkpoint_failed=sum(checkpoint_failures(s) for s in summaries),
                                queue_depth=0, tokens_per_s=0.0, **outer_kind_fields(kinds))
+
+
+def checkpoint_failures(summary: Summary) -> int:
+    """Failed writes of the worker's own checkpoint in one summary, all kinds together."""
+    failed = (summary.get("checkpoint") or {}).get("failed") or {}
+    return sum(int(count) for count in failed.values())
 
 
 def unmatched_reasons(summaries: Iterable[Summary]) -> collections.Counter[str]:

@@ -141,13 +141,13 @@ def render_table(sample: RunSample, *, title: str) -> Table:
     for column, justify in (("stage", "right"), ("worker", "left"), ("state", "left"), ("step", "right"),
                             ("loss", "right"), ("tokens/s", "right"), ("outer", "right"),
                             (OUTER_KINDS_HEADER, "right"), ("retried", "right"), ("dropped", "right"),
-                            ("restarts", "right")):
+                            ("ckpt failed", "right"), ("restarts", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in sorted(sample.workers, key=lambda r: (r.stage, r.name)):
         table.add_row(str(row.stage), row.name, row.state, f"{row.inner_step}/{sample.steps}",
                       _fmt(row.loss, ".3f"), _fmt(row.tokens_per_s, ".0f"), str(row.outer_step),
                       outer_kinds_cell(row), str(row.retried), str(row.dropped),
-                      str(row.restarts))
+                      str(row.checkpoint_failed), str(row.restarts))
     return table
 
 
@@ -164,6 +164,7 @@ def log_fields(sample: RunSample) -> dict[str, Any]:
             "tokens_per_s": round(sum(w.tokens_per_s for w in sample.workers if w.stage == 0)),
             "outer_steps": {str(stage): counts for stage, counts in outer_kinds_by_stage(sample.workers).items()},
             "retried": sum(w.retried for w in sample.workers), "dropped": sum(w.dropped for w in sample.workers),
+            "checkpoint_failed": sum(w.checkpoint_failed for w in sample.workers),
             "restarts": sum(w.restarts for w in sample.workers), "states": states,
             "val_loss": sample.val_loss, "spread": sample.spread, "coordinator": sample.coordinator,
             "redis": sample.redis}
