@@ -50,6 +50,7 @@ def test_environment_types_and_lists():
      "balanced, balanced-sequence, p2c, random"),
     ({"NOLOCO_OPTIM_WARMUP_FRACTION": "1.5"}, "optim.warmup_fraction", "1.5", "[0, 1)"),
     ({"NOLOCO_COORDINATOR_SPREAD_SAMPLE": "1"}, "coordinator.spread_sample", "= 1", ">= 2"),
+    ({"NOLOCO_MODEL_COMPILE": "yes"}, "model.compile", "'yes'", "auto, on, off"),
 ])
 def test_bad_values_name_field_value_and_allowed(environ, field, shown, fragment):
     with pytest.raises(ConfigError) as info:

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noloco_rt.algo.optim import InnerOptimizer, lr_at
+from noloco_rt.algo.optim import InnerOptimizer, adamw_kernel, lr_at
 from noloco_rt.config import OptimConfig, OuterConfig
 from noloco_rt.outer.formula import (
     OuterCoefficients,
@@ -211,3 +211,10 @@ def test_warmup_fraction_replaces_warmup_steps():
     assert inner.warmup_steps == 8
     assert inner.current_lr() == pytest.approx(0.1 / 8)
     assert InnerOptimizer([param], OptimConfig(warmup_steps=50), total_steps=200).warmup_steps == 50
+
+
+def test_adamw_is_fused_on_cuda_and_foreach_elsewhere():
+    assert adamw_kernel(torch.device("cuda")) == {"fused": True}
+    assert adamw_kernel(torch.device("cpu")) == {"foreach": True}
+    inner = InnerOptimizer([torch.nn.Parameter(torch.ones(3))], OptimConfig(), total_steps=10)
+    assert inner.optimizer.defaults["foreach"] is True and not inner.optimizer.defaults["fused"]

@@ -40,6 +40,7 @@ from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
+from noloco_rt.stage_compile import compile_blocks, compile_wanted
 from noloco_rt.transfer_time import stage_timeouts
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due
 from workers.counters import Counters
@@ -87,6 +88,9 @@ class StageWorker:
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
         self.replica = initial_replica(cfg, stage, device=device)
+        if compile_wanted(cfg.model.compile, device):
+            self.log.info("stage_compiled", blocks=compile_blocks(self.replica.module),
+                          note="each block compiles at its first forward")
         self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
         self.peers = PeerView(self.views, own_id=self.worker_id)

@@ -30,7 +30,9 @@ class Role:
     def __init__(self, ctx: DataContext) -> None:
         self.ctx = ctx
         self.accepted_this_step = 0
-        self._losses: list[float] = []
+        self._losses: list[torch.Tensor] = []
+        """Detached losses on the stage's device: read once per inner step, not per microbatch
+        (each read waits for the device)."""
         self.receiver = Receiver(ctx, on_gradient=self._on_gradient, intake=self.intake)
 
     def tick(self) -> None:
@@ -64,7 +66,11 @@ class Role:
 
     def take_losses(self) -> list[float]:
         """Training losses since the last call (stages that compute the loss)."""
-        losses, self._losses = self._losses, []
+        if not self._losses:
+            return []
+        losses = torch.stack(self._losses).tolist()  # the one wait for the device per inner step
+        self._losses = []
+        self.ctx.metrics.loss.set(losses[-1])
         return losses
 
     def finish_rule(self, membership: Membership, max_steps: int, *, upstream_lost_s: float) -> FinishRule:
@@ -91,8 +97,7 @@ class Role:
         loss = lm_loss(output.float(), targets.to(ctx.staging.device))  # float32 loss under autocast too
         loss.backward()
         ctx.replica.record_microbatch()
-        self._losses.append(loss.item())
-        ctx.metrics.loss.set(self._losses[-1])
+        self._losses.append(loss.detach())
         ctx.tokens.add(targets.numel())
 
     def _reply_gradient(self, upstream: messages.DataMessage, grad: torch.Tensor) -> None:

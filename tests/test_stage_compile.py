@@ -1,0 +1,45 @@
+"""model.compile: which devices compile, and a compiled stage computes what the eager one does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from noloco_rt.model import build_stage, lm_loss
+from noloco_rt.stage_compile import compile_blocks, compile_wanted
+
+
+def test_auto_compiles_on_cuda_only_and_bad_values_are_refused():
+    assert compile_wanted("auto", "cuda") and compile_wanted("auto", torch.device("cuda", 1))
+    assert not compile_wanted("auto", "cpu")
+    assert compile_wanted("on", "cpu") and not compile_wanted("off", "cuda")
+    with pytest.raises(ValueError, match="model.compile = 'yes'"):
+        compile_wanted("yes", "cpu")
+
+
+def _forward_backward(stage: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    loss = lm_loss(stage(tokens), tokens)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in stage.parameters()]
+    stage.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def test_a_compiled_stage_matches_eager_and_compiles_once():
+    # The CPU runs inductor's real code generation (C++), the path a CUDA worker takes with
+    # Triton kernels instead: same graphs, same guards.
+    eager = build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=3)
+    compiled = build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=3)
+    names = [name for name, _ in compiled.named_parameters()]
+    assert compile_blocks(compiled) == len(compiled.layers) > 1
+    assert [name for name, _ in compiled.named_parameters()] == names  # checkpoints and the exchange see no change
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    loss, grads = _forward_backward(compiled, tokens)
+    want_loss, want_grads = _forward_backward(eager, tokens)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+    # Every block shares one graph, and the next microbatch reuses it: no recompilation.
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again, _ = _forward_backward(compiled, tokens)
+    torch.testing.assert_close(again, want_loss, rtol=1e-4, atol=1e-5)
