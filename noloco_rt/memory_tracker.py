@@ -3,7 +3,8 @@
 Every tensor an operator returns is looked at while the tracker is active; its storage is
 counted once, when first seen, and uncounted when torch frees it (a weak reference on the
 storage). The live total's maximum is the peak. Only storages created while tracking are
-seen, so a measurement should build what it measures (the replica too) inside `with`.
+seen (views and in-place results share an input's storage and are skipped), so a
+measurement should build what it measures (the replica too) inside `with`.
 On CUDA use torch.cuda.max_memory_allocated instead (benchmarks/memory_plan.py does).
 """
 
@@ -48,6 +49,8 @@ class TensorMemoryTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if any(r.alias_info is not None for r in func._schema.returns):
+            return out  # a view or an in-place op: its storage is an input's, not new memory
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self._see(leaf)
