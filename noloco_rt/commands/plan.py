@@ -3,6 +3,7 @@ fewest stages whose every worker fits a budget."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -12,7 +13,15 @@ from noloco_rt.commands import effective_config
 from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.training import ACTIVATION_CHECKPOINTING, PRECISIONS
-from noloco_rt.memory_fit import GB, MemoryChoice, budget_bytes, choose, fit_stages, plan_settings
+from noloco_rt.memory_fit import (
+    GB,
+    MemoryChoice,
+    budget_bytes,
+    choose,
+    compute_precision,
+    fit_stages,
+    plan_settings,
+)
 from noloco_rt.memory_plan import StageMemory, plan
 
 COLUMNS = ("stage", "layers", "params", "weights", "grads", "inner opt", "outer φ δ", "activations",
@@ -20,8 +29,7 @@ COLUMNS = ("stage", "layers", "params", "weights", "grads", "inner opt", "outer 
 
 
 def _size(n_bytes: int, unit: tuple[str, int]) -> str:
-    name, scale = unit
-    return f"{n_bytes / scale:,.2f}"
+    return f"{n_bytes / unit[1]:,.2f}"
 
 
 def render_table(stages: list[StageMemory], unit: tuple[str, int]) -> str:
@@ -44,8 +52,7 @@ def unit_for(stages: list[StageMemory]) -> tuple[str, int]:
 def describe(cfg: Config, device: str, choice: MemoryChoice) -> str:
     return (f"preset {cfg.model.preset}, {cfg.pipeline.stages} stages, {cfg.data.batch_size} x {cfg.model.seq_len} "
             f"tokens a microbatch, vocabulary {cfg.model.vocab_size}, {device}, "
-            f"{'bfloat16' if plan_settings(cfg, device_type=device, max_inflight=1, activation_checkpointing=False).precision == 'bfloat16' else 'float32'} "
-            f"compute, wire {cfg.pipeline.wire_dtype}, codec {cfg.worker.snapshot_codec}\n{choice.reason}")
+            f"{compute_precision(cfg.model.precision, device)} compute, wire {cfg.pipeline.wire_dtype}, codec {cfg.worker.snapshot_codec}\n{choice.reason}")
 
 
 def print_plan(cfg: Config, device: str, choice: MemoryChoice) -> None:
@@ -102,6 +109,4 @@ def plan_command(config_path: str | None, assignments: tuple[str, ...], device: 
 
 
 def fit_config(cfg: Config, stages: int) -> Config:
-    import dataclasses
-
     return dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, stages=stages))
