@@ -179,38 +179,38 @@ def block_activation_bytes_per_token(shape: ModelShape, precision: str) -> int:
     return 36 * c + 8 * f + 4 * h + norms
 
 
-def linear_weight_casts(shape: ModelShape, s: PlanSettings, stage: int, *, blocks_only: bool = False) -> int:
-    """The bfloat16 copies of the linear weights one microbatch's graph keeps under autocast."""
+def block_weight_casts(s: PlanSettings) -> int:
+    """The bfloat16 copies of one block's linear weights a microbatch's graph keeps under autocast."""
     if s.precision == "float32":
         return 0
-    per_block = 4 * shape.dim * shape.dim + 3 * shape.dim * shape.ffn_dim
-    count = stage_layers(shape.n_layers, s.stages, stage) * per_block
-    if stage == s.stages - 1 and not blocks_only:
-        count += s.vocab_size * shape.dim
-    return BF16 * count
+    return BF16 * (4 * s.shape.dim * s.shape.dim + 3 * s.shape.dim * s.shape.ffn_dim)
+
+
+def head_activation_bytes(s: PlanSettings) -> int:
+    """What the last stage's final norm, head and loss keep for one microbatch: the norm's
+    input and x·rsqrt (float32), its output as the head's input, the logits (alive while the
+    loss backward runs, as the worker holds them) and the log-probabilities the loss saves."""
+    c, v = s.shape.dim, s.vocab_size
+    width = PRECISION_BYTES[s.precision]
+    head_cast = 0 if s.precision == "float32" else BF16 * v * c
+    return s.tokens * (2 * FP32 * c + width * c + width * v + FP32 * v) + head_cast
 
 
 def microbatch_activation_bytes(s: PlanSettings, stage: int) -> int:
     """Everything one microbatch keeps alive on the stage until its gradient is applied."""
     shape, n = s.shape, s.tokens
-    c, v = shape.dim, s.vocab_size
     layers = stage_layers(shape.n_layers, s.stages, stage)
     first, last = stage == 0, stage == s.stages - 1
     if s.activation_checkpointing:
-        per_token = layers * FP32 * c  # each block's input
+        per_token = layers * FP32 * shape.dim  # each block's input
     else:
         per_token = layers * block_activation_bytes_per_token(shape, s.precision)
     if first:
         per_token += TOKEN_ID  # the token ids the embedding saves
-    if last:
-        # final norm: input and x·rsqrt (float32), its output as the head's input
-        per_token += 2 * FP32 * c + PRECISION_BYTES[s.precision] * c
-        # the logits, alive while the loss backward runs, and the log-probabilities it saves
-        per_token += PRECISION_BYTES[s.precision] * v + FP32 * v
-    else:
-        per_token += FP32 * c  # the stage's output, kept for the gradient that comes back
-    casts = 0 if s.activation_checkpointing else linear_weight_casts(shape, s, stage)
-    return n * per_token + casts
+    if not last:
+        per_token += FP32 * shape.dim  # the stage's output, kept for the gradient that comes back
+    casts = 0 if s.activation_checkpointing else layers * block_weight_casts(s)
+    return n * per_token + casts + (head_activation_bytes(s) if last else 0)
 
 
 def block_working_bytes(s: PlanSettings) -> int:
@@ -221,9 +221,7 @@ def block_working_bytes(s: PlanSettings) -> int:
     c, f = shape.dim, shape.ffn_dim
     working = n * (3 * FP32 * f + 4 * FP32 * c)
     if s.activation_checkpointing:
-        working += n * block_activation_bytes_per_token(shape, s.precision)
-        if s.precision != "float32":
-            working += BF16 * (4 * c * c + 3 * c * f)
+        working += n * block_activation_bytes_per_token(shape, s.precision) + block_weight_casts(s)
     return working
 
 
@@ -241,13 +239,15 @@ def backward_working_bytes(s: PlanSettings, stage: int, held: int, activations: 
     first, last = stage == 0, stage == s.stages - 1
     saved_per_block = n * (FP32 * shape.dim if s.activation_checkpointing
                            else block_activation_bytes_per_token(shape, s.precision))
-    casts_per_block = 0 if s.activation_checkpointing else linear_weight_casts(shape, s, stage, blocks_only=True) // max(layers, 1)
+    casts_per_block = 0 if s.activation_checkpointing else block_weight_casts(s)
     block_grads = FP32 * block_params(shape)
     others = (held - 1) * activations + wire  # the other held microbatches, and all wire copies
     live = others + activations
-    if last:
-        live += FP32 * (shape.dim + s.vocab_size * shape.dim)  # the head's and final norm's gradients
-    worst = live + (n * 2 * FP32 * s.vocab_size if last else 0)
+    worst = live
+    if last:  # the loss and head backward first: two float32 logits gradients, the head's own
+        live += FP32 * (shape.dim + s.vocab_size * shape.dim)
+        worst = live + n * 2 * FP32 * s.vocab_size
+        live -= head_activation_bytes(s)  # freed once the head's backward is done
     for _ in range(layers):
         worst = max(worst, live + block_grads + block_working_bytes(s))
         live += block_grads - saved_per_block - casts_per_block
