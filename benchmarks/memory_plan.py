@@ -150,7 +150,8 @@ def settings_for(preset: str, *, device: torch.device, checkpointing: bool, seq_
                  max_inflight: int) -> PlanSettings:
     return PlanSettings(preset=preset, stages=2, micro_batch=micro_batch, seq_len=seq_len, vocab_size=256,
                         precision="bfloat16" if device.type == "cuda" else "float32",
-                        activation_checkpointing=checkpointing, max_inflight=max_inflight)
+                        activation_checkpointing=checkpointing, max_inflight=max_inflight,
+                        device="cuda" if device.type == "cuda" else "cpu")
 
 
 def main() -> None:
