@@ -68,9 +68,11 @@ class ModelConfig:
 
     activation_checkpointing: str = "auto"
     """Recompute each block in backward instead of keeping its activations (one more forward
-    of compute; a block's activations shrink to its input). on, off, or auto: a worker on CUDA
-    turns it on only when its in-flight microbatches' activations would not fit its memory
-    budget without it (noloco_rt.memory_fit); on the CPU, and in the simulator, auto is off."""
+    of compute; a block's activations shrink to its input). on, off, or auto: a worker turns it
+    on only when its in-flight microbatches would not fit its memory budget without it (the
+    CUDA device's share, or worker.memory_budget_gb; noloco_rt.memory_fit), since the recompute
+    costs about a third more compute; with no budget (the CPU by default) and in the simulator,
+    auto is off."""
 
     def __post_init__(self) -> None:
         require_choice("model", "precision", self.precision, PRECISIONS)
