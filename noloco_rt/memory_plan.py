@@ -14,7 +14,8 @@ A worker holds, all at once in the worst case:
 - the outer exchange's buffers: our contribution at the outer step (θ, or φ and Δ) kept
   for the correction, its encoded copy, the partners' decoded contributions, and the
   copy of φ and δ published for joiners; with the overlapped step these live on across the
-  next inner steps, so they are counted beside the activations;
+  next inner steps, so they are counted beside the activations (on CUDA they are host
+  memory: the device holds our contribution only while it is copied out);
 - the gradients, and the working memory of one block's backward (or of the optimizer step).
 
 Saved activations per token of one block, derived from what the model's ops save for
@@ -116,9 +117,10 @@ class StageMemory:
     inner_optimizer: int
     outer_state: int
     exchange: int
-    """The outer exchange's buffers in the memory `peak` counts (on CUDA: the device's)."""
+    """The outer exchange's lasting buffers in the memory `peak` counts: on the CPU all of
+    them; on CUDA none (our contribution is copied to the host at the outer step)."""
     exchange_host: int
-    """The exchange's buffers in host memory (on the CPU: included in `exchange`)."""
+    """The exchange's buffers in host memory on CUDA (0 on the CPU: they are `exchange`)."""
     activations_per_microbatch: int
     held_microbatches: int
     """Microbatches whose activations wait for their gradient at once (1 on the last stage)."""
@@ -129,6 +131,9 @@ class StageMemory:
     activations and wire copies, the gradients allocated so far, a block's working memory."""
     step_working: int
     """The optimizer step's: the gradients and the step's temporaries (activations are gone)."""
+    outer_working: int
+    """The outer step's, at an inner-step boundary (gradients freed): Δ and β·Δ, and on CUDA
+    our contribution's clone on the device until its copy to the host is done."""
 
     @property
     def activations(self) -> int:
@@ -142,7 +147,7 @@ class StageMemory:
     @property
     def peak(self) -> int:
         """The worst moment, in the memory the stage computes in (the device's on CUDA)."""
-        return self.lasting + max(self.backward_working, self.step_working)
+        return self.lasting + max(self.backward_working, self.step_working, self.outer_working)
 
     @property
     def host(self) -> int:
@@ -262,7 +267,8 @@ def contribution_elements(s: PlanSettings, params: int) -> int:
 
 def exchange_host_bytes(s: PlanSettings, params: int) -> int:
     """The exchange's copies on the host: our contribution's encoding (and, on CUDA, its raw
-    copy), the partners' decoded contributions, and φ and δ published for joiners."""
+    copy, kept for the correction), the partners' decoded contributions, and φ and δ
+    published for joiners."""
     parts = contribution_elements(s, params)
     own_copy = FP32 * parts if s.device == "cuda" else 0  # on the CPU it is the kept contribution itself
     encoded = round(CODEC_BYTES[s.snapshot_codec] * parts)
@@ -271,9 +277,11 @@ def exchange_host_bytes(s: PlanSettings, params: int) -> int:
     return own_copy + encoded + partners + bootstrap
 
 
-def exchange_device_bytes(s: PlanSettings, params: int) -> int:
-    """Our contribution at the outer step (θ, or φ and Δ), kept for the correction."""
-    return FP32 * contribution_elements(s, params)
+def outer_step_working_bytes(s: PlanSettings, params: int) -> int:
+    """The provisional outer step's temporaries (Δ and β·Δ), and on CUDA the clone of our
+    contribution on the device (on the CPU it is the kept contribution, in `exchange`)."""
+    clone = FP32 * contribution_elements(s, params) if s.device == "cuda" else 0
+    return clone + 2 * FP32 * params
 
 
 def wire_copy_bytes(s: PlanSettings, stage: int) -> int:
@@ -306,13 +314,14 @@ def stage_memory(s: PlanSettings, stage: int) -> StageMemory:
         grads=FP32 * params,
         inner_optimizer=2 * FP32 * params,
         outer_state=2 * FP32 * params,
-        exchange=exchange_device_bytes(s, params) + (0 if on_device else exchange_host_bytes(s, params)),
+        exchange=0 if on_device else FP32 * contribution_elements(s, params) + exchange_host_bytes(s, params),
         exchange_host=exchange_host_bytes(s, params) if on_device else 0,
         activations_per_microbatch=activations,
         held_microbatches=held,
         wire_copies=wire,
         backward_working=backward_working_bytes(s, stage, held, activations, 0 if on_device else wire),
         step_working=FP32 * params + OPTIMIZER_STEP_TENSORS * FP32 * params,
+        outer_working=outer_step_working_bytes(s, params),
     )
 
 

@@ -70,7 +70,8 @@ def test_cuda_keeps_the_exchange_copies_on_the_host() -> None:
     cpu, cuda = stage_memory(settings("1b", precision="bfloat16"), 0), \
         stage_memory(settings("1b", precision="bfloat16", device="cuda"), 0)
     assert cpu.host == 0 and cuda.host > 0
-    assert cuda.exchange == cuda.weights  # θ kept on the device for the correction
+    assert cuda.exchange == 0 and cpu.exchange > 4 * cpu.weights
+    assert cuda.outer_working == 3 * cuda.weights  # θ's clone until it is on the host, Δ and β·Δ
     assert cuda.peak < cpu.peak
 
 
