@@ -150,6 +150,13 @@ class StageMemory:
         return self.lasting + max(self.backward_working, self.step_working, self.outer_working)
 
     @property
+    def peak_moment(self) -> str:
+        """When the peak happens: backward, optimizer step, or outer step."""
+        moments = {"backward": self.backward_working, "optimizer step": self.step_working,
+                   "outer step": self.outer_working}
+        return max(moments, key=lambda name: moments[name])
+
+    @property
     def host(self) -> int:
         """Host memory beside the device's on CUDA (the exchange, wire copies); 0 on the CPU."""
         return 0 if self.exchange_host == 0 else self.exchange_host + self.wire_copies

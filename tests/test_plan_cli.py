@@ -14,8 +14,9 @@ def test_plan_prints_a_row_per_stage_with_the_chosen_settings(capsys, monkeypatc
     assert "preset 1b, 2 stages, 8 x 1024 tokens" in out and "bfloat16 compute" in out
     assert "fits in 60.00 GB: 4 in flight, checkpointing on" in out
     header = next(line for line in out.splitlines() if line.strip().startswith("stage"))
-    for column in ("weights", "grads", "inner opt", "outer φ δ", "activations", "exchange", "peak"):
+    for column in ("weights", "grads", "inner opt", "outer φ δ", "activations", "exchange", "peak", "peak at"):
         assert column in header
+    assert "outer step" in out  # checkpointed, the activations are small: θ's copies at the outer step set the peak
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit() and "617.1M" in line]
     assert [row[0] for row in rows] == ["0", "1"]
     assert rows[0][8:10] == ["×", "4"] and rows[1][8:10] == ["×", "1"]  # the last stage holds one microbatch

@@ -25,7 +25,7 @@ from noloco_rt.memory_fit import (
 from noloco_rt.memory_plan import StageMemory, plan
 
 COLUMNS = ("stage", "layers", "params", "weights", "grads", "inner opt", "outer φ δ", "activations",
-           "wire", "exchange", "peak", "host")
+           "wire", "exchange", "peak", "peak at", "host")
 
 
 def _size(n_bytes: int, unit: tuple[str, int]) -> str:
@@ -37,7 +37,7 @@ def render_table(stages: list[StageMemory], unit: tuple[str, int]) -> str:
     rows = [[str(m.stage), str(m.layers), f"{m.params / 1e6:,.1f}M", _size(m.weights, unit), _size(m.grads, unit),
              _size(m.inner_optimizer, unit), _size(m.outer_state, unit),
              f"{_size(m.activations_per_microbatch, unit)} × {m.held_microbatches}", _size(m.wire_copies, unit),
-             _size(m.exchange, unit), _size(m.peak, unit), _size(m.host, unit) if m.host else "–"]
+             _size(m.exchange, unit), _size(m.peak, unit), m.peak_moment, _size(m.host, unit) if m.host else "–"]
             for m in stages]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths, strict=True))]
