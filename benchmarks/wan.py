@@ -40,6 +40,7 @@ from noloco_rt.config import load_config
 from noloco_rt.export import consensus_of_checkpoints
 from noloco_rt.logs import read_json_lines, record_seconds
 from noloco_rt.membership.embedded_redis import redis_server_binary
+from noloco_rt.memory_fit import inflight_or_default
 
 REDIS_PORT = 16390
 DATA_PORT_BASE, EXCHANGE_PORT_BASE = 17000, 17200
@@ -168,7 +169,7 @@ def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
     """Stage 0's tokens/s: per stage-0 worker, the inner steps between its first and last
     progress lines over the time between them (start-up and shutdown left out), summed."""
     cfg = load_config(environ={}, overrides=[{"model": {"preset": trial.preset}}])
-    tokens_per_step = cfg.pipeline.max_inflight * cfg.data.batch_size * cfg.model.seq_len  # B microbatches a step
+    tokens_per_step = inflight_or_default(cfg) * cfg.data.batch_size * cfg.model.seq_len  # B microbatches a step
     rate, spans = 0.0, []
     for path in logs.glob("s0-*.log"):
         events, _ = read_json_lines(path)

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chaos": ("workers.cluster.chaos:chaos", "Train a local cluster under injected faults and check the invariants."),
     "prepare": ("noloco_rt.commands.prepare:prepare",
                 "Tokenize text files or JSONL into train/val token shards (resumable)."),
+    "plan": ("noloco_rt.commands.plan:plan_command",
+             "Memory of each stage's worker (weights, optimizer, activations in flight, peak); --fit-gb finds stages."),
     "k8s": ("noloco_rt.commands.k8s:k8s", "Render Kubernetes manifests for S stages × R replicas (docs/deploy.md)."),
 }
 

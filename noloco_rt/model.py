@@ -15,6 +15,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from noloco_rt.config.presets import PRESETS, ModelShape
 
@@ -123,6 +124,9 @@ class PipelineStage(nn.Module):
         self.norm = RMSNorm(shape.dim) if self.is_last else None
         self.head = nn.Linear(shape.dim, vocab_size, bias=False) if self.is_last else None
         self._rotary_cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.activation_checkpointing = False
+        """Keep only each block's input for backward and recompute the block then: about one
+        more forward of compute for a block's activations in memory (noloco_rt.memory_plan)."""
 
     def _rotary(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device)
@@ -134,8 +138,10 @@ class PipelineStage(nn.Module):
         if self.embed is not None:
             x = self.embed(x)  # (B, T) -> (B, T, C)
         cos, sin = self._rotary(x.shape[1], x.device)
+        checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.layers.values():
-            x = block(x, cos, sin)
+            # Non-reentrant: gradients identical to the plain forward, autocast state replayed.
+            x = checkpoint(block, x, cos, sin, use_reentrant=False) if checkpointed else block(x, cos, sin)
         if self.head is not None:
             assert self.norm is not None
             x = self.head(self.norm(x))  # (B, T, V)

@@ -72,12 +72,14 @@ def test_the_manifests_carry_the_computed_sizes(overlay: str) -> None:
 
     docs = k8s_render.render(overlay)
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    expected = sizing.sizing_from_config(load_config(environ={}, overrides=[tomllib.loads(cm["data"]["config.toml"])]))
+    expected = sizing.sizing_from_config(load_config(environ={}, overrides=[tomllib.loads(cm["data"]["config.toml"])]),
+                                         gpu=overlay != "cpu-dev")
     (store,) = [d for d in docs if d["metadata"]["name"] == "noloco-store"]
     assert store["spec"]["resources"]["requests"]["storage"] == expected.store
     for job in (d for d in docs if d["kind"] == "Job"):
         (c,) = job["spec"]["template"]["spec"]["containers"]
         assert c["resources"]["requests"]["ephemeral-storage"] == expected.worker_ephemeral
+        assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"] == expected.worker_memory
         assert c["startupProbe"]["failureThreshold"] == expected.startup_failures
         assert c["startupProbe"]["exec"]["command"][-1] == c["livenessProbe"]["exec"]["command"][-1] == str(
             expected.alive_stale_s)
@@ -93,7 +95,7 @@ def test_a_1b_stage_gets_room_for_its_checkpoint_and_time_for_its_download() -> 
     cfg = load_config(environ={}, overrides=[tomllib.loads(k8s_render.config_toml(k8s_render.profile_for("spot-gpu")))])
     largest = max(sizing.stage_param_counts(cfg))
     assert 5.9e9 < sizing.checkpoint_bytes(largest) < 6.4e9
-    pods = sizing.sizing_from_config(cfg)
+    pods = sizing.sizing_from_config(cfg, gpu=True)
     assert int(pods.worker_ephemeral.removesuffix("Gi")) * GIB >= 2 * sizing.checkpoint_bytes(largest)
     startup_s = pods.startup_failures * sizing.PROBE_PERIOD_S
     download_s = 2.5e9 * 8 / (cfg.worker.min_bandwidth_mbit_s * 1e6)
@@ -112,3 +114,19 @@ def test_a_slower_link_gives_the_probes_more_time() -> None:
     assert slow["startupProbe"]["failureThreshold"] > fast["startupProbe"]["failureThreshold"]
     fast_stale, slow_stale = (int(c["livenessProbe"]["exec"]["command"][-1]) for c in (fast, slow))
     assert 4 * fast_stale - 4 <= slow_stale <= 4 * fast_stale  # a quarter of the rate: four times the wait
+
+
+def test_worker_memory_is_the_plans_host_share_with_headroom_and_the_process() -> None:
+    """A GPU worker's pod memory is the plan's host share (exchange and wire copies), a CPU
+    worker's the plan's whole peak; 25 % headroom and the process on top."""
+    from noloco_rt.memory_plan import PlanSettings, plan
+
+    gpu = plan(PlanSettings(preset="1b", stages=4, micro_batch=8, seq_len=64, vocab_size=256, precision="bfloat16",
+                            activation_checkpointing=False, max_inflight=4, device="cuda"))
+    cpu = plan(PlanSettings(preset="tiny", stages=2, micro_batch=8, seq_len=64, vocab_size=256, precision="float32",
+                            activation_checkpointing=False, max_inflight=4, device="cpu"))
+    assert sizing.worker_memory_bytes(gpu, gpu=True) == math.ceil(max(m.host for m in gpu) * 1.25) + 3 * GIB
+    assert sizing.worker_memory_bytes(cpu, gpu=False) == math.ceil(max(m.peak for m in cpu) * 1.25) + GIB
+    # a 1b stage's exchange keeps θ, its encoding, the partner's θ and φ, δ for joiners on the host: ~17 B a parameter
+    assert max(m.host for m in gpu) > 17 * 308e6
+    assert sizing.gib_quantity(sizing.worker_memory_bytes(gpu, gpu=True)) == "10Gi"

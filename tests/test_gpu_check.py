@@ -27,6 +27,7 @@ from benchmarks.gpu_check import (
     worker_figures,
 )
 from benchmarks.plain_loop import compile_skip_reason, run_plain_loop
+from noloco_rt.memory_fit import inflight_or_default
 
 
 def stamp(second: float) -> str:
@@ -147,7 +148,7 @@ def test_1b_runs_one_microbatch_in_flight_and_the_others_the_default():
     assert runtime_settings("1b", args) == ["model.seq_len=1024", "outer.h=10", "pipeline.max_inflight=1"]
     one_b, default = runtime_config(runtime_settings("1b", args)), runtime_config(runtime_settings("125m", args))
     assert (one_b.pipeline.max_inflight, one_b.model.seq_len, one_b.outer.h) == (1, 1024, 10)
-    assert default.pipeline.max_inflight * default.data.batch_size == 32  # 32 x 1024 tokens per step
+    assert inflight_or_default(default) * default.data.batch_size == 32  # 32 x 1024 tokens per step
 
 
 def test_a_run_past_its_time_is_ended_with_code_124_and_others_give_their_output():

@@ -385,7 +385,8 @@ def test_worker_specs_one_worker_per_local_rank():
     assert specs[1].args == (*common, "--name", "node7-s1-r1", "--metrics-port", "9101")
     # The URL (and its password) goes by environment, never on a command line `ps` shows.
     assert [dict(s.env) for s in specs] == [
-        {"LOCAL_RANK": str(rank), "NOLOCO_NETWORK_REDIS_URL": "redis://:secret@db:6379/0"} for rank in (0, 1)]
+        {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "NOLOCO_NETWORK_REDIS_URL": "redis://:secret@db:6379/0"}
+        for rank in (0, 1)]  # LOCAL_WORLD_SIZE: the workers sharing this machine's GPUs, for their memory budget
     assert all(s.restart for s in specs)
 
 

@@ -101,6 +101,10 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
     assert started and started[0]["port"] == status_port, started
     assert f"127.0.0.1:{status_port}/status" in output
     assert error_events((out / "logs").glob("*.log")) == []  # fault-free
+    # Each worker resolved its memory settings once at start (no budget on the CPU: the explicit 2, no checkpointing).
+    plans = [json.loads(line) for name in logs if name.startswith("s")
+             for line in (out / "logs" / name).read_text().splitlines() if '"memory_plan"' in line]
+    assert len(plans) >= 4 and {(e["max_inflight"], e["activation_checkpointing"]) for e in plans} == {(2, False)}
     records = read_metrics(out / "metrics.jsonl")
     samples = [r for r in records if r["kind"] == "workers"]
     assert samples and {w["name"] for w in samples[-1]["workers"]} == {"s0-r0", "s0-r1", "s1-r0", "s1-r1"}

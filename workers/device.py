@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+
+from noloco_rt.config import Config
+from noloco_rt.memory_fit import MemoryChoice, budget_bytes, choose
 
 
 def pick_device(local_rank: int) -> torch.device:
@@ -20,6 +24,23 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "bfloat16" or (precision == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return None
+
+
+def workers_sharing_device(environ: Mapping[str, str]) -> int:
+    """Workers on one accelerator: this machine's workers (LOCAL_WORLD_SIZE, set by torch
+    elastic) over its CUDA devices, rounded up; 1 when nobody said."""
+    local_workers = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    devices = max(1, torch.cuda.device_count())
+    return max(1, -(-local_workers // devices))
+
+
+def memory_choice(cfg: Config, device: torch.device, environ: Mapping[str, str] | None = None) -> MemoryChoice:
+    """In-flight count and activation checkpointing for this worker (noloco_rt.memory_fit):
+    the budget is worker.memory_budget_gb, or the CUDA device's memory over the workers sharing it."""
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    budget = budget_bytes(cfg.worker.memory_budget_gb, device_type=device.type, device_total_bytes=total,
+                          workers_sharing=workers_sharing_device(os.environ if environ is None else environ))
+    return choose(cfg, device_type="cuda" if device.type == "cuda" else "cpu", budget_bytes=budget)
 
 
 def memory_fields(device: torch.device) -> dict[str, float]:

@@ -36,6 +36,7 @@ from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
+from noloco_rt.memory_fit import resolved_config
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
@@ -47,7 +48,7 @@ from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import decoder
 from workers.data_path.roles import data_path_for
-from workers.device import HostStaging, pick_device
+from workers.device import HostStaging, memory_choice, pick_device
 from workers.durable_state import durable_state_for, is_elected_writer
 from workers.faults.data_path import DataFaults
 from workers.inner_step import InnerStep
@@ -77,11 +78,16 @@ class StageWorker:
             raise ValueError(why)
         if not 0 <= stage < cfg.pipeline.stages:
             raise ValueError(f"--stage must be in [0, {cfg.pipeline.stages}), got {stage}")
+        memory = memory_choice(cfg, device)
+        cfg = resolved_config(cfg, memory)  # every reader sees the in-flight count and checkpointing used
         self.cfg, self.stage, self.name, self.device = cfg, stage, name, device
         self.membership, self.ctx, self.metrics = membership, ctx, metrics
         # A fresh id per incarnation: a quick restart must not be mistaken for the process it replaces.
         self.worker_id = uuid.uuid4().hex
         self.log = get_logger(run=cfg.run.run_id, worker=self.worker_id[:8], stage=stage, name=name)
+        (self.log.info if memory.fits else self.log.warning)(
+            "memory_plan", max_inflight=memory.max_inflight, activation_checkpointing=memory.activation_checkpointing,
+            planned_peak_gb=round(memory.peak_bytes / 1e9, 2), reason=memory.reason)
         self.metrics_addr = ""
         """host:port of the Prometheus endpoint, published in the membership record."""
         self.leave_requested = threading.Event()

@@ -41,7 +41,10 @@ class StageReplica:
 
     @classmethod
     def of_module(cls, module: PipelineStage, cfg: Config) -> StageReplica:
-        """A replica around `module` as it is now (φ = θ, δ = 0), with the run's inner optimizer."""
+        """A replica around `module` as it is now (φ = θ, δ = 0), with the run's inner optimizer.
+        Activation checkpointing follows model.activation_checkpointing; "auto" is off here (a
+        worker resolves it for its device first: noloco_rt.memory_fit)."""
+        module.activation_checkpointing = cfg.model.activation_checkpointing == "on"
         return cls(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=cfg.run.steps))
 
     @property

@@ -68,6 +68,11 @@ class WorkerConfig:
     sent on its own, so compressing, sending and decoding overlap."""
     snapshot_encode_threads: int = 2
     """Threads compressing a snapshot's chunks at once (off the training thread)."""
+    memory_budget_gb: float = 0.0
+    """Memory (GB, 10^9 bytes) one worker may use for its stage, for pipeline.max_inflight = 0 and
+    model.activation_checkpointing = auto. 0: on CUDA the device's total memory divided by the
+    workers sharing it (LOCAL_WORLD_SIZE over the device count), on the CPU no budget
+    (4 in flight, checkpointing off: today's behaviour)."""
     max_retries: int = 3
     """Re-sends of a microbatch to other workers before it is dropped."""
     deadline_floor_s: float = 2.0
@@ -147,6 +152,8 @@ class WorkerConfig:
                 "min_bandwidth_mbit_s", self.min_bandwidth_mbit_s, "must be > 0")
         require(0 <= self.left_exit_code <= 125, "worker", "left_exit_code", self.left_exit_code,
                 "must be an exit status in [0, 125]")
+        require(math.isfinite(self.memory_budget_gb) and self.memory_budget_gb >= 0, "worker", "memory_budget_gb",
+                self.memory_budget_gb, "must be >= 0 (0: the device's memory)")
         require(self.max_retries >= 0, "worker", "max_retries", self.max_retries, "must be >= 0")
         require(self.checkpoint_every >= 0, "worker", "checkpoint_every", self.checkpoint_every, "must be >= 0")
         require(math.isfinite(self.checkpoint_interval_s) and self.checkpoint_interval_s >= 0, "worker",

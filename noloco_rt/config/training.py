@@ -11,6 +11,9 @@ from noloco_rt.config.presets import PRESETS
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 COMPILE_MODES = ("auto", "on", "off")
+ACTIVATION_CHECKPOINTING = ("auto", "on", "off")
+DEFAULT_MAX_INFLIGHT = 4
+"""The in-flight count a worker uses where memory allows (pipeline.max_inflight = 0)."""
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
@@ -69,9 +72,18 @@ class ModelConfig:
     checkpoint still wins). Its existence is checked when a run starts, not here: a
     consensus file embeds this config and must stay loadable after the file is gone."""
 
+    activation_checkpointing: str = "auto"
+    """Recompute each block in backward instead of keeping its activations (one more forward
+    of compute; a block's activations shrink to its input). on, off, or auto: a worker turns it
+    on only when its in-flight microbatches would not fit its memory budget without it (the
+    CUDA device's share, or worker.memory_budget_gb; noloco_rt.memory_fit), since the recompute
+    costs about a third more compute; with no budget (the CPU by default) and in the simulator,
+    auto is off."""
+
     def __post_init__(self) -> None:
         require_choice("model", "precision", self.precision, PRECISIONS)
         require_choice("model", "compile", self.compile, COMPILE_MODES)
+        require_choice("model", "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         require_choice("model", "preset", self.preset, tuple(PRESETS))
         require(self.seq_len >= 2, "model", "seq_len", self.seq_len, "must be >= 2")
         require(self.vocab_size >= 2, "model", "vocab_size", self.vocab_size, "must be >= 2")
@@ -251,8 +263,11 @@ class PipelineConfig:
     """Pipeline stages the model is cut into (by layer ranges)."""
     replicas: int = 2
     """Replicas per stage (the simulator; live workers decide it in a real run)."""
-    max_inflight: int = 4
-    """B: forwards a worker accepts before it waits for their gradients and steps."""
+    max_inflight: int = 0
+    """B: forwards a worker accepts (stage 0: originates) before it waits for their gradients
+    and steps. 0: from memory (noloco_rt.memory_fit): 4 where worker.memory_budget_gb holds
+    them (turning activation checkpointing on if model.activation_checkpointing = auto and it
+    must), else the most that fit, at least 1; on the CPU always 4."""
     wire_dtype: str = "float16"
     """How activations and gradients travel between stages: float32 (exact), bfloat16,
     float16 (default: half the bytes, val loss within +0.07 % median over 6 seeds,
@@ -263,7 +278,8 @@ class PipelineConfig:
         require_choice("pipeline", "wire_dtype", self.wire_dtype, WIRE_DTYPES)
         require(self.stages >= 1, "pipeline", "stages", self.stages, "must be >= 1")
         require(self.replicas >= 1, "pipeline", "replicas", self.replicas, "must be >= 1")
-        require(self.max_inflight >= 1, "pipeline", "max_inflight", self.max_inflight, "must be >= 1")
+        require(self.max_inflight >= 0, "pipeline", "max_inflight", self.max_inflight,
+                "must be >= 1, or 0 to derive it from the memory budget")
 
 
 @dataclass(kw_only=True)

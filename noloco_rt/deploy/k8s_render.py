@@ -42,7 +42,7 @@ def render(overlay: str = "base", *, generate_secrets: bool = False, **changes: 
     refuse or a config the pods' loader would reject."""
     p = profile_for(overlay, **changes)
     check_profile(p)
-    sizing = sizing_from_config(check_rendered_config(config_toml(p)))
+    sizing = sizing_from_config(check_rendered_config(config_toml(p)), gpu=p.gpu)
     docs: list[dict[str, Any]] = [config_map(p), *(generated_secrets() if generate_secrets else []),
                                   *claims(p, sizing), network_policy()]
     if p.spot:

@@ -1,9 +1,9 @@
-"""How much disk the pods need and how long they may take, from the run's config.
+"""How much disk and memory the pods need and how long they may take, from the run's config.
 
 The arithmetic is pure (parameter counts and config values in, numbers out) so tests can
 check it by hand; `sizing_from_config` only counts the stages' parameters (on torch's meta
 device: shapes without memory) and feeds them in. docs/deploy.md ("Sizing the pods")
-explains each rule.
+explains each rule. A worker's memory is the memory plan's (noloco_rt.memory_plan).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from noloco_rt.export import stage_parameter_shapes
+from noloco_rt.memory_fit import choose, plan_settings
+from noloco_rt.memory_plan import StageMemory, plan
 
 # The worker's own deadlines (stage_timeouts), so probes and the worker cannot disagree on them.
 from noloco_rt.transfer_time import StageTimeouts, stage_timeouts, transfer_s
@@ -33,6 +35,10 @@ STORE_HEADROOM = 1.25  # a filesystem is slow when full; sizes also round up to 
 STARTUP_SLACK_S = 180
 ALIVE_STALE_FLOOR_S = 120  # the loop touches the file about once a second
 PROBE_PERIOD_S = 10
+# A worker's host memory beyond the plan's tensors: the interpreter, torch's libraries and, on
+# a GPU node, the CUDA runtime's host side; and a margin for allocator fragmentation.
+PROCESS_OVERHEAD_BYTES = {"gpu": 3 * GIB, "cpu": 1 * GIB}
+MEMORY_HEADROOM = 1.25
 
 
 def checkpoint_bytes(stage_params: int) -> int:
@@ -81,24 +87,35 @@ def gib_quantity(n_bytes: int) -> str:
     return f"{max(1, math.ceil(n_bytes / GIB))}Gi"
 
 
+def worker_memory_bytes(stages: Sequence[StageMemory], *, gpu: bool) -> int:
+    """A worker pod's memory request and limit: its host memory in the plan (on a GPU node the
+    exchange's host copies and the wire copies; on the CPU everything) with headroom, plus the
+    process itself, for the hungriest stage."""
+    tensors = max(stage.host if gpu else stage.peak for stage in stages)
+    return math.ceil(tensors * MEMORY_HEADROOM) + PROCESS_OVERHEAD_BYTES["gpu" if gpu else "cpu"]
+
+
 @dataclass(frozen=True)
 class PodSizing:
     store: str
+    worker_memory: str
     worker_ephemeral: str
     coordinator_ephemeral: str
     startup_failures: int
     alive_stale_s: int
 
 
-def sizing(stage_params: Sequence[int], worker: WorkerConfig, *, keep: int) -> PodSizing:
+def sizing(stage_params: Sequence[int], worker: WorkerConfig, *, keep: int, memory: Sequence[StageMemory],
+           gpu: bool) -> PodSizing:
     """Every size and threshold of the manifests, for stages of `stage_params` parameters
-    run by workers configured as `worker`."""
+    run by workers configured as `worker`, whose memory plan is `memory`."""
     largest = max(stage_params)
     timeouts = stage_timeouts(largest, worker)
     budget = startup_budget_s(largest, timeouts, mbit_s=worker.min_bandwidth_mbit_s,
                               redis_wait_s=worker.redis_wait_s)
     return PodSizing(
         store=gib_quantity(store_bytes(stage_params, keep=keep)),
+        worker_memory=gib_quantity(worker_memory_bytes(memory, gpu=gpu)),
         worker_ephemeral=gib_quantity(worker_ephemeral_bytes(largest, keep=worker.checkpoint_keep)),
         coordinator_ephemeral=gib_quantity(coordinator_ephemeral_bytes(sum(stage_params))),
         startup_failures=probe_failures(budget),
@@ -112,5 +129,16 @@ def stage_param_counts(cfg: Config) -> list[int]:
             for stage in range(cfg.pipeline.stages)]
 
 
-def sizing_from_config(cfg: Config) -> PodSizing:
-    return sizing(stage_param_counts(cfg), cfg.worker, keep=cfg.store.keep)
+def memory_plan_of(cfg: Config, *, gpu: bool) -> list[StageMemory]:
+    """The run's memory plan as its workers will run it: explicit settings kept, 0 in flight
+    and auto checkpointing as on a device with no budget given (4, off), the most a worker
+    may pick; the host share hardly depends on them anyway."""
+    device = "cuda" if gpu else "cpu"
+    choice = choose(cfg, device_type=device, budget_bytes=None)
+    return plan(plan_settings(cfg, device_type=device, max_inflight=choice.max_inflight,
+                              activation_checkpointing=choice.activation_checkpointing))
+
+
+def sizing_from_config(cfg: Config, *, gpu: bool) -> PodSizing:
+    return sizing(stage_param_counts(cfg), cfg.worker, keep=cfg.store.keep, memory=memory_plan_of(cfg, gpu=gpu),
+                  gpu=gpu)

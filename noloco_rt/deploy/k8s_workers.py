@@ -69,7 +69,8 @@ def spread(stage: int) -> list[dict[str, Any]]:
 
 def worker_container(p: Profile, stage: int, sizing: PodSizing) -> dict[str, Any]:
     gpu: dict[str, str] = {"nvidia.com/gpu": "1"} if p.gpu else {}
-    requests = {"cpu": p.cpu_request, "memory": p.memory_request, "ephemeral-storage": sizing.worker_ephemeral, **gpu}
+    # Host memory from the memory plan (noloco_rt.memory_plan): the exchange's copies dominate.
+    requests = {"cpu": p.cpu_request, "memory": sizing.worker_memory, "ephemeral-storage": sizing.worker_ephemeral, **gpu}
     return {
         "name": "worker",
         "image": p.image,
@@ -78,7 +79,7 @@ def worker_container(p: Profile, stage: int, sizing: PodSizing) -> dict[str, Any
         "ports": [{"name": "metrics", "containerPort": p.metrics_port},
                   {"name": "data", "containerPort": p.data_port},
                   {"name": "exchange", "containerPort": p.exchange_port}],
-        "resources": {"requests": requests, "limits": {"memory": p.memory_request, **gpu}},
+        "resources": {"requests": requests, "limits": {"memory": sizing.worker_memory, **gpu}},
         # Startup: until the loop first touches the alive file (Redis, bootstrap, store read).
         "startupProbe": alive_probe(sizing.alive_stale_s, period_s=PROBE_PERIOD_S, failures=sizing.startup_failures),
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,

@@ -40,7 +40,8 @@ def child_env(cfg: Config, redis_url: str) -> dict[str, str]:
 def worker_process_specs(cfg: Config, config_file: Path, names: dict[str, int], redis_url: str,
                          extra_env: dict[str, str] | None = None) -> list[ProcessSpec]:
     """One supervised `noloco-rt worker` per name (name -> stage)."""
-    env = {**child_env(cfg, redis_url), **(extra_env or {})}
+    # LOCAL_WORLD_SIZE: every worker of this machine, so a worker's memory budget is its share of a GPU.
+    env = {**child_env(cfg, redis_url), "LOCAL_WORLD_SIZE": str(len(names)), **(extra_env or {})}
     return [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % cfg.pipeline.replicas)},
                         args=run_command(config_file, "worker", "--stage", str(stage), "--name", name,
                                          "--metrics-port", "0"))

@@ -126,5 +126,6 @@ def worker_specs(*, stage: int, nproc: int, prefix: str, redis_url: str, steps: 
         port = 0 if metrics_port_base is None else metrics_port_base + rank
         name = f"{prefix}-r{rank}"
         specs.append(ProcessSpec(name=name, args=(*common, "--name", name, "--metrics-port", str(port)),
-                                 env={"LOCAL_RANK": str(rank), "NOLOCO_NETWORK_REDIS_URL": redis_url}))
+                                 env={"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc),
+                                      "NOLOCO_NETWORK_REDIS_URL": redis_url}))
     return specs

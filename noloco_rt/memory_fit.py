@@ -1,0 +1,142 @@
+"""Settings that fit a memory budget: the in-flight count and activation checkpointing a
+worker uses (pipeline.max_inflight = 0, model.activation_checkpointing = auto), and the
+smallest stage count that fits a budget (`noloco-rt plan --fit-gb`). Pure: the budget
+comes in as a number; the worker reads its device's memory (workers/device.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from noloco_rt.config import Config
+from noloco_rt.config.presets import PRESETS
+from noloco_rt.config.training import DEFAULT_MAX_INFLIGHT
+from noloco_rt.memory_plan import PlanSettings, StageMemory, plan
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class MemoryChoice:
+    """What a worker runs with, and why."""
+
+    max_inflight: int
+    activation_checkpointing: bool
+    budget_bytes: int | None
+    """None: no budget (the CPU without worker.memory_budget_gb)."""
+    peak_bytes: int
+    """The plan's largest per-worker peak over the run's stages with these settings."""
+    fits: bool
+
+    @property
+    def reason(self) -> str:
+        checkpointing = "on" if self.activation_checkpointing else "off"
+        if self.budget_bytes is None:
+            return f"no memory budget: {self.max_inflight} in flight, checkpointing {checkpointing}"
+        verdict = "fits" if self.fits else "does NOT fit (the closest setting)"
+        return (f"planned peak {self.peak_bytes / GB:.2f} GB {verdict} in {self.budget_bytes / GB:.2f} GB: "
+                f"{self.max_inflight} in flight, checkpointing {checkpointing}")
+
+
+def compute_precision(precision: str, device_type: str) -> str:
+    """model.precision as the forward runs it (workers/device.autocast_dtype's rule)."""
+    if precision == "bfloat16" or (precision == "auto" and device_type == "cuda"):
+        return "bfloat16"
+    return "float32"
+
+
+def plan_settings(cfg: Config, *, device_type: str, max_inflight: int, activation_checkpointing: bool) -> PlanSettings:
+    """The run's plan inputs with the given in-flight count and checkpointing."""
+    outer = cfg.outer.resolved()
+    return PlanSettings(
+        preset=cfg.model.preset, stages=cfg.pipeline.stages, micro_batch=cfg.data.batch_size,
+        seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size,
+        precision=compute_precision(cfg.model.precision, device_type),
+        activation_checkpointing=activation_checkpointing, max_inflight=max_inflight,
+        wire_dtype=cfg.pipeline.wire_dtype, snapshot_codec=cfg.worker.snapshot_codec,
+        group_size=outer.group_size, theta_only=outer.gamma == outer.beta, device=device_type)
+
+
+def worst_peak(stages: list[StageMemory]) -> int:
+    return max(stage.peak for stage in stages)
+
+
+def candidates(max_inflight: int, checkpointing: str) -> Iterator[tuple[int, bool]]:
+    """(in flight, checkpointing) from most to least preferred. The in-flight count is also
+    the inner step's batch, so the default count is kept as long as checkpointing (one more
+    forward of compute) can make it fit; only then fewer microbatches."""
+    counts = [max_inflight] if max_inflight else list(range(DEFAULT_MAX_INFLIGHT, 0, -1))
+    modes = {"on": [True], "off": [False], "auto": [False, True]}[checkpointing]
+    for index, count in enumerate(counts):
+        for mode in modes:
+            if index > 0 and checkpointing == "auto" and not mode:
+                continue  # fewer microbatches only once checkpointing is on
+            yield count, mode
+
+
+def choose(cfg: Config, *, device_type: str, budget_bytes: int | None) -> MemoryChoice:
+    """The settings a worker uses: explicit values are kept; 0 in flight and auto checkpointing
+    take the first candidate whose planned peak (the worst stage of the run, so every worker
+    of a run with the same budget agrees) fits the budget, or the last one if none does."""
+    explicit, mode = cfg.pipeline.max_inflight, cfg.model.activation_checkpointing
+    if budget_bytes is None:
+        count, checkpointing = explicit or DEFAULT_MAX_INFLIGHT, mode == "on"
+        peak = worst_peak(plan(plan_settings(cfg, device_type=device_type, max_inflight=count,
+                                             activation_checkpointing=checkpointing)))
+        return MemoryChoice(count, checkpointing, None, peak, True)
+    tried = []
+    for count, checkpointing in candidates(explicit, mode):
+        peak = worst_peak(plan(plan_settings(cfg, device_type=device_type, max_inflight=count,
+                                             activation_checkpointing=checkpointing)))
+        tried.append(MemoryChoice(count, checkpointing, budget_bytes, peak, peak <= budget_bytes))
+        if tried[-1].fits:
+            break
+    return tried[-1]
+
+
+def budget_bytes(memory_budget_gb: float, *, device_type: str, device_total_bytes: int | None,
+                 workers_sharing: int) -> int | None:
+    """worker.memory_budget_gb, else on CUDA the device's memory over the workers sharing it;
+    None on the CPU (no budget: today's fixed settings)."""
+    if memory_budget_gb > 0:
+        return int(memory_budget_gb * GB)
+    if device_type == "cuda" and device_total_bytes:
+        return device_total_bytes // max(1, workers_sharing)
+    return None
+
+
+def resolved_config(cfg: Config, choice: MemoryChoice) -> Config:
+    """The config with the chosen numbers in place of 0 and auto, so every reader of
+    pipeline.max_inflight and model.activation_checkpointing sees what the worker does."""
+    return dataclasses.replace(
+        cfg,
+        pipeline=dataclasses.replace(cfg.pipeline, max_inflight=choice.max_inflight),
+        model=dataclasses.replace(cfg.model, activation_checkpointing="on" if choice.activation_checkpointing else "off"))
+
+
+def inflight_or_default(cfg: Config) -> int:
+    """pipeline.max_inflight where no device decides it (the simulator, benchmarks' token
+    counts on the CPU): the explicit number, or the default."""
+    return cfg.pipeline.max_inflight or DEFAULT_MAX_INFLIGHT
+
+
+@dataclass(frozen=True)
+class Fit:
+    stages: int
+    choice: MemoryChoice
+    plan: list[StageMemory]
+
+
+def fit_stages(cfg: Config, *, device_type: str, budget: int) -> Fit | None:
+    """The fewest stages (and their settings, by `choose`) whose every worker fits `budget`;
+    None if even one layer per stage does not."""
+    for stages in range(1, PRESETS[cfg.model.preset].n_layers + 1):
+        staged = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, stages=stages))
+        choice = choose(staged, device_type=device_type, budget_bytes=budget)
+        if choice.fits:
+            settings = plan_settings(staged, device_type=device_type, max_inflight=choice.max_inflight,
+                                     activation_checkpointing=choice.activation_checkpointing)
+            return Fit(stages, choice, plan(settings))
+    return None
