@@ -25,11 +25,13 @@ def _forward_backward(stage: torch.nn.Module, tokens: torch.Tensor) -> tuple[tor
     return loss.detach(), grads
 
 
-def test_a_compiled_stage_matches_eager_and_compiles_once():
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "activation-checkpointing"])
+def test_a_compiled_stage_matches_eager_and_compiles_once(checkpointed):
     # The CPU runs inductor's real code generation (C++), the path a CUDA worker takes with
     # Triton kernels instead: same graphs, same guards.
     eager = build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=3)
     compiled = build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=3)
+    eager.activation_checkpointing = compiled.activation_checkpointing = checkpointed  # recomputes the compiled block
     names = [name for name, _ in compiled.named_parameters()]
     assert compile_blocks(compiled) == len(compiled.layers) > 1
     assert [name for name, _ in compiled.named_parameters()] == names  # checkpoints and the exchange see no change
