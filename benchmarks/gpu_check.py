@@ -37,8 +37,10 @@ from noloco_rt.model import build_stage, stage_layer_range
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
 """Dense bfloat16 tensor-core peaks from the vendors' data sheets (no sparsity)."""
-PRESET_SETTINGS = {"1b": ("pipeline.max_inflight=1",)}
-PRESET_NOTES = {"1b": "1b: pipeline.max_inflight=1 until the scale issue lands"}
+PRESET_SETTINGS: dict[str, tuple[str, ...]] = {}
+"""Settings a preset's runs need beyond the defaults: none since workers size their in-flight
+count and activation checkpointing from the GPU's memory (pipeline.max_inflight = 0)."""
+PRESET_NOTES: dict[str, str] = {}
 SHAPES = ((2, 2), (1, 1))
 """(stages, replicas) of the runtime's runs."""
 MIN_PROGRESS_LINES = 3  # step 1 (with start-up), and two more to measure a rate between

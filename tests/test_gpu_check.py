@@ -143,12 +143,14 @@ def test_the_table_gives_each_run_as_a_ratio_to_the_plain_eager_loop():
     assert table.rstrip().endswith("1b: pipeline.max_inflight=1 until the scale issue lands")
 
 
-def test_1b_runs_one_microbatch_in_flight_and_the_others_the_default():
+def test_every_preset_runs_with_the_default_settings():
+    # 1b ran with one microbatch in flight until workers sized it from the GPU's memory.
     args = argparse.Namespace(seq_len=1024, outer_h=10)
-    assert runtime_settings("1b", args) == ["model.seq_len=1024", "outer.h=10", "pipeline.max_inflight=1"]
-    one_b, default = runtime_config(runtime_settings("1b", args)), runtime_config(runtime_settings("125m", args))
-    assert (one_b.pipeline.max_inflight, one_b.model.seq_len, one_b.outer.h) == (1, 1024, 10)
-    assert inflight_or_default(default) * default.data.batch_size == 32  # 32 x 1024 tokens per step
+    assert runtime_settings("1b", args) == ["model.seq_len=1024", "outer.h=10"]
+    for preset in ("small", "125m", "1b"):
+        cfg = runtime_config(runtime_settings(preset, args))
+        assert (cfg.pipeline.max_inflight, cfg.model.seq_len, cfg.outer.h) == (0, 1024, 10)
+        assert inflight_or_default(cfg) * cfg.data.batch_size == 32  # 32 x 1024 tokens per step
 
 
 def test_a_run_past_its_time_is_ended_with_code_124_and_others_give_their_output():
