@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import zmq
 
+from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.data import DataCursor
 from noloco_rt.init_weights import initial_replica
@@ -36,7 +37,7 @@ from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
-from noloco_rt.memory_fit import resolved_config
+from noloco_rt.memory_fit import MemoryChoice, resolved_config
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
@@ -85,18 +86,12 @@ class StageWorker:
         # A fresh id per incarnation: a quick restart must not be mistaken for the process it replaces.
         self.worker_id = uuid.uuid4().hex
         self.log = get_logger(run=cfg.run.run_id, worker=self.worker_id[:8], stage=stage, name=name)
-        (self.log.info if memory.fits else self.log.warning)(
-            "memory_plan", max_inflight=memory.max_inflight, activation_checkpointing=memory.activation_checkpointing,
-            planned_peak_gb=round(memory.peak_bytes / 1e9, 2), reason=memory.reason)
         self.metrics_addr = ""
         """host:port of the Prometheus endpoint, published in the membership record."""
         self.leave_requested = threading.Event()
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
-        self.replica = initial_replica(cfg, stage, device=device)
-        if compile_wanted(cfg.model.compile, device):
-            self.log.info("stage_compiled", blocks=compile_blocks(self.replica.module),
-                          note="each block compiles at its first forward")
+        self.replica = self._stage_replica(memory)
         self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
         self.peers = PeerView(self.views, own_id=self.worker_id)
@@ -139,6 +134,17 @@ class StageWorker:
                                counters=self.counters, tokens=self.data_path.ctx.tokens, metrics=metrics,
                                log=self.log, slowdown=cfg.worker.fault_slowdown)
         self.outer.on_final = self._periodic_checkpoint
+
+    def _stage_replica(self, memory: MemoryChoice) -> StageReplica:
+        """Our stage's replica on our device, built as the memory plan chose, compiled if asked."""
+        (self.log.info if memory.fits else self.log.warning)(
+            "memory_plan", max_inflight=memory.max_inflight, activation_checkpointing=memory.activation_checkpointing,
+            planned_peak_gb=round(memory.peak_bytes / 1e9, 2), reason=memory.reason)
+        replica = initial_replica(self.cfg, self.stage, device=self.device)
+        if compile_wanted(self.cfg.model.compile, self.device):
+            self.log.info("stage_compiled", blocks=compile_blocks(replica.module),
+                          note="each block compiles at its first forward")
+        return replica
 
     # -- what the membership table shows -------------------------------------------------
 
