@@ -75,7 +75,10 @@ def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProc
     # New pods: the same names (an Indexed Job's), empty local disks.
     again = [cluster.start_worker(w.stage, w.name, steps=steps if w.stage == 0 else 100_000,
                                   **{"paths.checkpoint_dir": fresh_dir}) for w in workers]
-    cluster.wait_online(4, timeout_s=120)
+    # Each came back and turned ONLINE; not all four at once: stage 0 has MORE_STEPS left, which
+    # it may finish with one stage-1 replica while the other is still starting on a loaded machine.
+    for worker in again:
+        cluster.wait_event(worker, "member_online", timeout_s=120)
     for stage in (0, 1):
         stage_workers = [w for w in again if w.stage == stage]
         assert any(w.events("resumed_from_store") for w in stage_workers), stage
