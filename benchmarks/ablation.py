@@ -6,6 +6,8 @@
         --variant 'h25:--set outer.h=25' \\
         --variant fast:optim.lr=6e-3,optim.lr_min=6e-4
 
+`--report-only` prints the tables of OUT/ablation.json again with today's columns.
+
 A variant is NAME: followed by comma-separated SECTION.FIELD=VALUE assignments (an optional
 leading `--set`; quote a variant that holds a space), applied over the config file, the
 run-shape flags and every --set. Every (variant, seed) pair is one simulation, at most
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import seeded_bench as bench
+from benchmarks.seed_report import tables_from_json
 from benchmarks.sim_runs import SimJob
 from noloco_rt.config import ConfigError, parse_assignment
 
@@ -76,10 +79,21 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_run_flags(parser, default_out=Path("benchmarks/results/ablation"))
     parser.add_argument("--config", default=None, help="base config file (default: built-in defaults)")
-    parser.add_argument("--variant", dest="variants", type=parse_variant, action="append", required=True,
+    parser.add_argument("--variant", dest="variants", type=parse_variant, action="append", default=[],
                         metavar="NAME:[--set ]A=B,...", help="repeatable; the first is the baseline")
     parser.add_argument("--group", default=None, help="table and panel title (default: the config's name)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the tables of OUT/ablation.json again (nothing is run)")
     args = parser.parse_args(argv)
+    if args.report_only:
+        report = args.out / "ablation.json"
+        if not report.is_file():
+            parser.error(f"--report-only: {report} does not exist")
+        text = tables_from_json(report, title=f"Ablation ({report})", label_header="variant")
+        print(text)
+        return text
+    if not args.variants:
+        parser.error("at least one --variant is needed (the first is the baseline)")
     names = [variant.name for variant in args.variants]
     if len(set(names)) != len(names):
         parser.error(f"variant names must be distinct, got {', '.join(names)}")

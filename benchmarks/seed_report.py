@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.seed_stats import Row, RunsBySeed, SeedRange
+from benchmarks.seed_stats import Row, RunsBySeed, SeedRange, summarise
 from benchmarks.table import markdown_table
 from noloco_rt.plots import save_figure
 
@@ -28,11 +28,11 @@ def fmt_range(value: SeedRange | None, digits: int, *, empty: str = "n/a") -> st
 
 def rows_table(title: str, label_header: str, rows: Sequence[Row], baselines: Sequence[str]) -> str:
     header = [label_header, "H", "seeds", "final val ppl", *[f"ppl / {b}" for b in baselines],
-              "final spread (mean)", "Pearson(spread, lr)", "wall s (mean)"]
+              "final spread (mean)", "Pearson(spread, lr)", "fewer bytes than float32", "wall s (mean)"]
     body = [[row.label, "-" if row.h is None else row.h, len(row.seeds), fmt_range(row.ppl, 3),
              *[fmt_range(row.ratios.get(b), 4) for b in baselines],
              f"{row.final_spread_mean:.3e}", fmt_range(row.pearson, 3, empty="n/a (spread constant)"),
-             f"{row.wall_s_mean:.0f}"] for row in rows]
+             "-" if row.fewer_bytes is None else f"{row.fewer_bytes:.1f}x", f"{row.wall_s_mean:.0f}"] for row in rows]
     return markdown_table(title, header, body)
 
 
@@ -79,3 +79,15 @@ def plot_ppl_bands(groups: Mapping[str, Mapping[str, RunsBySeed]], path: Path, *
         ax.set_ylabel("validation perplexity")
         ax.legend(fontsize="small")
     save_figure(fig, path, title)
+
+
+def tables_from_json(path: Path, *, title: str, label_header: str) -> str:
+    """The markdown tables of a written report (OUT/{stem}.json) again, with today's columns;
+    the first label of each group is its baseline."""
+    data = json.loads(path.read_text())
+    texts = []
+    for group, section in data.items():
+        runs = {label: {int(seed): run for seed, run in by_seed.items()} for label, by_seed in section["runs"].items()}
+        baselines = [next(iter(runs))]
+        texts.append(rows_table(f"{title}, {group}", label_header, summarise(runs, baselines), baselines))
+    return "\n".join(texts)

@@ -80,6 +80,9 @@ class Row:
     final_spread_mean: float
     pearson: SeedRange
     wall_s_mean: float
+    fewer_bytes: float | None = None
+    """float32 bytes of the outer-step states sent over the bytes on the wire (mean over seeds);
+    None when the runs did not count them (no outer step, or results from before the count)."""
 
 
 def summarise_label(label: str, runs: RunsBySeed, all_runs: Mapping[str, RunsBySeed],
@@ -100,7 +103,15 @@ def summarise_label(label: str, runs: RunsBySeed, all_runs: Mapping[str, RunsByS
         final_spread_mean=seed_range([final_spread(r) for r in runs.values()]).mean,
         pearson=seed_range([spread_lr_pearson(r) for r in runs.values()]),
         wall_s_mean=seed_range([float(r["wall_s"]) for r in runs.values()]).mean,
+        fewer_bytes=fewer_bytes(runs),
     )
+
+
+def fewer_bytes(runs: RunsBySeed) -> float | None:
+    """Mean over seeds of raw float32 / wire bytes of the whole run's outer-step exchanges."""
+    ratios = [final["exchange_raw_bytes"] / final["exchange_wire_bytes"]
+              for final in (run["records"][-1] for run in runs.values()) if final.get("exchange_wire_bytes")]
+    return sum(ratios) / len(ratios) if ratios else None
 
 
 def summarise(all_runs: Mapping[str, RunsBySeed], baselines: Sequence[str]) -> list[Row]:

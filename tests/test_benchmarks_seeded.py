@@ -157,3 +157,15 @@ def test_convergence_end_to_end(tmp_path):
     rows = _assert_report(tmp_path, "convergence", ["ddp", "noloco"], "ddp")
     assert rows["noloco"]["ratios"]["diloco"] is None  # no diloco in this run
     assert rows["ddp"]["final_spread_mean"] == 0.0
+
+
+def test_ablation_report_only_reprints_a_written_report_with_bytes(tmp_path, capsys):
+    run = {"group": "g", "label": "x", "seed": 0, "wall_s": 1.0, "outer": {"h": 50},
+           "records": [{"step": 10, "val_ppl": 5.0, "spread": 1e-3, "lr": 1e-3, "tokens": 100,
+                        "exchange_raw_bytes": 3900, "exchange_wire_bytes": 1000}]}
+    (tmp_path / "ablation.json").write_text(json.dumps({"g": {"rows": [], "runs": {"x": {"0": run}}}}))
+    text = ablation.main(["--out", str(tmp_path), "--report-only"])
+    assert "| x | 50 | 1 | 5.000 | 1.0000 |" in text and "3.9x" in text
+    with pytest.raises(SystemExit):
+        ablation.main(["--out", str(tmp_path / "missing"), "--report-only"])
+    assert "does not exist" in capsys.readouterr().err

@@ -25,10 +25,12 @@ from noloco_rt.outer.codec import (
 )
 from noloco_rt.outer.codecs import FAMILIES
 from noloco_rt.outer.codecs.base import Codec
+from noloco_rt.outer.codecs.sparse import sparse_round_trip
 
 BOUND = 1 << 26
 LOSSLESS = ("raw", "zstd", "shuffle-zstd")
 QUANTIZED = {"int8-zstd": 127, "int4-zstd": 7}
+SPARSE = {"topk2-zstd": 2, "topk4-zstd": 4}  # bits per kept entry
 """Quantised codecs and their largest code."""
 
 
@@ -141,6 +143,10 @@ def test_empty_list_and_awkward_inputs(codec):
     if codec in QUANTIZED:  # the same values in another layout: the same bound, not the same draws
         assert decoded[1].shape == (4, 6) and (decoded[1] - transposed).abs().max() <= weight.abs().max()
         return
+    if codec in SPARSE:  # the entries kept of each layout, rounded
+        for got, want in zip(decoded, (weight.detach(), transposed), strict=True):
+            assert torch.equal(got, sparse_round_trip(want.contiguous().view(-1), SPARSE[codec]).view(want.shape))
+        return
     expected = weight.detach() if codec != "bf16-shuffle-zstd" else weight.detach().bfloat16().float()
     assert torch.equal(decoded[0], expected) and torch.equal(decoded[1], expected.t())
 
@@ -244,12 +250,13 @@ def test_trailing_bytes_and_size_disagreements_are_refused(codec):
     good = encode_tensors([torch.randn(100)], codec)
     with pytest.raises(CodecError):
         decode_tensors(replaced(good, payload=good.payload + b"\0" * 8), max_decompressed_bytes=BOUND)
-    # Not (99,): int4 codes of 99 and of 100 elements are both 50 bytes.
-    for shape in [(98,), (101,), (10, 11)]:
+    # Not (99,): int4 codes of 99 and of 100 elements are both 50 bytes; the sparse codecs keep
+    # 2 entries of anything from 65 to 128 elements.
+    for shape in [(98,), (101,), (10, 11)] if codec not in SPARSE else [(50,), (200,), (64, 64)]:
         with pytest.raises(CodecError, match="declare"):
             decode_tensors(replaced(good, specs=[TensorSpec(shape, "float32")]), max_decompressed_bytes=BOUND)
-    with pytest.raises(CodecError, match="over the bound"):
-        decode_tensors(good, max_decompressed_bytes=50)  # the smallest, int4: 58 bytes
+    with pytest.raises(CodecError, match="over the bound"):  # the smallest: int4's 58 bytes, topk's 9
+        decode_tensors(good, max_decompressed_bytes=50 if codec not in SPARSE else 8)
 
 
 def test_corrupted_frame_is_refused():

@@ -13,14 +13,17 @@ from workers.cluster.local_cluster import LocalCluster, each_outer_step_once, on
 
 # Overlap with seeded groups runs in tests/test_exchange_faults.py, with readiness pairing in
 # tests/test_unequal_speeds.py (one-sided uses, Σ c = 0 over partners at different steps).
-@pytest.mark.parametrize(("overlap", "pairing"), [(False, "matched")], ids=["blocking"])
-def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path, overlap, pairing):
-    # Lossless: with a lossy codec each side averages with a rounded copy of the other, and the
-    # mean is kept only in expectation. Small chunks: every snapshot streams in about 20.
+# The codecs: the default, and lossless. A lossy codec's rounding cancels in a pair too: each
+# side averages with its own state as the other decoded it. Small chunks: every snapshot
+# streams in about 20 (a sparse one in fewer: its pieces are whole 4,096-element chunks).
+@pytest.mark.parametrize(("overlap", "pairing", "codec"), [(False, "matched", {}),
+                                                           (False, "matched", {"worker.snapshot_codec": "shuffle-zstd",
+                                                                               "worker.delta_codec": ""})],
+                         ids=["blocking-default-codec", "blocking-lossless"])
+def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path, overlap, pairing, codec):
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": overlap,
                                                          "outer.max_delay_steps": 3, "outer.pairing": pairing,
-                                                         "worker.snapshot_codec": "shuffle-zstd",
-                                                         "worker.snapshot_chunk_mb": 0.05})
+                                                         "worker.snapshot_chunk_mb": 0.05, **codec})
     try:
         workers = [cluster.start_worker(0, f"w{i}", steps=60) for i in range(4)]
         for worker in workers:

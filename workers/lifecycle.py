@@ -47,6 +47,9 @@ class WorkerCheckpoint:
             "counters": {"inner_steps": self.counters.inner_steps, "outer_steps": self.counters.outer_steps,
                          "clock_steps": self.counters.clock_steps},
             "cursor": self.cursor_state(),
+            # What our sparse rounds have not sent yet (worker.delta_codec): restored only into
+            # this worker (its name), never into another replica resuming from the store.
+            "error_feedback": replica.error_feedback.state_dict(),
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -88,6 +91,8 @@ class WorkerCheckpoint:
         clock = counters.get("clock_steps")  # absent from checkpoints written before pulls
         self.counters.set_steps(int(counters["inner_steps"]), int(counters["outer_steps"]), h=self.h,
                                 clock_steps=None if clock is None else int(clock))
+        if state.get("name") == self.name:
+            self.replica.error_feedback.load_state_dict(state.get("error_feedback"), like=self.replica.slow)
         return DataCursor.from_state_dict(state["cursor"]) if state.get("cursor") else None
 
 

@@ -15,6 +15,7 @@ from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import Config
 from noloco_rt.model import PipelineStage, build_stage
 from noloco_rt.outer.correction import apply_correction, deferred_outer_step, provisional_local_step
+from noloco_rt.outer.delta_exchange import ErrorFeedback, delta_local_step
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
 
 
@@ -27,6 +28,8 @@ class StageReplica:
         self.momentum: list[torch.Tensor] = [torch.zeros_like(t) for t in self.fast]  # δ = 0
         self.pending_microbatches = 0
         self.outer_steps = 0
+        self.error_feedback = ErrorFeedback()
+        """With worker.delta_codec: what this replica has not sent yet of its outer gradients."""
 
     @classmethod
     def create(cls, cfg: Config, stage: int, *, device: torch.device | str = "cpu") -> StageReplica:
@@ -86,11 +89,21 @@ class StageReplica:
         group_outer_step(self.slow, self.momentum, self.fast, peers, coeffs)
         self.outer_steps += 1
 
-    def provisional_outer_step(self, coeffs: OuterCoefficients) -> PeerOuterState:
+    def provisional_outer_step(self, coeffs: OuterCoefficients, *, theta_only: bool | None = None) -> PeerOuterState:
         """The outer step with a group of one, at once; returns our state before it (what the
-        correction needs when the partners' states arrive)."""
+        correction needs when the partners' states arrive; `theta_only` as in
+        provisional_local_step)."""
         self.outer_steps += 1
-        return provisional_local_step(self.slow, self.momentum, self.fast, coeffs)
+        return provisional_local_step(self.slow, self.momentum, self.fast, coeffs, theta_only=theta_only)
+
+    def delta_outer_step(self, coeffs: OuterCoefficients, *, delta_codec: str, whole: bool, theta_only: bool,
+                         error_feedback: bool = True) -> PeerOuterState:
+        """The provisional local step of a round of worker.delta_codec (noloco_rt.outer.delta_exchange);
+        returns the contribution partners get."""
+        self.outer_steps += 1
+        return delta_local_step(self.slow, self.momentum, self.fast, coeffs,
+                                self.error_feedback if error_feedback else None, delta_codec=delta_codec,
+                                whole=whole, theta_only=theta_only)
 
     def deferred_outer_step(self, fast_at_step: Sequence[torch.Tensor], correction: Sequence[torch.Tensor] | None,
                             coeffs: OuterCoefficients) -> None:

@@ -4,7 +4,14 @@ The config validates worker.snapshot_codec against this list, and the config is 
 every command; keeping the names here spares that path numpy, torch and zstandard.
 """
 
-CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd", "int8-zstd", "int4-zstd")
+SNAPSHOT_CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd", "int8-zstd", "int4-zstd", "int2-zstd")
+"""Codecs of a whole state (θ, or φ and Δ): worker.snapshot_codec."""
+
+DELTA_CODECS = ("topk2-zstd", "topk4-zstd")
+"""Sparse codecs of an outer gradient Δ alone: worker.delta_codec (noloco_rt.outer.delta_exchange)."""
+
+CODECS = SNAPSHOT_CODECS + DELTA_CODECS
+"""Every codec a received snapshot may name."""
 
 LOSSLESS_CODECS = ("raw", "zstd", "shuffle-zstd")
 """Those that give back exactly the bits sent: the only ones a joiner's bootstrap may use."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from noloco_rt.config.choices import CODECS
+from noloco_rt.config.choices import DELTA_CODECS, SNAPSHOT_CODECS
 from noloco_rt.config.errors import require, require_choice
 
 
@@ -63,6 +63,18 @@ class WorkerConfig:
     """Compression of outer-step snapshots: lossless raw, zstd, shuffle-zstd, or lossy
     bf16-shuffle-zstd, int8-zstd (default: 3.9x fewer bytes, no measured ppl cost), int4-zstd
     (blockwise, stochastic rounding). Bootstraps always travel lossless."""
+    delta_codec: str = ""
+    """Sparse outer exchange (docs/architecture.md §4, "Fewer bytes"): at outer steps that are
+    not a multiple of theta_every, partners send only their outer gradient Δ (plus what
+    earlier rounds did not send: error feedback) with this codec, topk2-zstd or topk4-zstd,
+    and average Δ alone; every theta_every-th step they send their whole state with
+    snapshot_codec. "" (off): every step sends the whole state."""
+    theta_every: int = 8
+    """With delta_codec: every theta_every-th outer step exchanges the whole state (θ, or φ and
+    Δ), which pulls the replicas' slow weights together (γ)."""
+    error_feedback: bool = True
+    """With delta_codec: what Δ's codec left out is added to the next Δ sent (reset when the
+    whole state is sent: it carries everything)."""
     snapshot_chunk_mb: float = 4.0
     """Outer-step snapshots stream in chunks of about this many raw MB, each compressed and
     sent on its own, so compressing, sending and decoding overlap."""
@@ -143,7 +155,11 @@ class WorkerConfig:
         require(math.isfinite(self.redis_wait_s) and self.redis_wait_s >= 0, "worker", "redis_wait_s",
                 self.redis_wait_s, "must be >= 0 seconds")
         require(self.view_refresh_s >= 0, "worker", "view_refresh_s", self.view_refresh_s, "must be >= 0 (0: auto)")
-        require_choice("worker", "snapshot_codec", self.snapshot_codec, CODECS)
+        require_choice("worker", "snapshot_codec", self.snapshot_codec, SNAPSHOT_CODECS)
+        if self.delta_codec:
+            require_choice("worker", "delta_codec", self.delta_codec, DELTA_CODECS)
+        require(1 <= self.theta_every <= 1_000_000, "worker", "theta_every", self.theta_every,
+                "must be between 1 and 1,000,000")
         require(math.isfinite(self.snapshot_chunk_mb) and self.snapshot_chunk_mb >= 0.01, "worker",
                 "snapshot_chunk_mb", self.snapshot_chunk_mb, "must be >= 0.01")
         require(1 <= self.snapshot_encode_threads <= 64, "worker", "snapshot_encode_threads",

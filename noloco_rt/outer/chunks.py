@@ -41,11 +41,16 @@ class Piece:
         return [self.tensor, self.start, self.count]
 
 
-def plan_chunks(numels: Sequence[int], chunk_elems: int) -> list[list[Piece]]:
-    """The pieces of each chunk, in order, covering every element of every tensor once."""
+def plan_chunks(numels: Sequence[int], chunk_elems: int, *, align: int = ALIGN) -> list[list[Piece]]:
+    """The pieces of each chunk, in order, covering every element of every tensor once; a
+    tensor is cut only at multiples of `align` (a multiple of ALIGN: the sparse codecs'
+    4,096-element chunks for Δ alone, so a piece sees the chunks the whole tensor has)."""
+    if align < ALIGN or align % ALIGN:
+        raise ValueError(f"align must be a multiple of {ALIGN}, got {align}")
     if chunk_elems < ALIGN:
         raise ValueError(f"chunk_elems must be >= {ALIGN}, got {chunk_elems}")
-    capacity = chunk_elems // ALIGN * ALIGN
+    chunk_elems = max(chunk_elems, align)
+    capacity = chunk_elems // align * align
     chunks: list[list[Piece]] = []
     current: list[Piece] = []
     room = capacity
@@ -53,7 +58,7 @@ def plan_chunks(numels: Sequence[int], chunk_elems: int) -> list[list[Piece]]:
         start = 0
         while start < numel:
             left = numel - start
-            count = left if left <= room else room // ALIGN * ALIGN  # a tensor is cut at ALIGN only
+            count = left if left <= room else room // align * align  # a tensor is cut at `align` only
             if count == 0:
                 chunks.append(current)
                 current, room = [], capacity

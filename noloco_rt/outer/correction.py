@@ -57,8 +57,8 @@ def correction_term(own: PeerOuterState, peers: Sequence[PeerOuterState], coeffs
                     group_size: int | None = None) -> TensorList:
     """c for worker i from its own step-k state and the states of the partners it used.
 
-    `own` holds θ_i (shortcut) or φ_i and Δ_i as they were at step k, before the
-    provisional step; every state must be of the same kind and on the same device
+    `own` holds θ_i (shortcut), φ_i and Δ_i, or Δ_i alone (a sparse round: as its partners
+    decode it) as they were at step k, before the provisional step; every state must be of the same kind and on the same device
     (ValueError naming both devices otherwise). `group_size`: |G| as the group was computed,
     us included (None: every member's state is here, len(peers) + 1).
     """
@@ -69,6 +69,10 @@ def correction_term(own: PeerOuterState, peers: Sequence[PeerOuterState], coeffs
         raise ValueError(f"a group of {size} cannot hold us and {len(peers)} partners")
     one_device(*(state_tensors(s) for s in (own, *peers)), what="correction_term")
     states = [own, *peers]
+    if any(s.grad_only for s in states):  # a sparse round: Δ averaged alone (delta_exchange.py)
+        if not all(s.grad_only for s in states):
+            raise ValueError("states mix gradient-only and whole-state kinds")
+        return [coeffs.beta * g for g in _summed_gaps([p.outer_grad for p in peers], own.outer_grad, size)]  # type: ignore[misc, arg-type]
     if all(s.slow is not None and s.outer_grad is not None for s in states):
         grad_gap = _summed_gaps([p.outer_grad for p in peers], own.outer_grad, size)  # type: ignore[misc, arg-type]
         slow_gap = _summed_gaps([p.slow for p in peers], own.slow, size)  # type: ignore[misc, arg-type]
@@ -89,11 +93,12 @@ def _summed_gaps(theirs: Sequence[TensorList], mine: TensorList, group_size: int
 
 @torch.no_grad()
 def provisional_local_step(slow: TensorList, momentum: TensorList, fast: TensorList,
-                           coeffs: OuterCoefficients) -> PeerOuterState:
+                           coeffs: OuterCoefficients, *, theta_only: bool | None = None) -> PeerOuterState:
     """The local step, in place; returns the state at step k (before it) that both the
-    partners and the later correction need: θ alone under the shortcut, else φ and Δ."""
-    before = PeerOuterState.of([f.clone() for f in fast], [s.clone() for s in slow],
-                               theta_only=coeffs.theta_shortcut)
+    partners and the later correction need: θ alone under the shortcut, else φ and Δ
+    (`theta_only` False: φ and Δ whatever the coefficients, for a sparse round of Δ)."""
+    theta_only = coeffs.theta_shortcut if theta_only is None else theta_only
+    before = PeerOuterState.of([f.clone() for f in fast], [s.clone() for s in slow], theta_only=theta_only)
     delta = outer_gradient(fast, slow)
     torch._foreach_mul_(momentum, coeffs.alpha)
     torch._foreach_add_(momentum, [coeffs.beta * d for d in delta])

@@ -47,7 +47,8 @@ class OuterCoefficients:
 class PeerOuterState:
     """What one group member contributes to an outer step.
 
-    Either `fast` alone (the γ = β shortcut) or both `slow` and `outer_grad`.
+    Either `fast` alone (the γ = β shortcut), both `slow` and `outer_grad`, or `outer_grad`
+    alone (a sparse round of noloco_rt.outer.delta_exchange: Δ is averaged, φ is not).
     """
 
     fast: TensorList | None = None
@@ -55,9 +56,15 @@ class PeerOuterState:
     outer_grad: TensorList | None = None
 
     def __post_init__(self) -> None:
-        full = self.slow is not None and self.outer_grad is not None
-        if not full and self.fast is None:
+        if self.fast is None and self.outer_grad is None:
             raise ValueError("a PeerOuterState needs fast weights, or slow weights and outer gradient")
+        if self.slow is not None and self.outer_grad is None:
+            raise ValueError("slow weights travel with their outer gradient")
+
+    @property
+    def grad_only(self) -> bool:
+        """Δ alone: a sparse round that averages the outer gradient, not φ."""
+        return self.fast is None and self.slow is None
 
     @classmethod
     def of(cls, fast: TensorList, slow: TensorList, *, theta_only: bool) -> PeerOuterState:

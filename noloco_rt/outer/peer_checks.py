@@ -12,6 +12,7 @@ norm is near zero, such as freshly initialised biases):
 
     fast:       ‖θ_peer − θ_own‖ / (‖θ_own‖ + ε)
     slow+grad:  ‖φ_peer − φ_own‖ / (‖φ_own‖ + ε)  and  ‖Δ_peer − Δ_own‖ / (‖φ_own‖ + ε)
+    grad alone: ‖Δ_peer − Δ_own‖ / (‖φ_own‖ + ε)   (a sparse round: Δ as sent)
 
 The outer gradient is compared against the weight scale, not against ‖Δ_own‖: outer
 gradients of replicas that saw different data may point different ways, and what
@@ -61,18 +62,25 @@ class PeerCheck:
         return max(self.ratios.values(), default=0.0)
 
 
-def check_peer_distance(peer: PeerOuterState, own: PeerOuterState, *, max_ratio: float) -> PeerCheck:
+def check_peer_distance(peer: PeerOuterState, own: PeerOuterState, *, max_ratio: float,
+                        scale: Sequence[torch.Tensor] | None = None) -> PeerCheck:
     """Compare a peer's contribution with ours; ok when every ratio is <= max_ratio.
 
-    A peer sending another kind of state than ours (fast vs slow+grad) is treated as
-    infinitely far: honest members of one run all use the same γ and so the same kind.
-    Both states must be on one device (ValueError naming both otherwise)."""
-    one_device(state_tensors(peer), state_tensors(own), what="check_peer_distance")
+    A peer sending another kind of state than ours (fast vs slow+grad vs grad alone) is
+    treated as infinitely far: honest members of one round all send the same kind. Δ alone
+    (a sparse round) is compared against `scale`, our φ (required then). All tensors must
+    be on one device (ValueError naming both otherwise)."""
+    one_device(state_tensors(peer), state_tensors(own), list(scale or []), what="check_peer_distance")
+    if own.grad_only:
+        if scale is None:
+            raise ValueError("a gradient-only contribution is checked against our slow weights: pass scale")
+        ratio = distance_ratio(peer.outer_grad, own.outer_grad, scale) if peer.grad_only else math.inf  # type: ignore[arg-type]
+        return PeerCheck({"outer_grad": ratio}, max_ratio)
     if own.fast is not None:
         ratios = {"fast": distance_ratio(peer.fast, own.fast, own.fast) if peer.fast is not None else math.inf}
         return PeerCheck(ratios, max_ratio)
     assert own.slow is not None and own.outer_grad is not None  # PeerOuterState guarantees one form
-    if peer.slow is None or peer.outer_grad is None:
+    if peer.slow is None or peer.outer_grad is None or peer.grad_only:
         return PeerCheck({"slow": math.inf, "outer_grad": math.inf}, max_ratio)
     return PeerCheck({"slow": distance_ratio(peer.slow, own.slow, own.slow),
                       "outer_grad": distance_ratio(peer.outer_grad, own.outer_grad, own.slow)}, max_ratio)

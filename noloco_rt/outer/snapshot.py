@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from noloco_rt.config.choices import DELTA_CODECS
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
@@ -56,10 +57,12 @@ class PartsKind(enum.StrEnum):
     """φ then Δ: two copies."""
     SLOW_MOMENTUM = "slow+momentum"
     """φ then δ, for joiners (lossless): two copies."""
+    GRAD = "grad"
+    """Δ alone, sparse (a round of worker.delta_codec): one copy."""
 
     @property
     def copies(self) -> int:
-        return 1 if self is PartsKind.FAST else 2
+        return 1 if self in (PartsKind.FAST, PartsKind.GRAD) else 2
 
 
 class SnapshotRejected(ValueError):
@@ -107,6 +110,8 @@ def contribution_parts(state: PeerOuterState) -> tuple[list[torch.Tensor], Parts
     """The tensors a group member sends for its outer step, and what they are."""
     if state.fast is not None:
         return list(state.fast), PartsKind.FAST
+    if state.grad_only:
+        return list(state.outer_grad), PartsKind.GRAD  # type: ignore[arg-type]
     if state.slow is None or state.outer_grad is None:
         raise ValueError("a contribution needs fast weights, or slow weights and outer gradient")
     return list(state.slow) + list(state.outer_grad), PartsKind.SLOW_GRAD
@@ -116,6 +121,8 @@ def contribution_state(tensors: Sequence[torch.Tensor], parts_kind: PartsKind) -
     """The contribution a group member's decoded tensors stand for (inverse of contribution_parts)."""
     if parts_kind is PartsKind.FAST:
         return PeerOuterState(fast=list(tensors))
+    if parts_kind is PartsKind.GRAD:
+        return PeerOuterState(outer_grad=list(tensors))
     if parts_kind is not PartsKind.SLOW_GRAD:
         raise ValueError(f"{parts_kind.value} parts are not a contribution")
     half = len(tensors) // 2
@@ -208,7 +215,10 @@ class SnapshotReader:
         if parts_kind not in tuple(PartsKind) or \
                 [s.shape for s in specs] != list(expected_shapes(PartsKind(parts_kind))):
             raise SnapshotRejected("shape_mismatch")
-        encoded = EncodedTensors(codec=str(extra.get("codec")), specs=specs, payload=payload,
+        codec = str(extra.get("codec"))
+        if (parts_kind == PartsKind.GRAD) != (codec in DELTA_CODECS):  # Δ alone travels sparse, states never
+            raise SnapshotRejected("wrong_codec")
+        encoded = EncodedTensors(codec=codec, specs=specs, payload=payload,
                                  raw_bytes=sum(4 * s.numel for s in specs), wire_bytes=len(payload))
         counters = extra.get("counters") or {}
         return Snapshot(header.outer_step, parts_kind, encoded, str(extra["checksum"]),

@@ -34,7 +34,7 @@ from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
 from noloco_rt.outer.matching import draw_groups, step_rng
 from noloco_rt.plots import plot_curves
-from noloco_rt.simulation.lossy_exchange import received_states
+from noloco_rt.simulation.lossy_exchange import stage_round
 from noloco_rt.simulation.paths import random_peers
 from noloco_rt.simulation.step_routes import Hop, StepPlan, plan_step
 
@@ -60,6 +60,11 @@ class EvalRecord:
     inner_steps: list[list[int]]
     """Inner steps each replica has taken, per stage, per replica: all equal to `step`
     unless a replica skipped steps (p2c / random routing, or a non-finite gradient)."""
+    exchange_raw_bytes: int = 0
+    """float32 bytes of the outer-step states the replicas sent so far (what an uncompressed
+    exchange carries)."""
+    exchange_wire_bytes: int = 0
+    """Bytes the codecs put on the wire for them."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -75,7 +80,7 @@ class RouteStats:
 
 
 class Simulation:
-    def __init__(self, cfg: Config, *, corpus=None) -> None:
+    def __init__(self, cfg: Config, *, corpus=None, count_bytes: bool = True) -> None:
         self.cfg = cfg
         self.outer = cfg.outer.resolved()
         self.coeffs = OuterCoefficients.from_config(self.outer)
@@ -92,8 +97,14 @@ class Simulation:
         self.outer_steps = 0
         self.tokens = 0
         self.step = 0
+        self.count_bytes = count_bytes
+        self.exchange_bytes = [0, 0]
+        """(float32 bytes of the whole states sent, bytes on the wire) over the run, when counted."""
         self.pending_corrections: list[tuple[int, Callable[[], None]]] = []
         """With outer.overlap: (inner step due, what applies the correction) not applied yet."""
+        if cfg.worker.delta_codec and cfg.outer.overlap_correction == "deferred":
+            raise ValueError("worker.delta_codec takes its local step when it sends: outer.overlap_correction "
+                             "= \"deferred\" does not apply")
         if cfg.outer.overlap and cfg.outer.simulated_delay_steps >= self.outer.h:
             raise ValueError(f"outer.simulated_delay_steps ({cfg.outer.simulated_delay_steps}) must be below "
                              f"h ({self.outer.h}): a correction arrives before the next outer step")
@@ -166,28 +177,44 @@ class Simulation:
         return draw_groups(count, self.outer.method, self.outer.group_size, self.group_rng)
 
     def outer_step(self) -> None:
-        theta_only = self.coeffs.theta_shortcut
         for stage, stage_replicas in enumerate(self.replicas):
             groups = self._groups(len(stage_replicas))
             # Every member contributes its state from before this round: snapshot first, then
-            # update. Partners get it through the snapshot codec; a replica's own stays exact.
-            states = received_states([r.outer_state(theta_only=theta_only) for r in stage_replicas],
-                                     {j for members in groups for j in members[1:]},
-                                     self.cfg.worker.snapshot_codec, seed=self.cfg.run.seed, stage=stage,
-                                     outer_step=self.outer_steps)
+            # update. Partners get it through the codecs, as workers send it (lossy_exchange.py).
+            sent = stage_round(stage_replicas, {j for members in groups if len(members) > 1 for j in members},
+                               self.cfg.worker, self.coeffs, seed=self.cfg.run.seed, stage=stage,
+                               outer_step=self.outer_steps, count_bytes=self.count_bytes)
+            self.exchange_bytes[0] += sent.raw_bytes
+            self.exchange_bytes[1] += sent.wire_bytes
             for replica, members in zip(stage_replicas, groups, strict=True):
-                partners = [states[j] for j in members[1:]]
-                if not self.cfg.outer.overlap or self.cfg.outer.simulated_delay_steps == 0:  # the blocking step
+                partners = [sent.states[j] for j in members[1:]]
+                own = sent.states[members[0]]
+                if sent.local_steps_taken:  # worker.delta_codec: the correction is what is left
+                    if partners:
+                        self._correct_later(replica, correction_term(own, partners, self.coeffs))
+                elif self.cfg.outer.overlap and self.cfg.outer.simulated_delay_steps > 0:
+                    self._overlapped_outer_step(replica, own, partners)
+                elif partners and sent.symmetric:  # the blocking step, own state as sent
+                    replica.provisional_outer_step(self.coeffs)
+                    replica.correct_outer_step(correction_term(own, partners, self.coeffs))
+                else:  # the blocking step
                     replica.apply_outer_step(partners, self.coeffs)
-                else:
-                    self._overlapped_outer_step(replica, states[members[0]], partners)
         self.outer_steps += 1
         self._apply_due_corrections()
+
+    def _correct_later(self, replica: StageReplica, correction: list[torch.Tensor]) -> None:
+        """A correction at once (blocking), or simulated_delay_steps inner steps later (overlap)."""
+        if not self.cfg.outer.overlap or self.cfg.outer.simulated_delay_steps == 0:
+            replica.correct_outer_step(correction)
+            return
+        due = self.step + self.cfg.outer.simulated_delay_steps
+        self.pending_corrections.append((due, lambda: replica.correct_outer_step(correction)))
 
     def _overlapped_outer_step(self, replica: StageReplica, own: PeerOuterState,
                                partners: list[PeerOuterState]) -> None:
         """The partners' states "arrive" simulated_delay_steps inner steps later: the local step
-        now and its correction then (provisional), or the whole step then (deferred)."""
+        now and its correction then (provisional), or the whole step then (deferred). `own`:
+        our contribution as partners decode it (a lossy codec's error cancels in the pair)."""
         due = self.step + self.cfg.outer.simulated_delay_steps
         if self.cfg.outer.overlap_correction == "deferred":
             fast_at_step = [t.clone() for t in replica.fast]
@@ -195,7 +222,7 @@ class Simulation:
             self.pending_corrections.append(
                 (due, lambda: replica.deferred_outer_step(fast_at_step, correction, self.coeffs)))
             return
-        own = replica.provisional_outer_step(self.coeffs)
+        replica.provisional_outer_step(self.coeffs)
         if partners:
             correction = correction_term(own, partners, self.coeffs)
             self.pending_corrections.append((due, lambda: replica.correct_outer_step(correction)))
@@ -244,7 +271,8 @@ class Simulation:
                           spread_by_stage=by_stage, lr=self.replicas[0][0].inner.current_lr(),
                           train_loss=train_loss, outer_steps=self.outer_steps, tokens=self.tokens,
                           elapsed_s=time.monotonic() - started, routing=self.cfg.routing.simulation,
-                          inner_steps=self.inner_steps())
+                          inner_steps=self.inner_steps(), exchange_raw_bytes=self.exchange_bytes[0],
+                          exchange_wire_bytes=self.exchange_bytes[1])
 
     def inner_steps(self) -> list[list[int]]:
         return [[r.inner.steps_taken for r in stage_replicas] for stage_replicas in self.replicas]

@@ -17,6 +17,9 @@ import zstandard
 from noloco_rt.model import build_stage
 from noloco_rt.net.wire import PROTOCOL_VERSION
 from noloco_rt.outer.codec import checksum, encode_tensors
+from noloco_rt.outer.codecs import codec_named
+from noloco_rt.outer.codecs.base import TensorSpec
+from noloco_rt.outer.codecs.sparse import chunk_lengths, kept_count
 
 RUN_ID = "default"
 TARGET_STAGE = 1
@@ -63,12 +66,17 @@ def _zstd_bombs() -> tuple[bytes, bytes]:
     return bombs[0], bombs[1]
 
 
+def sparse_layout(numel: int) -> tuple[int, int]:
+    """(chunks, kept entries) of a tensor of numel elements under the sparse codecs."""
+    return len(chunk_lengths(numel)), kept_count(numel)
+
+
 def _whole_pieces() -> list[list[int]]:
     """A one-chunk push: every tensor whole, as its 1-D piece."""
     return [[i, 0, math.prod(s)] for i, s in enumerate(stage_shapes())]
 
 
-def _snapshot_push(payload: bytes, *, specs: list | None = None, digest: str | None = None,
+def snapshot_push(payload: bytes, *, specs: list | None = None, digest: str | None = None,
                       codec: str = "shuffle-zstd", parts: str = "fast", chunk: Any = (0, 1),
                       pieces: Any = None, **fields: Any) -> Frames:
     pieces = pieces if pieces is not None else _whole_pieces()
@@ -183,17 +191,17 @@ DATA_MUTATIONS: list[Callable[[random.Random], Frames]] = [
 # -- exchange-socket mutations ----------------------------------------------------------------
 
 def _ex_zstd_bomb(rng: random.Random) -> Frames:
-    return _snapshot_push(rng.choice(_zstd_bombs()))
+    return snapshot_push(rng.choice(_zstd_bombs()))
 
 
 def _ex_non_finite(rng: random.Random) -> Frames:
-    return _snapshot_push(_honest_payload(nan=True))
+    return snapshot_push(_honest_payload(nan=True))
 
 
 def _ex_snapshot_mutation(rng: random.Random) -> Frames:
     codec = rng.choice(FUZZ_CODECS)
     payload = _honest_payload(codec=codec, seed=rng.getrandbits(63))
-    request = functools.partial(_snapshot_push, codec=codec)
+    request = functools.partial(snapshot_push, codec=codec)
     choice = rng.randrange(9)
     if choice == 0:
         return request(_flip(payload, rng), digest=checksum(payload))  # checksum
@@ -221,7 +229,7 @@ def _ex_snapshot_mutation(rng: random.Random) -> Frames:
     if choice == 6:
         return request(payload, stage=rng.choice([0, 7, -1]))
     claimed = [c for c in ("lz4", "raw", "bf16-shuffle-zstd", *FUZZ_CODECS) if c != codec]
-    return _snapshot_push(payload, codec=rng.choice(claimed))
+    return snapshot_push(payload, codec=rng.choice(claimed))
 
 
 def _ex_bad_quantised_body(rng: random.Random) -> Frames:
@@ -236,7 +244,62 @@ def _ex_bad_quantised_body(rng: random.Random) -> Frames:
     else:
         at = scale_bytes + rng.randrange(math.prod(first) // 2)
         body[at] = 0x80 if codec == "int8-zstd" else body[at] & 0xF0  # code -128, or nibble 0 (code -8)
-    return _snapshot_push(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)), codec=codec)
+    return snapshot_push(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)), codec=codec)
+
+
+SPARSE_FAULTS = ("index_outside_chunk", "index_repeated", "index_falls", "padding_bits", "bad_scale", "oversized")
+
+
+def bad_sparse_push(fault: str, rng: random.Random) -> Frames:
+    """An outer gradient pushed with a sparse codec (topk2-zstd / topk4-zstd), re-framed
+    honestly (right checksum, right zstd frame) around a body with one `fault` of
+    SPARSE_FAULTS: the codec refuses each ("codec"); "oversized" declares a tensor larger
+    than the stage's ("shape_mismatch")."""
+    codec = rng.choice(("topk2-zstd", "topk4-zstd"))
+    tensors = [torch.randn(s) for s in stage_shapes()]
+    payload = encode_tensors(tensors, codec).payload
+    if fault == "oversized":
+        specs = [[[count], "float32"] for _, _, count in _whole_pieces()]
+        specs[rng.randrange(len(specs))][0] = [rng.randint(1 << 20, 1 << 30)]
+        return snapshot_push(payload, specs=specs, codec=codec, parts="grad")
+    body = bytearray(zstandard.ZstdDecompressor().decompress(payload))
+    # The tensor to damage: the first one keeping at least two entries (one with padding bits
+    # for that fault); its chunk starts after the chunks of the tensors before it.
+    per_byte = 8 // (2 if codec == "topk2-zstd" else 4)
+    shapes = stage_shapes()
+    wanted = (lambda kept: kept % per_byte != 0) if fault == "padding_bits" else (lambda kept: kept >= 2)
+    target = next(i for i, shape in enumerate(shapes) if wanted(kept_count(math.prod(shape))))
+    start = sum(codec_named(codec).body_bytes(TensorSpec(shape, "float32")) for shape in shapes[:target])
+    chunks, kept = sparse_layout(math.prod(shapes[target]))
+    indices = start + 4 * chunks  # its scales, then the high bytes of its indices, then the low bytes
+    if fault == "index_outside_chunk":
+        body[indices + rng.randrange(kept)] = 0xFF  # high byte 0xFF: index >= 65280
+    elif fault in ("index_repeated", "index_falls"):
+        at = rng.randrange(min(kept, 64) - 1)  # two indices of the first chunk
+        for plane in (indices, indices + kept):
+            if fault == "index_repeated":
+                body[plane + at + 1] = body[plane + at]
+            else:
+                body[plane + at], body[plane + at + 1] = body[plane + at + 1], body[plane + at]
+    elif fault == "padding_bits":
+        body[indices + 2 * kept + kept // per_byte] |= 0x80
+    else:
+        at = start + 4 * rng.randrange(chunks)
+        body[at:at + 4] = struct.pack("<f", rng.choice([math.nan, math.inf, -1.0]))
+    return snapshot_push(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)), codec=codec,
+                          parts="grad")
+
+
+def _ex_bad_sparse_body(rng: random.Random) -> Frames:
+    return bad_sparse_push(rng.choice(SPARSE_FAULTS), rng)
+
+
+def _ex_wrong_codec(rng: random.Random) -> Frames:
+    """Δ alone with a dense codec, or a whole state with a sparse one: wrong_codec."""
+    if rng.random() < 0.5:
+        return snapshot_push(_honest_payload(), parts="grad")
+    codec = rng.choice(("topk2-zstd", "topk4-zstd"))
+    return snapshot_push(encode_tensors([torch.randn(s) for s in stage_shapes()], codec).payload, codec=codec)
 
 
 def _ex_wire(rng: random.Random) -> Frames:
@@ -251,4 +314,5 @@ def _ex_wire(rng: random.Random) -> Frames:
 
 
 EXCHANGE_MUTATIONS: list[Callable[[random.Random], Frames]] = [
-    _ex_zstd_bomb, _ex_non_finite, _ex_snapshot_mutation, _ex_bad_quantised_body, _ex_wire, _data_random]
+    _ex_zstd_bomb, _ex_non_finite, _ex_snapshot_mutation, _ex_bad_quantised_body, _ex_bad_sparse_body,
+    _ex_wrong_codec, _ex_wire, _data_random]

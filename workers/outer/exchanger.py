@@ -15,6 +15,10 @@ Everything here is host tensors (workers/outer/device_boundary.py): the round's 
 is to wait for our contribution's copy to the host, its last to compute the correction the
 training thread will copy back to the device. A round that raises is counted as failed
 (kind "failed", by exception type), never passed off as a local step.
+
+With worker.delta_codec, rounds that are not a multiple of worker.theta_every send Δ alone,
+sparse (x̂, which the training thread computed and stepped with already:
+noloco_rt/outer/delta_exchange.py).
 """
 
 from __future__ import annotations
@@ -31,10 +35,18 @@ import torch
 import zmq
 
 from noloco_rt.net.wire import MessageKind
+from noloco_rt.outer.chunks import ChunkAssembly
+from noloco_rt.outer.codec import is_lossless
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, TensorList
 from noloco_rt.outer.peer_checks import check_peer_distance
-from noloco_rt.outer.snapshot import Snapshot, SnapshotRejected
+from noloco_rt.outer.snapshot import (
+    Snapshot,
+    SnapshotRejected,
+    contribution_parts,
+    contribution_state,
+)
+from workers.faults.snapshot import snapshot_faults_on
 from workers.outer.device_boundary import HostContribution
 from workers.outer.partners import Partner, ReadinessPairing
 from workers.outer.pusher import ChunkFeed, EncodedChunk, PushRefused, push_stream, start_encoding
@@ -54,6 +66,9 @@ class OuterRound:
     by_readiness: bool = False
     window_s: float = 0.0
     """By readiness: how long we wait in the queue for a partner."""
+    sparse: bool = False
+    """A round of worker.delta_codec: `own` holds φ and x̂; x̂ is sent sparse and averaged
+    alone, φ only scales the peer check (noloco_rt/outer/delta_exchange.py)."""
 
 
 @dataclass
@@ -165,6 +180,11 @@ class OuterExchanger:
             return RoundResult(step, partners=[p.worker_id for p in outer_round.partners],
                                missing={p.worker_id: "cancelled" for p in outer_round.partners})
         own = outer_round.own.state()  # our contribution on the host: the one device -> host crossing
+        scale = None  # a sparse round: x̂ alone is sent, our φ scales the peer check
+        if outer_round.sparse:
+            if own.slow is None or own.outer_grad is None:
+                raise ValueError("a sparse round needs our slow weights and what we sent")
+            own, scale = PeerOuterState(outer_grad=own.outer_grad), own.slow
         feed = self._start_encoding(step, own)  # before any waiting: chunks ready to push
         partners, pairing = self._partners(outer_round)
         pushes = {p.worker_id: self._pushers.submit(self._push, p, feed) for p in partners}
@@ -180,16 +200,34 @@ class OuterExchanger:
             why = self._why_unusable(partner_id, arrived, pushes[partner_id], stall_s=self.collect_s)
             if why is None:
                 taken = self.service.inbox.take(step, partner_id)
-                why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=own)
+                why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=own, scale=scale)
             if why is not None:
                 result.missing[partner_id] = why
         if result.states:
+            if self._symmetric(outer_round):  # ours as partners decoded it
+                own = self._as_sent(feed, own)
             # Over the group's computed size: a partial group's pairs still cancel (correction.py).
             correction = correction_term(own, result.states, outer_round.coeffs, group_size=len(ids) + 1)
             result.correction_sums = correction_sums(correction)
             result.correction = self.service.boundary.ready_for_device(correction)
         result.seconds = time.monotonic() - started
         return result
+
+    def _symmetric(self, outer_round: OuterRound) -> bool:
+        """A lossy codec: we average with our contribution as partners decoded it, so that a
+        pair's corrections are equal and opposite (the replicas' mean kept exactly). Not when
+        a test injects faults into what we send: we would take our own poisoned copy."""
+        worker = self.service.cfg.worker
+        lossy = outer_round.sparse or not is_lossless(worker.snapshot_codec)
+        return lossy and not snapshot_faults_on(self.service.cfg)
+
+    def _as_sent(self, feed: ChunkFeed, own: PeerOuterState) -> PeerOuterState:
+        """Our contribution decoded from the chunks we pushed (all encoded: partners used them)."""
+        parts_kind = contribution_parts(own)[1]
+        assembly = ChunkAssembly(self.service.reader.expected_shapes * parts_kind.copies, feed.total)
+        for chunk in feed.chunks:
+            assembly.add(chunk.index, chunk.pieces, self.service.reader.tensors(chunk.snapshot))
+        return contribution_state(assembly.tensors(), parts_kind)
 
     def _start_encoding(self, step: int, own: PeerOuterState) -> ChunkFeed:
         """Our contribution's chunks, compressing in the background into a feed the pushers read."""
@@ -224,9 +262,9 @@ class OuterExchanger:
         return None if acked else "push_failed"
 
     def _use(self, result: RoundResult, partner_id: str, theirs: Snapshot, state: PeerOuterState, *,
-             own: PeerOuterState) -> str | None:
+             own: PeerOuterState, scale: list[torch.Tensor] | None = None) -> str | None:
         max_ratio = self.service.cfg.worker.max_peer_distance_ratio
-        check = check_peer_distance(state, own, max_ratio=max_ratio)
+        check = check_peer_distance(state, own, max_ratio=max_ratio, scale=scale)
         if not check.ok:
             self.service.count_reject("too_far")
             avoid_s = self.peers.blacklist.fail(partner_id)

@@ -22,6 +22,7 @@ from noloco_rt.config.choices import LOSSLESS_CODECS
 from noloco_rt.device_check import one_device
 from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
 from noloco_rt.outer.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
+from noloco_rt.outer.codecs.sparse import CHUNK as SPARSE_CHUNK
 from noloco_rt.outer.formula import PeerOuterState
 from noloco_rt.outer.snapshot import (
     PartsKind,
@@ -89,12 +90,15 @@ class SnapshotService:
                              "(workers/outer/device_boundary.py copies it at the outer step)")
         parts = [t.detach().float().contiguous() for t in inject_snapshot_faults(parts, self.cfg)]
         chunk_elems = max(ALIGN, int(self.cfg.worker.snapshot_chunk_mb * (1 << 20)) // 4)
-        return parts, parts_kind, plan_chunks([t.numel() for t in parts], chunk_elems)
+        align = SPARSE_CHUNK if parts_kind is PartsKind.GRAD else ALIGN
+        return parts, parts_kind, plan_chunks([t.numel() for t in parts], chunk_elems, align=align)
 
     def encode_chunk(self, parts: list[torch.Tensor], pieces: list[Piece], outer_step: int,
                      parts_kind: PartsKind) -> Snapshot:
-        """One chunk of our contribution, compressed (any thread: it only reads `parts`)."""
-        return encode_snapshot(piece_views(parts, pieces), self.cfg.worker.snapshot_codec, outer_step, parts_kind)
+        """One chunk of our contribution, compressed (any thread: it only reads `parts`): Δ
+        alone with worker.delta_codec, a whole state with worker.snapshot_codec."""
+        codec = self.cfg.worker.delta_codec if parts_kind is PartsKind.GRAD else self.cfg.worker.snapshot_codec
+        return encode_snapshot(piece_views(parts, pieces), codec, outer_step, parts_kind)
 
     def chunk_push_message(self, chunk: Snapshot, index: int, total: int, pieces: list[Piece],
                            for_step: int) -> list[Any]:

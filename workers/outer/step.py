@@ -21,7 +21,8 @@ from typing import Any
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.membership.records import MemberRecord
-from noloco_rt.outer.formula import OuterCoefficients
+from noloco_rt.outer.delta_exchange import sends_whole_state
+from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
 from noloco_rt.outer.matching import matched_partners
 from noloco_rt.outer.schedule import outer_step_due, pull_target
 from noloco_rt.routing.peers import PeerView
@@ -123,20 +124,41 @@ class OuterStep:
                           skipped_outer_steps=pulled_to - outer_step)
             outer_step = pulled_to
         partners = self.partners(outer_step) if self.settings.method == "noloco" else []
-        own = self.replica.provisional_outer_step(self.coeffs)
+        own, sparse = self._local_step(outer_step)
         self.counters.outer_steps = outer_step
         if not partners:
             self._record(outer_step, None, delay=0)
         else:
             self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own),
                                             [Partner.of(p, outer_step) for p in partners], self.coeffs,
-                                            by_readiness=self.by_readiness, window_s=self.ready_window_s()))
+                                            by_readiness=self.by_readiness, window_s=self.ready_window_s(),
+                                            sparse=sparse))
             self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners])
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         blocked = time.monotonic() - started
         self.counters.outer_blocked_s += blocked
         self.metrics.outer_blocked_seconds.inc(blocked)
+
+    def _local_step(self, outer_step: int) -> tuple[PeerOuterState, bool]:
+        """The provisional local step, taken now; (what we send, whether the round is sparse).
+        With worker.delta_codec it steps with Δ plus what earlier rounds did not send, and a
+        sparse round with what it sends (x̂, computed on the replica's device), with our φ for
+        the partner's peer check (noloco_rt/outer/delta_exchange.py)."""
+        worker = self.cfg.worker
+        if not worker.delta_codec:
+            return self.replica.provisional_outer_step(self.coeffs), False
+        whole = self.whole_state(outer_step)
+        slow = None if whole else [s.clone() for s in self.replica.slow]
+        sent = self.replica.delta_outer_step(self.coeffs, delta_codec=worker.delta_codec, whole=whole,
+                                             theta_only=self.coeffs.theta_shortcut,
+                                             error_feedback=worker.error_feedback)
+        return (sent, False) if whole else (PeerOuterState(slow=slow, outer_grad=sent.outer_grad), True)
+
+    def whole_state(self, outer_step: int) -> bool:
+        """Whether this step exchanges the whole state (else Δ alone, sparse: worker.delta_codec)."""
+        worker = self.cfg.worker
+        return sends_whole_state(outer_step, delta_codec=worker.delta_codec, theta_every=worker.theta_every)
 
     def ready_window_s(self) -> float:
         """How long to wait in the readiness queue: with overlap, the inner steps a correction
@@ -219,7 +241,8 @@ class OuterStep:
                 fields.update(correction_sum=result.correction_sums[0], correction_abs=result.correction_sums[1])
         self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
                       used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
-                      codec=self.cfg.worker.snapshot_codec, **fields)
+                      codec=self.cfg.worker.snapshot_codec if self.whole_state(outer_step) else self.cfg.worker.delta_codec,
+                      **fields)
         # The step is final now (corrected, or local): what joiners download (our clock: where the
         # stage is), and what a checkpoint keeps.
         self.service.publish_bootstrap(self.replica, self.counters.clock_steps, self.counters.outer_steps)

@@ -159,3 +159,32 @@ class Int4ZstdCodec(BlockQuantizedCodec):
         if (nibbles == 0).any():
             raise CodecError(f"{self.name}: nibble 0 (code -8) is outside [-7, 7]")
         return nibbles.astype(np.int8) - np.int8(8)
+
+
+class Int2ZstdCodec(BlockQuantizedCodec):
+    """Codes in [-1, 1] (three levels: −s, 0, s) as q + 1 in two bits, four per byte, element
+    4i + j in bits 2j (2j + 1 upward); the code 3 is refused, and the padding after the last
+    code is q = 0 (bits 01)."""
+
+    name = "int2-zstd"
+    max_code = 1
+    _PAD = 1  # the 2-bit value of code 0
+
+    def code_bytes(self, numel: int) -> int:
+        return (numel + 3) // 4
+
+    def pack(self, codes: torch.Tensor) -> np.ndarray:
+        values = (codes.to(torch.int16) + 1).to(torch.uint8).numpy()  # (n,) in 0..2
+        padded = np.full(self.code_bytes(len(values)) * 4, self._PAD, dtype=np.uint8)
+        padded[: len(values)] = values
+        groups = padded.reshape(-1, 4)  # (ceil(n / 4), 4)
+        return groups[:, 0] | (groups[:, 1] << 2) | (groups[:, 2] << 4) | (groups[:, 3] << 6)
+
+    def unpack(self, data: np.ndarray, numel: int) -> np.ndarray:
+        values = np.stack([(data >> shift) & 0x03 for shift in (0, 2, 4, 6)], axis=1).reshape(-1)  # (4 · len,)
+        if (values[numel:] != self._PAD).any():
+            raise CodecError(f"{self.name}: padding after the last code is not code 0")
+        values = values[:numel]
+        if (values == 3).any():
+            raise CodecError(f"{self.name}: 2-bit value 3 is outside codes [-1, 1]")
+        return values.astype(np.int8) - np.int8(1)
