@@ -56,7 +56,8 @@ def plan_settings(cfg: Config, *, device_type: str, max_inflight: int, activatio
         precision=compute_precision(cfg.model.precision, device_type),
         activation_checkpointing=activation_checkpointing, max_inflight=max_inflight,
         wire_dtype=cfg.pipeline.wire_dtype, snapshot_codec=cfg.worker.snapshot_codec,
-        group_size=outer.group_size, theta_only=outer.gamma == outer.beta, device=device_type)
+        group_size=outer.group_size, theta_only=outer.gamma == outer.beta, device=device_type,
+        error_feedback=bool(cfg.worker.delta_codec) and cfg.worker.error_feedback)
 
 
 def worst_peak(stages: list[StageMemory]) -> int:

@@ -49,7 +49,7 @@ WIRE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0}
 # Encoded snapshot bytes per float32 element, upper ends (the docs measure shuffle-zstd at
 # 1.16x and int8-zstd at 3.9x fewer bytes than raw; trained weights compress better than these).
 CODEC_BYTES = {"raw": 4.0, "zstd": 4.0, "shuffle-zstd": 4.0, "bf16-shuffle-zstd": 2.0, "int8-zstd": 1.05,
-               "int4-zstd": 0.55}
+               "int4-zstd": 0.55, "int2-zstd": 0.31}
 PRECISION_BYTES = {"float32": FP32, "bfloat16": BF16}
 OPTIMIZER_STEP_TENSORS = 1  # foreach AdamW's temporary (the denominator), a float32 copy of the parameters
 
@@ -73,6 +73,8 @@ class PlanSettings:
     group_size: int = 2
     theta_only: bool = True
     """The outer exchange sends θ alone (γ = β) rather than φ and Δ."""
+    error_feedback: bool = False
+    """worker.delta_codec with its error feedback: one more copy of the stage (what is unsent)."""
     device: str = "cpu"
     """cpu: everything is one memory. cuda: the peak is the device's; the exchange's host
     copies and the wire copies are host memory (StageMemory.host)."""
@@ -116,6 +118,7 @@ class StageMemory:
     grads: int
     inner_optimizer: int
     outer_state: int
+    """φ and δ (and with worker.delta_codec's error feedback, what is still unsent)."""
     exchange: int
     """The outer exchange's lasting buffers in the memory `peak` counts: on the CPU all of
     them; on CUDA none (our contribution is copied to the host at the outer step)."""
@@ -320,7 +323,7 @@ def stage_memory(s: PlanSettings, stage: int) -> StageMemory:
         weights=FP32 * params,
         grads=FP32 * params,
         inner_optimizer=2 * FP32 * params,
-        outer_state=2 * FP32 * params,
+        outer_state=(3 if s.error_feedback else 2) * FP32 * params,
         exchange=0 if on_device else FP32 * contribution_elements(s, params) + exchange_host_bytes(s, params),
         exchange_host=exchange_host_bytes(s, params) if on_device else 0,
         activations_per_microbatch=activations,

@@ -279,3 +279,24 @@ def test_the_durable_store_counts_a_failed_write_and_its_writer_goes_on(tmp_path
     assert durable.latest().info.outer_step == 2
     durable.write_now(3, 15, state=_state(3), cursor=None, wait_s=10)  # finishing: in this thread
     assert durable.counts() == {"written": 2, "failed": 1, "skipped_busy": 0}
+
+
+def test_what_sparse_rounds_left_unsent_is_checkpointed_and_restored_by_its_own_worker_only(tmp_path):
+    cfg = load_config(environ={})
+    log = RecordingLog()
+    replica, counters = StageReplica.create(cfg, 0), Counters()
+    replica.error_feedback.residual = [torch.full_like(t, 0.25) for t in replica.slow]
+    checkpoint = WorkerCheckpoint(tmp_path / "w.pt", run_id="default", stage=0, name="w", replica=replica,
+                                  counters=counters, cursor_state=lambda: None, h=5, log=log)
+    assert checkpoint.save("periodic")
+
+    def restored_residual(name: str) -> list[torch.Tensor] | None:
+        restarted = StageReplica.create(cfg, 0)
+        WorkerCheckpoint(tmp_path / f"{name}.pt", run_id="default", stage=0, name=name, replica=restarted,
+                         counters=Counters(), cursor_state=lambda: None, h=5, log=log).apply(checkpoint.snapshot())
+        return restarted.error_feedback.residual
+
+    mine = restored_residual("w")
+    assert mine is not None and all(torch.equal(r, torch.full_like(r, 0.25)) for r in mine)
+    assert restored_residual("another") is None  # a replica resuming the stage's store copy starts empty
+    checkpoint.writes.close()

@@ -29,7 +29,7 @@ from noloco_rt.outer.codecs.sparse import sparse_round_trip
 
 BOUND = 1 << 26
 LOSSLESS = ("raw", "zstd", "shuffle-zstd")
-QUANTIZED = {"int8-zstd": 127, "int4-zstd": 7}
+QUANTIZED = {"int8-zstd": 127, "int4-zstd": 7, "int2-zstd": 1}
 SPARSE = {"topk2-zstd": 2, "topk4-zstd": 4}  # bits per kept entry
 """Quantised codecs and their largest code."""
 
@@ -250,13 +250,15 @@ def test_trailing_bytes_and_size_disagreements_are_refused(codec):
     good = encode_tensors([torch.randn(100)], codec)
     with pytest.raises(CodecError):
         decode_tensors(replaced(good, payload=good.payload + b"\0" * 8), max_decompressed_bytes=BOUND)
-    # Not (99,): int4 codes of 99 and of 100 elements are both 50 bytes; the sparse codecs keep
-    # 2 entries of anything from 65 to 128 elements.
-    for shape in [(98,), (101,), (10, 11)] if codec not in SPARSE else [(50,), (200,), (64, 64)]:
+    # Not (99,): int4 codes of 99 and of 100 elements are both 50 bytes (int2: 97 to 100 are
+    # 25); the sparse codecs keep 2 entries of anything from 65 to 128 elements.
+    shapes = {"int2-zstd": [(96,), (101,), (10, 11)]}.get(codec, [(98,), (101,), (10, 11)])
+    for shape in shapes if codec not in SPARSE else [(50,), (200,), (64, 64)]:
         with pytest.raises(CodecError, match="declare"):
             decode_tensors(replaced(good, specs=[TensorSpec(shape, "float32")]), max_decompressed_bytes=BOUND)
-    with pytest.raises(CodecError, match="over the bound"):  # the smallest: int4's 58 bytes, topk's 9
-        decode_tensors(good, max_decompressed_bytes=50 if codec not in SPARSE else 8)
+    exact = FAMILIES[codec].body_bytes(TensorSpec((100,), "float32"))
+    with pytest.raises(CodecError, match="over the bound"):
+        decode_tensors(good, max_decompressed_bytes=exact - 1)
 
 
 def test_corrupted_frame_is_refused():
@@ -313,7 +315,7 @@ def expected_scales(flat: np.ndarray, max_code: int) -> np.ndarray:
 
 
 def quantized_body_bytes(numel: int, codec: str) -> int:
-    codes = numel if codec == "int8-zstd" else (numel + 1) // 2
+    codes = {"int8-zstd": numel, "int4-zstd": (numel + 1) // 2, "int2-zstd": (numel + 3) // 4}[codec]
     return 4 * math.ceil(numel / 64) + codes
 
 
@@ -451,6 +453,24 @@ def test_int4_nibble_0_and_bad_padding_are_refused(numel):
     if numel % 2:
         assert body[-1] >> 4 == 8  # the padding nibble is the code 0
         body[-1] = (body[-1] & 0x0F) | 0x90
+        with pytest.raises(CodecError, match="padding"):
+            decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+
+
+@pytest.mark.parametrize("numel", [100, 98])
+def test_int2_value_3_and_bad_padding_are_refused(numel):
+    good = encode_tensors([torch.randn(numel)], "int2-zstd")
+    body = bytearray(body_of(good))
+    codes_at = 8  # after the two scales: four 2-bit values a byte
+    body[codes_at + 2] |= 0x0C  # element 9: value 3, no code
+    with pytest.raises(CodecError, match="value 3"):
+        decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+    body = bytearray(body_of(good))
+    body[codes_at + 2] = (body[codes_at + 2] & 0xF3) | 0x08  # element 9: value 2, code 1 (allowed)
+    decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
+    if numel % 4:
+        assert body[-1] >> 6 == 1  # the padding is the code 0
+        body[-1] = (body[-1] & 0x3F) | 0x80
         with pytest.raises(CodecError, match="padding"):
             decode_tensors(reframed(good, body), max_decompressed_bytes=BOUND)
 

@@ -61,14 +61,18 @@ class WorkerConfig:
     acknowledgement); then the step goes on without them."""
     snapshot_codec: str = "int8-zstd"
     """Compression of outer-step snapshots: lossless raw, zstd, shuffle-zstd, or lossy
-    bf16-shuffle-zstd, int8-zstd (default: 3.9x fewer bytes, no measured ppl cost), int4-zstd
-    (blockwise, stochastic rounding). Bootstraps always travel lossless."""
+    bf16-shuffle-zstd, int8-zstd (default: 3.9x fewer bytes, +0.3 % ppl at 2,000 steps),
+    int4-zstd (7.8x, +5 %), int2-zstd (17.7x, diverges): blockwise, stochastic rounding; each
+    side averages with its own snapshot as the other decoded it. Bootstraps always travel
+    lossless."""
     delta_codec: str = ""
-    """Sparse outer exchange (docs/architecture.md §4, "Fewer bytes"): at outer steps that are
-    not a multiple of theta_every, partners send only their outer gradient Δ (plus what
-    earlier rounds did not send: error feedback) with this codec, topk2-zstd or topk4-zstd,
-    and average Δ alone; every theta_every-th step they send their whole state with
-    snapshot_codec. "" (off): every step sends the whole state."""
+    """Sparse outer exchange, an experiment (docs/architecture.md §4, "Fewer bytes"): at outer
+    steps that are not a multiple of theta_every, partners send only their outer gradient Δ
+    (plus what earlier rounds did not send: error feedback) with this codec, topk2-zstd or
+    topk4-zstd (about 140x fewer bytes), average Δ alone, and step with what they sent; every
+    theta_every-th step they send their whole state with snapshot_codec. Measured far worse
+    than the default at H = 50 (benchmarks/README.md). "" (off, default): every step sends
+    the whole state."""
     theta_every: int = 8
     """With delta_codec: every theta_every-th outer step exchanges the whole state (θ, or φ and
     Δ), which pulls the replicas' slow weights together (γ)."""

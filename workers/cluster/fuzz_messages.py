@@ -92,7 +92,7 @@ def snapshot_push(payload: bytes, *, specs: list | None = None, digest: str | No
 
 # Honest snapshots to mutate are encoded with one of these (the quantised ones have scales
 # and codes of their own to get wrong).
-FUZZ_CODECS = ("shuffle-zstd", "int8-zstd", "int4-zstd")
+FUZZ_CODECS = ("shuffle-zstd", "int8-zstd", "int4-zstd", "int2-zstd")
 
 
 def _honest_payload(scale: float = 1.0, nan: bool = False, codec: str = "shuffle-zstd", seed: int = 0) -> bytes:
@@ -242,8 +242,9 @@ def _ex_bad_quantised_body(rng: random.Random) -> Frames:
         at = 4 * rng.randrange(scale_bytes // 4)
         body[at:at + 4] = struct.pack("<f", rng.choice([math.nan, math.inf, -math.inf, -1.0, -1e-30]))
     else:
-        at = scale_bytes + rng.randrange(math.prod(first) // 2)
-        body[at] = 0x80 if codec == "int8-zstd" else body[at] & 0xF0  # code -128, or nibble 0 (code -8)
+        at = scale_bytes + rng.randrange(math.prod(first) // 4)
+        # code -128, nibble 0 (code -8), or the 2-bit value 3 (no code)
+        body[at] = {"int8-zstd": 0x80, "int4-zstd": body[at] & 0xF0, "int2-zstd": body[at] | 0x03}[codec]
     return snapshot_push(zstandard.ZstdCompressor(write_checksum=True).compress(bytes(body)), codec=codec)
 
 
