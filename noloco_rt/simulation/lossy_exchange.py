@@ -2,11 +2,11 @@
 
 A worker sends its contribution (contribution_parts: θ, or φ and Δ) through
 worker.snapshot_codec, compressed once per outer step, and every partner decodes the
-same bytes. The simulator does the same: a lossy codec (bf16, int8, int4, and the sparse
-Δ rounds of worker.delta_codec) changes what partners average, and the sender uses its
-own contribution as they decode it, so that the pair's corrections cancel. Stochastic rounding draws from a
-generator seeded by (run seed, stage, replica, outer step), so a simulation stays
-reproducible. Lossless codecs give back every bit, so their round trip is skipped.
+same bytes. The simulator does the same: a lossy codec (bf16, int8, int4, int2, and the
+sparse Δ rounds of worker.delta_codec) changes what partners average, and the sender uses
+its own contribution as they decode it, so that the pair's corrections cancel. Stochastic
+rounding draws from a generator seeded by (run seed, stage, replica, outer step), so a
+simulation stays reproducible. Lossless codecs give back every bit, so their round trip is skipped.
 """
 
 from __future__ import annotations
