@@ -8,6 +8,7 @@ import torch
 
 from noloco_rt.config import ConfigError, load_config
 from noloco_rt.data import load_corpus
+from noloco_rt.outer.delta_exchange import delta_as_sent
 from noloco_rt.outer.formula import PeerOuterState
 from noloco_rt.simulation import lossy_exchange
 from noloco_rt.simulation.lossy_exchange import as_received, exchange_generator, received_states
@@ -130,7 +131,12 @@ def test_lossy_rounds_keep_the_replicas_mean_exactly(corpus, codec):
     sim._inner_steps(plan.grads_are_means)
     sim.step += 1
     replicas, coeffs = sim.replicas[0], sim.coeffs
-    local = [[s + coeffs.alpha * m + coeffs.beta * (f - s) for s, m, f in zip(r.slow, r.momentum, r.fast, strict=True)]
+
+    def stepped_with(r) -> list[torch.Tensor]:  # a sparse round steps with what it sends (delta_exchange.py)
+        delta = [f - s for f, s in zip(r.fast, r.slow, strict=True)]
+        return delta_as_sent(delta, codec) if codec.startswith("topk") else delta
+
+    local = [[s + coeffs.alpha * m + coeffs.beta * d for s, m, d in zip(r.slow, r.momentum, stepped_with(r), strict=True)]
              for r in replicas]  # each replica's local step: what the group step adds to must cancel
     sim.outer_step()  # k = 1: Δ alone, sparse, with topk; θ through int8 otherwise
     assert sim.outer_steps == 2

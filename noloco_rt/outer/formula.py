@@ -64,7 +64,7 @@ class PeerOuterState:
     @property
     def grad_only(self) -> bool:
         """Δ alone: a sparse round that averages the outer gradient, not φ."""
-        return self.fast is None and self.slow is None
+        return self.fast is None and self.slow is None and self.outer_grad is not None
 
     @classmethod
     def of(cls, fast: TensorList, slow: TensorList, *, theta_only: bool) -> PeerOuterState:
