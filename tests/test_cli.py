@@ -181,8 +181,11 @@ def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"COLUMNS": "250",
                                                                                     "PYTHONFAULTHANDLER": "1"}
         with out.open("w") as handle:
+            # Ctrl-C as a terminal would deliver it: a suite started in the background (`&`
+            # without job control) ignores SIGINT, and children inherit that.
             watcher = subprocess.Popen([*CLI, "status", "--redis-url", server.url, "--watch", "--interval", "0.2"],
-                                       stdout=handle, stderr=subprocess.STDOUT, env=env)
+                                       stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 60
             while "first" not in out.read_text() and time.monotonic() < deadline:
@@ -197,7 +200,7 @@ def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
             watcher.send_signal(signal.SIGINT)
             try:
                 code = watcher.wait(20)
-            except subprocess.TimeoutExpired:  # seen twice on a loaded machine: say where it was stuck
+            except subprocess.TimeoutExpired:  # say where it was stuck
                 watcher.send_signal(signal.SIGABRT)
                 watcher.wait(10)
                 raise AssertionError(f"status --watch ignored SIGINT for 20 s:\n{out.read_text()[-4000:]}") from None
