@@ -89,12 +89,11 @@ class StageReplica:
         group_outer_step(self.slow, self.momentum, self.fast, peers, coeffs)
         self.outer_steps += 1
 
-    def provisional_outer_step(self, coeffs: OuterCoefficients, *, theta_only: bool | None = None) -> PeerOuterState:
+    def provisional_outer_step(self, coeffs: OuterCoefficients) -> PeerOuterState:
         """The outer step with a group of one, at once; returns our state before it (what the
-        correction needs when the partners' states arrive; `theta_only` as in
-        provisional_local_step)."""
+        correction needs when the partners' states arrive)."""
         self.outer_steps += 1
-        return provisional_local_step(self.slow, self.momentum, self.fast, coeffs, theta_only=theta_only)
+        return provisional_local_step(self.slow, self.momentum, self.fast, coeffs)
 
     def delta_outer_step(self, coeffs: OuterCoefficients, *, delta_codec: str, whole: bool, theta_only: bool,
                          error_feedback: bool = True) -> PeerOuterState:

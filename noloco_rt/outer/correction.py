@@ -46,6 +46,7 @@ from noloco_rt.outer.formula import (
     OuterCoefficients,
     PeerOuterState,
     TensorList,
+    apply_outer_update,
     mean_of,
     outer_gradient,
     state_tensors,
@@ -93,18 +94,12 @@ def _summed_gaps(theirs: Sequence[TensorList], mine: TensorList, group_size: int
 
 @torch.no_grad()
 def provisional_local_step(slow: TensorList, momentum: TensorList, fast: TensorList,
-                           coeffs: OuterCoefficients, *, theta_only: bool | None = None) -> PeerOuterState:
+                           coeffs: OuterCoefficients) -> PeerOuterState:
     """The local step, in place; returns the state at step k (before it) that both the
-    partners and the later correction need: θ alone under the shortcut, else φ and Δ
-    (`theta_only` False: φ and Δ whatever the coefficients, for a sparse round of Δ)."""
-    theta_only = coeffs.theta_shortcut if theta_only is None else theta_only
-    before = PeerOuterState.of([f.clone() for f in fast], [s.clone() for s in slow], theta_only=theta_only)
-    delta = outer_gradient(fast, slow)
-    torch._foreach_mul_(momentum, coeffs.alpha)
-    torch._foreach_add_(momentum, [coeffs.beta * d for d in delta])
-    torch._foreach_add_(slow, momentum)
-    for f, s in zip(fast, slow, strict=True):
-        f.copy_(s)
+    partners and the later correction need: θ alone under the shortcut, else φ and Δ."""
+    before = PeerOuterState.of([f.clone() for f in fast], [s.clone() for s in slow],
+                               theta_only=coeffs.theta_shortcut)
+    apply_outer_update(slow, momentum, fast, [coeffs.beta * d for d in outer_gradient(fast, slow)], coeffs)
     return before
 
 

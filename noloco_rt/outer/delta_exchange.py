@@ -26,7 +26,12 @@ import torch
 
 from noloco_rt.config.choices import DELTA_CODECS
 from noloco_rt.outer.codecs.sparse import sparse_round_trip
-from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, outer_gradient
+from noloco_rt.outer.formula import (
+    OuterCoefficients,
+    PeerOuterState,
+    apply_outer_update,
+    outer_gradient,
+)
 
 BITS = {"topk2-zstd": 2, "topk4-zstd": 4}
 assert set(BITS) == set(DELTA_CODECS)
@@ -89,9 +94,5 @@ def delta_local_step(slow: list[torch.Tensor], momentum: list[torch.Tensor], fas
         contribution = PeerOuterState(outer_grad=applied)
         if feedback is not None:
             feedback.residual = [d - a for d, a in zip(delta, applied, strict=True)]
-    torch._foreach_mul_(momentum, coeffs.alpha)
-    torch._foreach_add_(momentum, [coeffs.beta * a for a in applied])
-    torch._foreach_add_(slow, momentum)
-    for f, s in zip(fast, slow, strict=True):
-        f.copy_(s)
+    apply_outer_update(slow, momentum, fast, [coeffs.beta * a for a in applied], coeffs)
     return contribution

@@ -99,7 +99,7 @@ def mean_of(members: Sequence[Sequence[torch.Tensor]]) -> TensorList:
 
 
 @torch.no_grad()
-def _apply(slow: TensorList, momentum: TensorList, fast: TensorList, target: TensorList,
+def apply_outer_update(slow: TensorList, momentum: TensorList, fast: TensorList, target: TensorList,
            coeffs: OuterCoefficients) -> None:
     """δ ← α·δ + target; φ ← φ + δ; θ ← φ (all in place)."""
     torch._foreach_mul_(momentum, coeffs.alpha)
@@ -115,7 +115,7 @@ def outer_step(slow: TensorList, momentum: TensorList, fast: TensorList, *, mean
     """The general outer step, in place: δ ← α·δ + β·mean Δ + γ·(mean φ − φ_i)."""
     target = [coeffs.beta * d + coeffs.gamma * (m - s)
               for d, m, s in zip(mean_outer_grad, mean_slow, slow, strict=True)]
-    _apply(slow, momentum, fast, target, coeffs)
+    apply_outer_update(slow, momentum, fast, target, coeffs)
 
 
 @torch.no_grad()
@@ -125,7 +125,7 @@ def outer_step_from_fast(slow: TensorList, momentum: TensorList, fast: TensorLis
     if not coeffs.theta_shortcut:
         raise ValueError(f"the fast-weights shortcut needs gamma == beta, got gamma={coeffs.gamma}, beta={coeffs.beta}")
     target = [coeffs.beta * (m - s) for m, s in zip(mean_fast, slow, strict=True)]
-    _apply(slow, momentum, fast, target, coeffs)
+    apply_outer_update(slow, momentum, fast, target, coeffs)
 
 
 @torch.no_grad()
