@@ -80,8 +80,11 @@ def test_config_show_redacts_secrets_unless_asked(capsys, monkeypatch):
     (["config", "show"], {"NOLOCO_OUTER_METHOD": "sgd"}, "invalid outer.method = 'sgd'"),
     (["simulate", "--set", "data.source=files", "--set", "data.paths=/nonexistent/*.txt"], {}, "matches no file"),
     (["frobnicate"], {}, "No such command"),
+    (["config", "show", "--config", "NOT_UTF8"], {}, "is not UTF-8 text (TOML must be)"),
 ])
-def test_bad_input_is_one_clear_line(capsys, monkeypatch, args, env, fragment):
+def test_bad_input_is_one_clear_line(capsys, monkeypatch, tmp_path, args, env, fragment):
+    (tmp_path / "latin1.toml").write_bytes("[run]\nrun_id = \"caf\u00e9\"\n".encode("latin-1"))
+    args = [str(tmp_path / "latin1.toml") if a == "NOT_UTF8" else a for a in args]
     code, out, err = run_cli_in_process(capsys, monkeypatch, *args, env=env)
     assert code == 2, (out, err)
     assert fragment in err
@@ -158,7 +161,7 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         assert member["checkpoint_failed"] == 4
         url = server.url
     result = run_cli("status", "--redis-url", url)
-    assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "unreachable" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
@@ -208,3 +211,28 @@ def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
         finally:
             if watcher.poll() is None:
                 watcher.kill()
+
+
+def test_a_redis_url_at_a_server_that_is_not_redis_is_one_line_at_once(tmp_path):
+    """An HTTP server where Redis should be (a wrong port): status, worker and coordinator say
+    so in one line and exit 2 at once, instead of waiting for a Redis that will never answer."""
+    import http.server
+    import threading
+
+    class QuietHandler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"redis://127.0.0.1:{server.server_address[1]}/0"
+    try:
+        for args in (["status"], ["worker", "--stage", "0"], ["coordinator", "--out", str(tmp_path)]):
+            result = run_cli(*args, "--redis-url", url, timeout=60)
+            errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+            assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr[-2000:])
+            assert len(errors) == 1 and "does not speak Redis (it answered" in errors[0], errors
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -324,6 +324,9 @@ def test_k8s_render_command(tmp_path: Path) -> None:
     (["--store-size", "100GB"], "invalid --store-size = '100GB': not a volume size"),
     (["--data-size", "-5Gi"], "invalid --data-size = '-5Gi': not a volume size"),
     (["--storage-class", "Fast SSD"], "invalid --storage-class = 'Fast SSD': not a StorageClass name"),
+    (["--min-bandwidth", "1e-300"], "invalid worker.min_bandwidth_mbit_s = 1e-300: must be >= 0.01"),
+    (["--vocab-size", "1000000000000"], "invalid model.vocab_size = 1000000000000: must be between 2 and"),
+    (["--replicas", "1000000000"], "invalid --replicas = 1000000000: an Indexed Job runs at most 100000 pods"),
 ])
 def test_k8s_render_refuses_what_would_crash_loop_or_never_pull(capsys, args, fragment) -> None:
     from noloco_rt.cli import main

@@ -28,6 +28,7 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required")
 
+    from noloco_rt.cli import OneLineError
     from noloco_rt.commands.status_rows import (
         json_lines,
         outer_steps_line,
@@ -40,13 +41,13 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
 
     client = connect(cfg.network.redis_url)
     if not check_access(client, cfg.network.redis_url):  # a refused password raises: exit 2, one line
-        raise click.ClickException(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
+        raise OneLineError(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
     membership = Membership(client, run_id=cfg.run.run_id)
 
     def members() -> list:
         records = membership.live_members(stage=None, states=None)
         if not membership.redis_available:
-            raise click.ClickException(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
+            raise OneLineError(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
         return records
 
     def title(records: list) -> str:

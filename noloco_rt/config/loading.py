@@ -139,9 +139,14 @@ def load_config(path: str | os.PathLike[str] | None = None, *, environ: Mapping[
     if path is not None:
         file_path = Path(path)
         try:
-            data = tomllib.loads(file_path.read_text())
+            data = tomllib.loads(file_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError("--config", str(path), "file does not exist") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError("--config", str(path), f"is not UTF-8 text (TOML must be): {exc.reason} "
+                              f"at byte {exc.start}") from None
+        except OSError as exc:  # a directory, no permission, an I/O error
+            raise ConfigError("--config", str(path), f"cannot be read: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("--config", str(path), f"is not valid TOML: {exc}") from None
         _merge(merged, data, str(path))

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from noloco_rt.config.choices import DELTA_CODECS, SNAPSHOT_CODECS
 from noloco_rt.config.errors import require, require_choice
 
+MIN_BANDWIDTH_MBIT_S = 0.01
+
 
 @dataclass(kw_only=True)
 class NetworkConfig:
@@ -168,8 +170,9 @@ class WorkerConfig:
                 "snapshot_chunk_mb", self.snapshot_chunk_mb, "must be >= 0.01")
         require(1 <= self.snapshot_encode_threads <= 64, "worker", "snapshot_encode_threads",
                 self.snapshot_encode_threads, "must be between 1 and 64")
-        require(math.isfinite(self.min_bandwidth_mbit_s) and self.min_bandwidth_mbit_s > 0, "worker",
-                "min_bandwidth_mbit_s", self.min_bandwidth_mbit_s, "must be > 0")
+        # Below a dial-up modem's rate the deadlines it implies run to days: a typo, not a link.
+        require(math.isfinite(self.min_bandwidth_mbit_s) and self.min_bandwidth_mbit_s >= MIN_BANDWIDTH_MBIT_S,
+                "worker", "min_bandwidth_mbit_s", self.min_bandwidth_mbit_s, f"must be >= {MIN_BANDWIDTH_MBIT_S}")
         require(0 <= self.left_exit_code <= 125, "worker", "left_exit_code", self.left_exit_code,
                 "must be an exit status in [0, 125]")
         require(math.isfinite(self.memory_budget_gb) and self.memory_budget_gb >= 0, "worker", "memory_budget_gb",

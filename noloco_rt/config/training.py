@@ -13,6 +13,7 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 COMPILE_MODES = ("auto", "on", "off")
 ACTIVATION_CHECKPOINTING = ("auto", "on", "off")
 DEFAULT_MAX_INFLIGHT = 4
+MAX_VOCAB = 1 << 32  # token ids are uint32 on disk and on the wire
 """The in-flight count a worker uses where memory allows (pipeline.max_inflight = 0)."""
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
@@ -86,7 +87,8 @@ class ModelConfig:
         require_choice("model", "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         require_choice("model", "preset", self.preset, tuple(PRESETS))
         require(self.seq_len >= 2, "model", "seq_len", self.seq_len, "must be >= 2")
-        require(self.vocab_size >= 2, "model", "vocab_size", self.vocab_size, "must be >= 2")
+        require(2 <= self.vocab_size <= MAX_VOCAB, "model", "vocab_size", self.vocab_size,
+                f"must be between 2 and {MAX_VOCAB} (token ids are stored as uint32)")
 
 
 @dataclass(kw_only=True)

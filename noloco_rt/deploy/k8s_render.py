@@ -32,7 +32,11 @@ from noloco_rt.deploy.k8s_services import (
 )
 from noloco_rt.deploy.k8s_sizing import sizing_from_config
 from noloco_rt.deploy.k8s_workers import worker_job, worker_pdb
-from noloco_rt.deploy.render_checks import check_profile, check_rendered_config
+from noloco_rt.deploy.render_checks import (
+    check_manifest_numbers,
+    check_profile,
+    check_rendered_config,
+)
 
 
 def render(overlay: str = "base", *, generate_secrets: bool = False, **changes: Any) -> list[dict[str, Any]]:
@@ -50,6 +54,7 @@ def render(overlay: str = "base", *, generate_secrets: bool = False, **changes: 
     docs += redis() + coordinator(p, sizing)
     for stage in range(p.stages):
         docs += [worker_job(p, stage, sizing), worker_pdb(stage)]
+    check_manifest_numbers(docs)
     return docs
 
 

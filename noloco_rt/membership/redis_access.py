@@ -3,6 +3,7 @@ startup check that tells a refused password or ACL apart from a server that is m
 
 from __future__ import annotations
 
+import socket
 from urllib.parse import urlparse
 
 import redis
@@ -48,6 +49,40 @@ def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -
         if "AUTH" in str(exc).upper():  # e.g. a password sent to a server that has none
             raise RedisAccessError("network.redis_url", redact_url(url), f"Redis refused AUTH ({exc})") from None
         raise
+    except redis.exceptions.InvalidResponse as exc:
+        raise NotRedisError("network.redis_url", redact_url(url), f"the server there does not speak Redis ({exc})") \
+            from None
     except (redis.ConnectionError, redis.TimeoutError):
+        answer = foreign_greeting(url)
+        if answer is not None:
+            raise NotRedisError("network.redis_url", redact_url(url),
+                                f"the server there does not speak Redis (it answered {answer!r})") from None
         return False
     return True
+
+
+class NotRedisError(ConfigError):
+    """Something answers at the Redis URL, but not in Redis's protocol (an HTTP server, say):
+    a wrong port, reported at once instead of waited for."""
+
+
+# RESP replies start with one of these; anything else (b"HTTP/1.0 400", b"SSH-2.0") is not Redis.
+RESP_FIRST_BYTES = b"+-:$*_#,(!=%~>|"
+
+
+def foreign_greeting(url: str, *, timeout_s: float = 1.0) -> str | None:
+    """The first bytes a plain-TCP server at `url` answers an inline PING with, when they are
+    not a Redis reply; None when it is Redis, silent, refuses, or the URL is TLS or a socket path
+    (redis-py alone cannot tell a closed connection from a foreign server)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "redis":
+        return None
+    try:
+        with socket.create_connection((parsed.hostname or "localhost", parsed.port or 6379), timeout=timeout_s) as sock:
+            sock.sendall(b"PING\r\n")
+            first = sock.recv(64)
+    except (OSError, ValueError):
+        return None
+    if not first or first[:1] in RESP_FIRST_BYTES:
+        return None
+    return first.decode("ascii", "replace").splitlines()[0][:40]
