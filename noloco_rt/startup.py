@@ -18,7 +18,7 @@ import zmq
 
 from noloco_rt.config import Config
 from noloco_rt.logs import configure_logging, get_logger
-from noloco_rt.membership.redis_access import check_access, connect
+from noloco_rt.membership.redis_access import check_access, connect_network
 from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.net.curve import CurveKeys, load_curve_keys
 from noloco_rt.net.transport import disable_curve, enable_curve
@@ -64,7 +64,7 @@ def process_startup(cfg: Config, *, redis_check: bool = True, redis_wait: bool =
     client = None
     if redis_check and cfg.network.redis_url:
         url = cfg.network.redis_url
-        client = connect(url)
+        client = connect_network(cfg.network)
         if not check_access(client, url) and redis_wait:
             wait_for_redis(lambda: check_access(client, url), url=url, wait_s=cfg.worker.redis_wait_s,
                            log=get_logger(role="startup"))

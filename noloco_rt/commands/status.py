@@ -36,10 +36,10 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
         progress_line,
     )
     from noloco_rt.config.toml_out import redact_url
-    from noloco_rt.membership.redis_access import check_access, connect
+    from noloco_rt.membership.redis_access import check_access, connect_network
     from noloco_rt.membership.table import Membership
 
-    client = connect(cfg.network.redis_url)
+    client = connect_network(cfg.network)
     if not check_access(client, cfg.network.redis_url):  # a refused password raises: exit 2, one line
         raise OneLineError(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
     membership = Membership(client, run_id=cfg.run.run_id)

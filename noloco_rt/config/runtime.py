@@ -23,6 +23,12 @@ class NetworkConfig:
     metrics_port: int = 0
     redis_url: str = ""
     """redis:// or rediss:// URL (password allowed); empty: an embedded local server."""
+    redis_tls_ca_file: str = ""
+    """With a rediss:// URL: the CA that signed Redis's certificate (PEM); empty: the system's CAs."""
+    redis_tls_cert_file: str = ""
+    """With a rediss:// URL and a Redis that asks for client certificates: ours (PEM)..."""
+    redis_tls_key_file: str = ""
+    """...and its private key (PEM). Both or neither."""
     curve_key_dir: str = ""
     """Folder with the run's CURVE key pair (<name>.secret, <name>.public from `noloco-rt keys
     generate`, e.g. a mounted Kubernetes Secret); empty and no curve_secret_key: CURVE off."""
@@ -32,6 +38,12 @@ class NetworkConfig:
     """Optional with curve_secret_key (derived from it); if given it must match."""
 
     def __post_init__(self) -> None:
+        tls = {n: getattr(self, n) for n in ("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")}
+        if any(tls.values()) and self.redis_url:  # empty: given by the environment (a run dir's config.toml)
+            require(self.redis_url.startswith("rediss://"), "network", "redis_url", self.redis_url,
+                    "the redis_tls_* files need a rediss:// URL (TLS)")
+        require(bool(self.redis_tls_cert_file) == bool(self.redis_tls_key_file), "network", "redis_tls_key_file",
+                self.redis_tls_key_file, "set redis_tls_cert_file and redis_tls_key_file together")
         for name in ("data_port", "exchange_port", "metrics_port"):
             value = getattr(self, name)
             require(0 <= value <= 65535, "network", name, value, "must be a port in [0, 65535]")

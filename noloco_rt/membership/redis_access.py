@@ -3,12 +3,16 @@ startup check that tells a refused password or ACL apart from a server that is m
 
 from __future__ import annotations
 
+import os
 import socket
+import ssl
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 import redis
 
-from noloco_rt.config import ConfigError
+from noloco_rt.config import ConfigError, NetworkConfig
 from noloco_rt.config.toml_out import redact_url
 
 # An AuthenticationError is a ConnectionError and NOPERM (an ACL change) a ResponseError: during a
@@ -21,14 +25,46 @@ class RedisAccessError(ConfigError):
     """Redis refused our credentials or permissions: a configuration mistake, reported at startup."""
 
 
-def connect(url: str, *, socket_timeout_s: float = 1.0) -> redis.Redis:
-    """A client for redis://, rediss:// (TLS) or unix:// URLs, passwords included, with short timeouts
-    so a dead Redis never stalls training for long."""
+@dataclass(frozen=True)
+class RedisTls:
+    """The files of a rediss:// connection (network.redis_tls_*); empty: the system's CAs, no client certificate."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    @classmethod
+    def of(cls, network: NetworkConfig) -> RedisTls:
+        return cls(network.redis_tls_ca_file, network.redis_tls_cert_file, network.redis_tls_key_file)
+
+    def client_arguments(self) -> dict[str, Any]:
+        """redis-py's ssl_* arguments; raises ConfigError naming a file that cannot be read."""
+        for name, path in (("ca_file", self.ca_file), ("cert_file", self.cert_file), ("key_file", self.key_file)):
+            if path and not os.access(path, os.R_OK):
+                raise ConfigError(f"network.redis_tls_{name}", path, "no readable file there")
+        arguments: dict[str, Any] = {"ssl_cert_reqs": "required"}
+        if self.ca_file:
+            arguments["ssl_ca_certs"] = self.ca_file
+        if self.cert_file:
+            arguments.update(ssl_certfile=self.cert_file, ssl_keyfile=self.key_file)
+        return arguments
+
+
+def connect(url: str, *, socket_timeout_s: float = 1.0, tls: RedisTls | None = None) -> redis.Redis:
+    """A client for redis://, rediss:// (TLS, verified against tls.ca_file or the system's CAs)
+    or unix:// URLs, passwords included, with short timeouts so a dead Redis never stalls
+    training for long."""
     scheme = urlparse(url).scheme
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"redis URL must start with redis://, rediss:// or unix://, got {url!r}")
+    extra = (tls or RedisTls()).client_arguments() if scheme == "rediss" else {}
     return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
-                                health_check_interval=0)
+                                health_check_interval=0, **extra)
+
+
+def connect_network(network: NetworkConfig, *, socket_timeout_s: float = 1.0) -> redis.Redis:
+    """connect() with the run's URL and TLS files."""
+    return connect(network.redis_url, socket_timeout_s=socket_timeout_s, tls=RedisTls.of(network))
 
 
 def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -> bool:
@@ -52,7 +88,10 @@ def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -
     except redis.exceptions.InvalidResponse as exc:
         raise NotRedisError("network.redis_url", redact_url(url), f"the server there does not speak Redis ({exc})") \
             from None
-    except (redis.ConnectionError, redis.TimeoutError):
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if _tls_failure(exc):  # a certificate no wait will fix
+            raise RedisAccessError("network.redis_url", redact_url(url), f"the TLS handshake failed ({exc}); "
+                                   "check network.redis_tls_ca_file, _cert_file and _key_file") from None
         answer = foreign_greeting(url)
         if answer is not None:
             raise NotRedisError("network.redis_url", redact_url(url),
@@ -86,3 +125,14 @@ def foreign_greeting(url: str, *, timeout_s: float = 1.0) -> str | None:
     if not first or first[:1] in RESP_FIRST_BYTES:
         return None
     return first.decode("ascii", "replace").splitlines()[0][:40]
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """An SSL error (a certificate refused either way, a server that does not speak TLS) behind
+    redis-py's ConnectionError, as opposed to a server that is down."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) and not isinstance(seen, (ssl.SSLZeroReturnError, ssl.SSLEOFError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "SSL" in str(exc) and "EOF" not in str(exc)

@@ -39,7 +39,7 @@ from noloco_rt.config.toml_out import redact_url
 from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
-from noloco_rt.membership.redis_access import connect
+from noloco_rt.membership.redis_access import RedisTls, connect
 from noloco_rt.membership.table import Membership
 from noloco_rt.net.curve import write_key_pair
 from noloco_rt.plots import plot_distributed_run
@@ -268,7 +268,7 @@ class UpRun:
         metrics = MetricsLog(self.out / "metrics.jsonl")
         self._earlier_logs = set((self.out / "logs").glob("*.log"))
         self._open_curves()  # before the workers start: their log files of earlier runs are skipped
-        membership = Membership(connect(redis_url), run_id=self.cfg.run.run_id)
+        membership = Membership(connect(redis_url, tls=RedisTls.of(self.cfg.network)), run_id=self.cfg.run.run_id)
         gave_up = False
         try:
             supervisor.start()
