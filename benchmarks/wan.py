@@ -6,7 +6,7 @@
 
 Each run is S x R real `noloco-rt worker` processes and one redis-server. With links, every
 worker sits in its own network namespace behind `tbf` links of the given rate in both
-directions (benchmarks/sync/netns.py; Redis in the hub), so activations, gradients and
+directions (workers/faults/netns.py; Redis in the hub), so activations, gradients and
 snapshots all cross an emulated access link. An RTT comes from the delaying relay of
 benchmarks/sync in routed mode: each worker binds fixed ports and advertises the hub's
 address on its link, where the relay listens and forwards to it after the delay (every
@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sync import netns
-from benchmarks.sync.netns import LinkSpec
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import load_config
 from noloco_rt.export import consensus_of_checkpoints
 from noloco_rt.logs import read_json_lines, record_seconds
 from noloco_rt.membership.embedded_redis import redis_server_binary
 from noloco_rt.memory_fit import inflight_or_default
+from workers.faults import netns
+from workers.faults.netns import LinkSpec
 
 REDIS_PORT = 16390
 DATA_PORT_BASE, EXCHANGE_PORT_BASE = 17000, 17200

@@ -31,9 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sync import netns
-from benchmarks.sync.netns import LinkSpec
 from benchmarks.sync.report import write_reports
+from workers.faults import netns
+from workers.faults.netns import LinkSpec
 
 SIZES = ("tiny", "small", "synthetic100mb")
 METHODS = ("noloco-shuffle-zstd", "noloco-bf16-shuffle-zstd", "noloco-int8-zstd", "allreduce")

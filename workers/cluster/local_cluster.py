@@ -78,10 +78,15 @@ def each_outer_step_once(steps: list[int], *, first: int, last: int, jumped_over
 
 
 class LocalCluster:
-    def __init__(self, tmp_path: Path, *, stages: int = 2, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, tmp_path: Path, *, stages: int = 2, settings: dict[str, Any] | None = None,
+                 redis: EmbeddedRedis | None = None, workers_redis_url: str | None = None) -> None:
+        """`redis`: a started server to use (and stop at close) instead of a new one on loopback;
+        `workers_redis_url`: where the workers reach it, when not where this process does (a
+        server in a network namespace, reached here through its Unix socket)."""
         self.tmp_path = tmp_path
         self.stages = stages
-        self.redis = EmbeddedRedis().start()
+        self.redis = redis or EmbeddedRedis().start()
+        self.workers_redis_url = workers_redis_url or self.redis.url
         self.workers: list[WorkerProcess] = []
         self.settings = {"pipeline.stages": stages, "outer.h": 5, "pipeline.max_inflight": 2,
                          "worker.heartbeat_interval_s": 0.25, "worker.deadline_floor_s": 1.0,
@@ -90,10 +95,11 @@ class LocalCluster:
                          "paths.out_dir": str(tmp_path), **(settings or {})}
 
     def start_worker(self, stage: int, name: str, *, steps: int = 100_000, env: dict[str, str] | None = None,
-                     **settings: Any) -> WorkerProcess:
-        """A worker process; `env` adds to its environment (e.g. the injected data faults)."""
-        args = [sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage), "--redis-url",
-                self.redis.url, "--name", name, "--steps", str(steps), "--metrics-port", "0"]
+                     prefix: list[str] | None = None, **settings: Any) -> WorkerProcess:
+        """A worker process; `env` adds to its environment (e.g. the injected data faults);
+        `prefix` goes before its command line (`ip netns exec NS`)."""
+        args = [*(prefix or []), sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage),
+                "--redis-url", self.workers_redis_url, "--name", name, "--steps", str(steps), "--metrics-port", "0"]
         for key, value in {**self.settings, **settings}.items():
             args += ["--set", f"{key}={value}"]
         extra_env = env or {}

@@ -1,10 +1,15 @@
-"""Emulated wide-area links: one network namespace per worker, a routing hub, tbf per direction.
+"""Emulated networks: one network namespace per worker, a routing hub, tbf per direction, and
+partitions (blackhole routes) between chosen hosts.
 
     ns nls-i (10.77.i.2) --veth nls-vi / nls-hi-- hub nls-hub (10.77.i.1) --...-- ns nls-j
 
 Each worker's veth is rate-limited with tbf on both ends (its uplink inside its namespace,
 its downlink on the hub side), so a worker has a full-duplex access link of `rate`, as on a
-WAN. The kernel has no netem, so delay comes from relay.py, which runs in the hub: with
+WAN. The hub also holds SERVICE_IP on its loopback, for a server every worker reaches
+through its link (Redis in the partition tests), so that cutting a worker off from it cuts
+nothing else. A partition is a pair of blackhole rules in the hub: packets between the two
+sides vanish, as on a real split network (connections hang, nothing is refused), and
+deleting the rule heals it. The kernel has no netem, so delay comes from relay.py, which runs in the hub: with
 `delay_s > 0` every TCP connection that crosses the hub is redirected (iptables REDIRECT)
 into it, or, where the peers can be told to advertise the hub's address (benchmarks/wan),
 the relay listens there and forwards to fixed destinations, with no iptables. Everything
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 PREFIX = "nls"
 HUB = f"{PREFIX}-hub"
 RELAY_PORT = 15001
+SERVICE_IP = "10.77.255.1"
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -75,6 +81,7 @@ def create(workers: int) -> None:
     _run("ip", "netns", "add", HUB)
     _run("ip", "netns", "exec", HUB, "ip", "link", "set", "lo", "up")
     _run("ip", "netns", "exec", HUB, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    _run("ip", "netns", "exec", HUB, "ip", "addr", "add", f"{SERVICE_IP}/32", "dev", "lo")
     for rank in range(workers):
         ns, inner, outer = ns_name(rank), worker_ifname(rank), f"{PREFIX}-h{rank}"
         _run("ip", "netns", "add", ns)
@@ -115,3 +122,32 @@ def exec_prefix(rank: int) -> list[str]:
 
 def hub_prefix() -> list[str]:
     return ["ip", "netns", "exec", HUB]
+
+
+def existing() -> list[str]:
+    """Namespaces of this module's prefix that exist now (another run's, or a killed one's)."""
+    listed = _run("ip", "netns", "list", check=False).stdout.split("\n")
+    return [line.split(" ")[0] for line in listed if line.startswith(f"{PREFIX}-")]
+
+
+def cut(a_ip: str, b_ip: str) -> None:
+    """Packets between a and b (both ways) vanish in the hub: connections hang, as across a real
+    split, rather than fail at once (a route in the sender's own namespace would fail them)."""
+    for src, dst in ((a_ip, b_ip), (b_ip, a_ip)):
+        _run("ip", "netns", "exec", HUB, "ip", "rule", "add", "from", src, "to", dst, "blackhole")
+
+
+def heal(a_ip: str, b_ip: str) -> None:
+    for src, dst in ((a_ip, b_ip), (b_ip, a_ip)):
+        _run("ip", "netns", "exec", HUB, "ip", "rule", "del", "from", src, "to", dst, "blackhole", check=False)
+
+
+def cuts() -> list[tuple[str, str]]:
+    """(from, to) of every cut in effect, one pair per direction."""
+    rules = _run("ip", "netns", "exec", HUB, "ip", "rule", "show").stdout
+    found = []
+    for line in rules.splitlines():
+        words = line.split()
+        if "blackhole" in words and "from" in words and "to" in words:
+            found.append((words[words.index("from") + 1], words[words.index("to") + 1]))
+    return found
