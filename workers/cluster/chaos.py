@@ -33,8 +33,9 @@ from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import configure_logging
 from noloco_rt.memory_fit import inflight_or_default
 from workers.cluster.chaos_driver import ChaosDriver
+from workers.cluster.chaos_faults import FullDisk, Partitions
 from workers.cluster.chaos_report import invariants, render
-from workers.cluster.chaos_schedule import FAULT_KINDS, Fault, build_schedule
+from workers.cluster.chaos_schedule import ALL_KINDS, FAULT_KINDS, Fault, build_schedule
 from workers.cluster.processes import names_by_stage
 from workers.cluster.run_dir import prepare_run_dir
 from workers.faults.data_path import data_faults_env
@@ -53,7 +54,9 @@ CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_in
 @click.option("--seed", type=int, default=0, show_default=True, help="Fault schedule and run seed (run.seed).")
 @click.option("--every", "every_s", type=click.FloatRange(min=0.5), default=3.0, show_default=True,
               help="Seconds between faults.")
-@click.option("--kinds", default=",".join(FAULT_KINDS), show_default=True, help="Fault kinds, comma-separated.")
+@click.option("--kinds", default=",".join(FAULT_KINDS), show_default=True,
+              help=f"Fault kinds, comma-separated, or 'all': {', '.join(ALL_KINDS)}. partition and disk_full need "
+                   "root (network namespaces, a tmpfs).")
 @click.option("--hold", "hold_s", type=click.FloatRange(min=0.0), default=3.0, show_default=True,
               help="SIGSTOP length and Redis outage length, seconds.")
 @click.option("--recover", "recover_s", type=click.FloatRange(min=0.0), default=8.0, show_default=True,
@@ -79,11 +82,14 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
           net_loss: float, net_delay_ms: float, timeout_s: float, config_path: str | None,
           assignments: tuple[str, ...]) -> None:
     """Train under injected faults; exit 0 if every invariant held, 1 otherwise (named)."""
-    wanted = tuple(k.strip() for k in kinds.split(",") if k.strip())
-    unknown = sorted(set(wanted) - set(FAULT_KINDS))
-    if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}",
-                                 param_hint="--kinds")
+    wanted = ALL_KINDS if kinds.strip() == "all" else tuple(k.strip() for k in kinds.split(",") if k.strip())
+    unknown = sorted(set(wanted) - set(ALL_KINDS))
+    if unknown or not wanted:
+        raise click.BadParameter(f"unknown {', '.join(unknown) or 'nothing'}; choose from {', '.join(ALL_KINDS)} "
+                                 f"or all", param_hint="--kinds")
+    for kind, why_not in (("partition", Partitions.unavailable), ("disk_full", FullDisk.unavailable)):
+        if kind in wanted and (why := why_not()) is not None:
+            raise click.BadParameter(f"{kind} cannot be injected here: {why}", param_hint="--kinds")
     defaults = [f"{key}={value}" for key, value in CHAOS_SETTINGS.items()]
     out = Path(out_dir)
     cfg = effective_config(config_path, [*defaults, *assignments], {

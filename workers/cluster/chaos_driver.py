@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,14 @@ from noloco_rt.checkpoint import CheckpointError, load_checkpoint
 from noloco_rt.config import Config
 from noloco_rt.logs import get_logger, read_json_lines
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.redis_access import connect
+from workers.cluster.chaos_faults import FullDisk, Partitions, split_groups
 from workers.cluster.chaos_report import (
     FOUND_RUN_FINISHED,
+    event_time,
     injected_network_faults,
     largest_progress_gap_s,
+    mean_kept,
     microbatch_accounting,
     not_rejoined,
     observed_counts,
@@ -30,12 +36,23 @@ from workers.cluster.chaos_report import (
     unexpected_exits,
 )
 from workers.cluster.chaos_schedule import Fault
-from workers.cluster.processes import names_by_stage, supervisor_grace_s, worker_process_specs
+from workers.cluster.processes import (
+    child_env,
+    names_by_stage,
+    run_command,
+    supervisor_grace_s,
+    worker_process_specs,
+)
+from workers.faults import netns
 from workers.supervise.supervisor import RestartPolicy, Supervisor, SupervisorEvent
 
 TICK_S = 0.1
 CHECKPOINT_CHECK_EVERY_S = 2.0
 RETRY_SKIPPED_S = 1.0
+COORDINATOR = "coordinator"
+CHECKPOINT_TMPFS_MB = 256
+"""The tmpfs of a run with disk_full faults: room for every checkpoint of a small preset and its temporary."""
+STATUS_TIMEOUT_S = 5.0
 
 
 class ChaosDriver:
@@ -71,11 +88,56 @@ class ChaosDriver:
         self.checkpoint_failures: list[str] = []
         self.timed_out = False
         self.train_started: float | None = None
+        kinds = set(self.scheduled_kinds)
+        self.partitions = Partitions(self.names) if "partition" in kinds else None
+        self.partitioned: tuple[float, dict[str, Any]] | None = None
+        self.disk = FullDisk(self.checkpoint_dir, CHECKPOINT_TMPFS_MB) if "disk_full" in kinds else None
+        self.disk_full: tuple[float, dict[str, Any]] | None = None
+        self.flushed_at: float | None = None
+        """Wall time of a FLUSHALL no worker has re-registered after yet (the run waits for one)."""
+        self.with_coordinator = "coordinator_sigstop" in kinds
+        self.coordinator_port = 0
+        self.rng = random.Random(cfg.run.seed)
 
     def run(self) -> None:
-        self.redis = EmbeddedRedis().start()
-        specs = worker_process_specs(self.cfg, self.config_file, self.names, self.redis.url,
-                                     extra_env=self.extra_env)
+        if self.partitions is not None:
+            # Every worker in its own network namespace, Redis in the hub between them (this
+            # process reaches it by its Unix socket).
+            self.partitions.create()
+            self.redis = EmbeddedRedis(host=netns.SERVICE_IP, port=6379, prefix=netns.hub_prefix()).start()
+            workers_url = self.redis.tcp_url
+        else:
+            self.redis = EmbeddedRedis().start()
+            workers_url = self.redis.url
+        if self.disk is not None:
+            self.disk.mount()
+        try:
+            self._run(workers_url)
+        finally:
+            if self.disk is not None:
+                self.disk.unmount_keeping_files()
+            if self.partitions is not None:
+                self.partitions.close()
+        self.check_checkpoints()
+
+    def _specs(self, workers_url: str) -> list[Any]:
+        hosts = None
+        if self.partitions is not None:
+            hosts = {name: (self.partitions.prefix(name), self.partitions.address(name)) for name in self.names}
+        specs = worker_process_specs(self.cfg, self.config_file, self.names, workers_url, extra_env=self.extra_env,
+                                     hosts=hosts)
+        if self.with_coordinator:
+            from noloco_rt.membership.embedded_redis import free_port
+            from workers.supervise.supervisor import ProcessSpec
+
+            self.coordinator_port = free_port()
+            specs.append(ProcessSpec(name=COORDINATOR, env=child_env(self.cfg, self.redis.url),
+                                     args=run_command(self.config_file, "coordinator", "--status-port",
+                                                      str(self.coordinator_port), "--out", str(self.out))))
+        return specs
+
+    def _run(self, workers_url: str) -> None:
+        specs = self._specs(workers_url)
         # Quick restarts, and enough of them for a long run's kills and preemptions.
         policy = RestartPolicy(max_restarts=1000, backoff_initial_s=0.5, backoff_max_s=2.0)
         self.supervisor = Supervisor(specs, log_dir=self.out / "logs", policy=policy,
@@ -102,9 +164,12 @@ class ChaosDriver:
                 self._resume(name)
             if self.redis_down is not None:
                 self._redis_back()
+            if self.partitioned is not None:
+                self._heal()
+            if self.disk_full is not None:
+                self._free_disk()
             self.supervisor.stop()
             self.redis.stop()
-        self.check_checkpoints()
 
     # -- progress -------------------------------------------------------------------------
 
@@ -116,18 +181,20 @@ class ChaosDriver:
             return False
         if any(f.kind in self._kinds_not_seen() for f in self.pending) and not self._all_finishing():
             return False  # the workers train on (to twice the steps) until every kind has fired
-        if self.stopped or self.redis_down is not None or self.awaiting_respawn:
+        if self.stopped or self.redis_down is not None or self.awaiting_respawn or self.partitioned is not None \
+                or self.disk_full is not None or (self.flushed_at is not None and not self._all_finishing()):
             return False
         # The supervisor notices a SIGKILL only at its next poll: until then the killed
         # incarnation still looks running and online, and the run would end unrecovered.
         if any((name, incarnation + 1) not in self.online for name, incarnation in self.caused):
             return False
         return all((s.name, s.incarnation) in self.online for s in self.supervisor.statuses()
-                   if s.state == "running")
+                   if s.state == "running" and s.name in self.names)
 
     def _all_finishing(self) -> bool:
         """Every worker's current incarnation logged its steps done: no fault can land any more."""
-        return all((s.name, s.incarnation) in self.steps_done for s in self.supervisor.statuses())
+        return all((s.name, s.incarnation) in self.steps_done for s in self.supervisor.statuses()
+                   if s.name in self.names)
 
     def _kinds_not_seen(self) -> set[str]:
         return set(self.scheduled_kinds) - {f["kind"] for f in self.injected}
@@ -143,6 +210,9 @@ class ChaosDriver:
                 event = record.get("event")
                 if event in ("member_online", FOUND_RUN_FINISHED):  # the latter: back, nothing to rejoin
                     self.online.add((name, int(incarnation)))
+                if event == "member_reregistered" and self.flushed_at is not None and \
+                        (t := event_time(record)) is not None and t >= self.flushed_at:
+                    self.flushed_at = None
                 # The run's step the worker is at: a later stage's worker restarted a few times
                 # trains fewer inner steps than its data's clock has advanced.
                 step = record.get("clock_step", record.get("inner_step"))
@@ -172,6 +242,10 @@ class ChaosDriver:
                 self._resume(name)
         if self.redis_down is not None and time.monotonic() >= self.redis_down[0]:
             self._redis_back()
+        if self.partitioned is not None and time.monotonic() >= self.partitioned[0]:
+            self._heal()
+        if self.disk_full is not None and time.monotonic() >= self.disk_full[0]:
+            self._free_disk()
         while self.pending and self.pending[0].at_s <= now_s:
             fault = self.pending.pop(0)
             # Once every worker is there only a kind not yet seen is injected (a fast run can
@@ -182,29 +256,37 @@ class ChaosDriver:
     def _inject(self, fault: Fault) -> None:
         record = {**fault.to_json(), "wall": time.time()}
         if fault.kind == "redis_restart":
-            if self.redis_down is not None:
-                self._skip(record, "Redis already down")
+            if self.redis_down is not None or self.partitioned is not None or self.disk_full is not None:
+                self._skip(record, "Redis already down" if self.redis_down is not None
+                           else "another fault of the whole cluster is in effect")
                 return
             self.redis.stop()
             self.redis_down = (time.monotonic() + fault.hold_s, record)
             self.injected.append(record)
             self.log.info("chaos_fault", **record)
             return
+        if fault.kind in ("redis_flush", "partition", "disk_full"):
+            self._inject_cluster_fault(fault, record)
+            return
         statuses = {s.name: s for s in self.supervisor.statuses()}
         status = statuses[fault.target]
         # The schedule assumed recovery within --recover; re-check what is true now.
-        if status.state != "running" or status.pid is None or (fault.target, status.incarnation) not in self.online:
+        online = (fault.target, status.incarnation) in self.online or fault.target == COORDINATOR  # never a member
+        if status.state != "running" or status.pid is None or not online:
             self._skip(record, f"target {status.state}, not yet online" if status.state == "running"
                        else f"target {status.state}", fault)
             return
         if fault.target in self.stopped or fault.target in self.awaiting_respawn:
             self._skip(record, "target already faulted", fault)
             return
+        if fault.kind == "coordinator_sigstop":
+            self._stop_process(fault, record, status)
+            return
         if (fault.target, status.incarnation) in self.steps_done:  # its exit, not the fault's effect, comes next
             self._skip(record, "target finishing its steps", fault)
             return
-        stage = self.names[fault.target]
-        healthy = [s for n, s in statuses.items() if self.names[n] == stage and n != fault.target
+        stage = self.names.get(fault.target)
+        healthy = [s for n, s in statuses.items() if self.names.get(n) == stage and n != fault.target
                    and s.state == "running" and (n, s.incarnation) in self.online and n not in self.stopped]
         if not healthy:
             self._skip(record, f"no other live worker in stage {stage}", fault)
@@ -219,10 +301,56 @@ class ChaosDriver:
             self.awaiting_respawn.add(fault.target)
             os.kill(status.pid, signal.SIGTERM)
         else:
-            os.kill(status.pid, signal.SIGSTOP)
-            self.stopped[fault.target] = (time.monotonic() + fault.hold_s, record)
+            self._stop_process(fault, record, status)
+            return
         self.injected.append(record)
         self.log.info("chaos_fault", **record)
+
+    def _stop_process(self, fault: Fault, record: dict[str, Any], status: Any) -> None:
+        record["incarnation"] = status.incarnation
+        record["pid"] = status.pid
+        os.kill(status.pid, signal.SIGSTOP)
+        self.stopped[fault.target] = (time.monotonic() + fault.hold_s, record)
+        self.injected.append(record)
+        self.log.info("chaos_fault", **record)
+
+    def _inject_cluster_fault(self, fault: Fault, record: dict[str, Any]) -> None:
+        if self.redis_down is not None or self.partitioned is not None or self.disk_full is not None:
+            self._skip(record, "another fault of the whole cluster is in effect", fault)
+            return
+        if fault.kind == "redis_flush":
+            connect(self.redis.url).flushall()  # every record, mark and queue: a Redis that lost its data
+            self.flushed_at = record["wall"]
+        elif fault.kind == "partition":
+            assert self.partitions is not None
+            sides = split_groups(self.names, self.rng)
+            if sides is None:
+                self._skip(record, "a stage has a single worker: one side could not train")
+                return
+            redis_with_a = self.rng.random() < 0.5
+            self.partitions.split(*sides, redis_with_a=redis_with_a)
+            record.update(sides=[list(side) for side in sides], redis_side=0 if redis_with_a else 1)
+            self.partitioned = (time.monotonic() + fault.hold_s, record)
+        else:
+            assert self.disk is not None
+            record["filled_bytes"] = self.disk.fill()
+            self.disk_full = (time.monotonic() + fault.hold_s, record)
+        self.injected.append(record)
+        self.log.info("chaos_fault", **record)
+
+    def _heal(self) -> None:
+        assert self.partitioned is not None and self.partitions is not None
+        _, record = self.partitioned
+        self.partitions.heal()
+        record["resumed_wall"] = time.time()
+        self.partitioned = None
+
+    def _free_disk(self) -> None:
+        assert self.disk_full is not None and self.disk is not None
+        _, record = self.disk_full
+        self.disk.free()
+        record["resumed_wall"] = time.time()
+        self.disk_full = None
 
     def not_injected(self) -> dict[str, str]:
         """Scheduled kinds that never fired, each with why: a run that ends first shows it."""
@@ -254,6 +382,16 @@ class ChaosDriver:
         except ProcessLookupError:
             return
         record["resumed_wall"] = time.time()
+        if name == COORDINATOR:  # its effect: it serves /status again
+            record["status_after"] = self._status_answers()
+
+    def _status_answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.coordinator_port}/status",
+                                        timeout=STATUS_TIMEOUT_S) as response:
+                return response.status == 200
+        except OSError:
+            return False
 
     def _redis_back(self) -> None:
         assert self.redis_down is not None
@@ -286,7 +424,8 @@ class ChaosDriver:
                 "observed": observed_counts(self.injected, logs, self.exits),
                 "largest_progress_gap_s": round(largest_progress_gap_s(logs), 2),
                 "unexpected_exits": unexpected_exits(self.exits, self.caused),
-                "not_rejoined": not_rejoined(logs),
+                "not_rejoined": not_rejoined({k: v for k, v in logs.items() if k[0] in self.names}),
+                "mean_kept": mean_kept(logs),
                 "accounting": dataclasses.asdict(accounting),
                 "checkpoint_loads": self.checkpoint_loads, "checkpoint_failures": self.checkpoint_failures,
                 "timed_out": self.timed_out, "reached": self.reached,

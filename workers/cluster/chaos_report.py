@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from noloco_rt.logs import read_json_lines, record_seconds
-from workers.cluster.chaos_schedule import FAULT_KINDS
+from workers.cluster.chaos_schedule import ALL_KINDS
 
 LOG_NAME = re.compile(r"(?P<name>.+)\.(?P<incarnation>\d+)\.log")
 LOSS_TOLERANCE = 0.10
@@ -134,11 +134,16 @@ def observed_counts(injected: Sequence[Mapping[str, Any]], logs: Mapping[tuple[s
     """Per fault kind, how many injected faults had their expected effect, from the evidence:
     sigkill: that incarnation exited by SIGKILL and the next one came online (or found the
     run finished); sigterm: it logged `leaving`, exited 0 and the next one came back so; sigstop: the worker logged
-    something after its SIGCONT; redis_restart: some worker re-registered after the outage."""
+    something after its SIGCONT; redis_restart and redis_flush: some worker re-registered after
+    it; partition: after the heal, a worker used the state of one from the other side, or one
+    of the side cut from Redis found it again (a short run may end before the sides pair);
+    disk_full: a checkpoint write failed with ENOSPC while the disk was full and one succeeded
+    after; coordinator_sigstop: the coordinator's /status answered after its SIGCONT."""
     online = {key for key, events in logs.items()
               if any(e.get("event") in ("member_online", FOUND_RUN_FINISHED) for e in events)}
     codes = {(e["name"], e["incarnation"]): e.get("returncode") for e in exits}
-    counts = dict.fromkeys(FAULT_KINDS, 0)
+    counts = dict.fromkeys(ALL_KINDS, 0)
+    names_of = worker_names_by_id(logs)
     for fault in injected:
         kind, name, incarnation = fault["kind"], fault["target"], fault.get("incarnation")
         if kind == "sigkill":
@@ -150,13 +155,76 @@ def observed_counts(injected: Sequence[Mapping[str, Any]], logs: Mapping[tuple[s
             resumed_at = fault.get("resumed_wall")
             hit = resumed_at is not None and any((t := event_time(e)) is not None and t > resumed_at
                                                  for e in logs.get((name, incarnation), []))
-        else:
-            back_at = fault.get("resumed_wall")
+        elif kind == "partition":
+            hit = _paired_across(fault, logs, names_of)
+        elif kind == "disk_full":
+            hit = _disk_full_seen(fault, logs)
+        elif kind == "coordinator_sigstop":
+            hit = bool(fault.get("status_after"))
+        else:  # redis_restart, redis_flush
+            back_at = fault.get("resumed_wall", fault.get("wall") if kind == "redis_flush" else None)
             hit = back_at is not None and any(
                 e.get("event") in ("member_reregistered", "redis_recovered") and (t := event_time(e)) is not None
                 and t >= back_at for events in logs.values() for e in events)
         counts[kind] += int(hit)
     return counts
+
+
+def worker_names_by_id(logs: Mapping[tuple[str, int], Sequence[Event]]) -> dict[str, str]:
+    """The 8-character worker id (as outer_step_done's `used` names it) -> worker name."""
+    return {str(e["worker"])[:8]: name for (name, _), events in logs.items() for e in events
+            if e.get("event") == "worker_started" and e.get("worker")}
+
+
+def _paired_across(fault: Mapping[str, Any], logs: Mapping[tuple[str, int], Sequence[Event]],
+                   names_of: Mapping[str, str]) -> bool:
+    healed_at, sides = fault.get("resumed_wall"), fault.get("sides")
+    if healed_at is None or not sides:
+        return False
+    side_of = {name: index for index, side in enumerate(sides) for name in side}
+    without_redis = 1 - int(fault.get("redis_side", 0))
+    for (name, _), events in logs.items():
+        for e in events:
+            if (t := event_time(e)) is None or t < healed_at:
+                continue
+            if e.get("event") in ("redis_recovered", "member_reregistered") and side_of.get(name) == without_redis:
+                return True
+            if e.get("event") == "outer_step_done" and any(
+                    side_of.get(names_of.get(u, "")) not in (None, side_of.get(name)) for u in e.get("used", [])):
+                return True
+    return False
+
+
+def _disk_full_seen(fault: Mapping[str, Any], logs: Mapping[tuple[str, int], Sequence[Event]]) -> bool:
+    full_at, freed_at = fault.get("wall"), fault.get("resumed_wall")
+    if full_at is None or freed_at is None:
+        return False
+    events = [e for evs in logs.values() for e in evs if (t := event_time(e)) is not None and t >= full_at]
+    failed = any(e.get("event") == "checkpoint_failed" and e.get("kind") == "ENOSPC"
+                 and event_time(e) <= freed_at + 1.0 for e in events)
+    return failed and any(e.get("event") == "checkpoint_written" and event_time(e) > freed_at for e in events)
+
+
+def mean_kept(logs: Mapping[tuple[str, int], Sequence[Event]], *, tolerance: float = 1e-4) -> dict[str, Any]:
+    """Σ c over each complete round: one whose every member (by its own group) logged it with the
+    same group and applied a correction. NoLoCo keeps the replicas' mean there: Σ c = 0 up to
+    float rounding (a round a member died in has no other half, and is not complete)."""
+    rounds: dict[tuple[Any, ...], list[Event]] = {}
+    for (_, _), events in logs.items():
+        for e in events:
+            if e.get("event") != "outer_step_done" or "correction_sum" not in e or not e.get("worker"):
+                continue
+            members = frozenset([str(e["worker"])[:8], *e.get("group", [])])
+            rounds.setdefault((e.get("stage"), e.get("outer_step"), members), []).append(e)
+    checked, broken = 0, []
+    for (stage, outer_step, members), events in sorted(rounds.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if {str(e["worker"])[:8] for e in events} != set(members) or len(events) != len(members):
+            continue
+        checked += 1
+        total = sum(e["correction_sum"] for e in events)
+        if abs(total) > tolerance * max(sum(e["correction_abs"] for e in events), 1e-12):
+            broken.append(f"stage {stage} outer step {outer_step}: Σc = {total:.3g} over {len(members)}")
+    return {"checked": checked, "broken": broken}
 
 
 def unexpected_exits(exits: Sequence[Mapping[str, Any]], caused: set[tuple[str, int]]) -> list[str]:
@@ -200,6 +268,9 @@ def invariants(phase: Mapping[str, Any], max_inflight: int, stall_bound_s: float
                        f"{accounting['trained']} + dropped {accounting['dropped']} (retried "
                        f"{accounting['retried']}); {accounting['killed']} lost with a killed worker "
                        f"(<= {max_inflight} each); {accounting['mismatches']}")},
+        "mean_kept": {"ok": not phase["mean_kept"]["broken"],
+                      "detail": f"Σc = 0 in {phase['mean_kept']['checked']} complete rounds; broken: "
+                                f"{phase['mean_kept']['broken'][:5]}"},
         "checkpoints_load": {"ok": not phase["checkpoint_failures"] and phase["checkpoint_loads"] > 0,
                              "detail": f"{phase['checkpoint_loads']} loads, failures {phase['checkpoint_failures']}"},
         "final_loss": {"ok": loss_ok, "ratio": ratio,

@@ -9,9 +9,13 @@ Placement rules (what `violations` checks):
   SIGTERM for `recover_s` (restart + rejoin). A worker never has two windows at once.
 - At least one worker per stage is outside every window at all times: a stage with no
   live replica stalls the whole pipeline, which is an outage, not a fault to survive.
-- A Redis outage (its hold plus `recover_s` for workers to re-register) overlaps no
-  worker window: a worker restarted while Redis is down cannot join, and each fault's
-  effect should be observable on its own.
+- A fault of the whole cluster overlaps no other fault but the coordinator's: a Redis
+  outage (its hold plus `recover_s` for workers to re-register; a worker restarted while
+  Redis is down cannot join), a Redis that loses its data (`recover_s` to re-register), a
+  network partition (its hold plus `recover_s` to pair again) and a full checkpoint disk
+  (its hold). Each fault's effect should be observable on its own.
+- The coordinator's SIGSTOP only never overlaps another of its own: training does not
+  depend on the coordinator, so it may come at any time.
 A slot whose kind cannot be placed is left empty; a kind from the first pass that could
 not be placed is tried again at the next slot.
 """
@@ -24,7 +28,17 @@ from dataclasses import dataclass
 
 WORKER_FAULTS = ("sigkill", "sigterm", "sigstop")
 FAULT_KINDS = (*WORKER_FAULTS, "redis_restart")
+"""The default kinds: processes and a Redis restart, which any machine can inject."""
+CLUSTER_FAULTS = ("redis_restart", "redis_flush", "partition", "disk_full")
+ALL_KINDS = (*WORKER_FAULTS, *CLUSTER_FAULTS, "coordinator_sigstop")
+"""Also: FLUSHALL, a partition (network namespaces: root), a full checkpoint disk (a tmpfs:
+root), the coordinator stopped."""
 REDIS_TARGET = "redis"
+TARGETS = {"redis_restart": REDIS_TARGET, "redis_flush": REDIS_TARGET, "partition": "network",
+           "disk_full": "disk", "coordinator_sigstop": "coordinator"}
+"""The target of each fault that is not a worker's."""
+HELD = ("sigstop", "redis_restart", "partition", "disk_full", "coordinator_sigstop")
+"""Kinds that last `hold_s` before they are undone."""
 
 
 @dataclass(frozen=True)
@@ -36,15 +50,19 @@ class Fault:
     target: str
     """A worker name, or REDIS_TARGET."""
     hold_s: float = 0.0
-    """How long a SIGSTOP lasts before SIGCONT, or how long Redis stays down; 0 otherwise."""
+    """How long a SIGSTOP, a Redis outage, a partition or a full disk lasts; 0 otherwise."""
 
     def window(self, recover_s: float) -> tuple[float, float]:
         """[start, end) during which the target counts as down (see the module's rules)."""
-        if self.kind == "sigstop":
+        if self.kind in ("sigstop", "disk_full", "coordinator_sigstop"):
             return self.at_s, self.at_s + self.hold_s
-        if self.kind == "redis_restart":
+        if self.kind in ("redis_restart", "partition"):
             return self.at_s, self.at_s + self.hold_s + recover_s
         return self.at_s, self.at_s + recover_s
+
+    @property
+    def of_cluster(self) -> bool:
+        return self.kind in CLUSTER_FAULTS
 
     def to_json(self) -> dict[str, object]:
         return {"at_s": self.at_s, "kind": self.kind, "target": self.target, "hold_s": self.hold_s}
@@ -54,9 +72,9 @@ def build_schedule(seed: int, duration_s: float, every_s: float, worker_names: M
                    kinds: Sequence[str] = FAULT_KINDS, *, hold_s: float = 3.0,
                    recover_s: float = 8.0) -> list[Fault]:
     """Faults at every_s, 2·every_s, ... < duration_s; worker_names maps name -> stage."""
-    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    unknown = sorted(set(kinds) - set(ALL_KINDS))
     if unknown:
-        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; expected {', '.join(FAULT_KINDS)}")
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; expected {', '.join(ALL_KINDS)}")
     if every_s <= 0 or hold_s < 0 or recover_s < 0:
         raise ValueError(f"every_s = {every_s} must be > 0, hold_s = {hold_s} and recover_s = {recover_s} >= 0")
     if not kinds:
@@ -83,9 +101,9 @@ def build_schedule(seed: int, duration_s: float, every_s: float, worker_names: M
 
 def _place(faults: list[Fault], at_s: float, kind: str, names: list[str], worker_names: Mapping[str, int],
            hold_s: float, recover_s: float, rng: random.Random) -> Fault | None:
-    hold = hold_s if kind in ("sigstop", "redis_restart") else 0.0
-    if kind == "redis_restart":
-        candidate = Fault(at_s, kind, REDIS_TARGET, hold)
+    hold = hold_s if kind in HELD else 0.0
+    if kind in TARGETS:
+        candidate = Fault(at_s, kind, TARGETS[kind], hold)
         return None if violations([*faults, candidate], worker_names, recover_s) else candidate
     targets = [n for n in names if not violations([*faults, Fault(at_s, kind, n, hold)], worker_names, recover_s)]
     return Fault(at_s, kind, rng.choice(targets), hold) if targets else None
@@ -97,9 +115,9 @@ def violations(faults: Sequence[Fault], worker_names: Mapping[str, int], recover
     replicas: dict[int, int] = {}
     for stage in worker_names.values():
         replicas[stage] = replicas.get(stage, 0) + 1
-    worker_faults = [f for f in faults if f.target != REDIS_TARGET]
+    worker_faults = [f for f in faults if f.kind in WORKER_FAULTS]
     for index, a in enumerate(faults):
-        if a.target != REDIS_TARGET and a.target not in worker_names:
+        if a.kind in WORKER_FAULTS and a.target not in worker_names:
             found.append(f"{a.kind} at {a.at_s} s targets unknown worker {a.target!r}")
         a_start, a_end = a.window(recover_s)
         for b in faults[index + 1:]:
@@ -108,9 +126,12 @@ def violations(faults: Sequence[Fault], worker_names: Mapping[str, int], recover
                 continue
             if a.target == b.target:
                 found.append(f"{a.target}: {a.kind} at {a.at_s} s overlaps {b.kind} at {b.at_s} s")
-            elif REDIS_TARGET in (a.target, b.target):
-                found.append(f"Redis outage overlaps {a.kind if b.target == REDIS_TARGET else b.kind} "
-                             f"at {max(a.at_s, b.at_s)} s")
+            elif "coordinator_sigstop" in (a.kind, b.kind):
+                continue
+            elif a.of_cluster or b.of_cluster:
+                cluster, other = (a, b) if a.of_cluster else (b, a)
+                what = "Redis outage" if cluster.kind == "redis_restart" else cluster.kind.replace("_", " ")
+                found.append(f"{what} overlaps {other.kind} at {max(a.at_s, b.at_s)} s")
     # The number of down workers of a stage only rises at window starts: checking there suffices.
     for fault in worker_faults:
         start = fault.window(recover_s)[0]

@@ -38,11 +38,17 @@ def child_env(cfg: Config, redis_url: str) -> dict[str, str]:
 
 
 def worker_process_specs(cfg: Config, config_file: Path, names: dict[str, int], redis_url: str,
-                         extra_env: dict[str, str] | None = None) -> list[ProcessSpec]:
-    """One supervised `noloco-rt worker` per name (name -> stage)."""
+                         extra_env: dict[str, str] | None = None,
+                         hosts: dict[str, tuple[list[str], str]] | None = None) -> list[ProcessSpec]:
+    """One supervised `noloco-rt worker` per name (name -> stage). `hosts`: name -> (command
+    prefix, address), for workers each in its own network namespace (`ip netns exec NS`)."""
     # LOCAL_WORLD_SIZE: every worker of this machine, so a worker's memory budget is its share of a GPU.
     env = {**child_env(cfg, redis_url), "LOCAL_WORLD_SIZE": str(len(names)), **(extra_env or {})}
-    return [ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % cfg.pipeline.replicas)},
-                        args=run_command(config_file, "worker", "--stage", str(stage), "--name", name,
-                                         "--metrics-port", "0"))
-            for index, (name, stage) in enumerate(names.items())]
+    specs = []
+    for index, (name, stage) in enumerate(names.items()):
+        prefix, address = (hosts or {}).get(name, ([], ""))
+        where = {"NOLOCO_NETWORK_BIND_HOST": address, "NOLOCO_NETWORK_ADVERTISE_HOST": address} if address else {}
+        specs.append(ProcessSpec(name=name, env={**env, "LOCAL_RANK": str(index % cfg.pipeline.replicas), **where},
+                                 args=(*prefix, *run_command(config_file, "worker", "--stage", str(stage), "--name",
+                                                             name, "--metrics-port", "0"))))
+    return specs
