@@ -2,7 +2,8 @@
 
 Faults come one per slot, every `every_s` seconds from the time training starts. The
 first slots cover every requested kind once (in a seeded order), so a short run still
-sees each kind; later slots draw a kind at random.
+sees each kind; later slots draw a kind at random, and a drawn kind that cannot be placed
+yet is placed at the first slot where it can (every kind gets its share).
 
 Placement rules (what `violations` checks):
 - A worker fault occupies its target for a window: SIGSTOP for its hold, SIGKILL and
@@ -34,6 +35,8 @@ ALL_KINDS = (*WORKER_FAULTS, *CLUSTER_FAULTS, "coordinator_sigstop")
 """Also: FLUSHALL, a partition (network namespaces: root), a full checkpoint disk (a tmpfs:
 root), the coordinator stopped."""
 REDIS_TARGET = "redis"
+MAX_OWED = 2
+"""Drawn faults of one kind kept for a later slot, at most (a backlog would come in bursts)."""
 TARGETS = {"redis_restart": REDIS_TARGET, "redis_flush": REDIS_TARGET, "partition": "network",
            "disk_full": "disk", "coordinator_sigstop": "coordinator"}
 """The target of each fault that is not a worker's."""
@@ -84,28 +87,53 @@ def build_schedule(seed: int, duration_s: float, every_s: float, worker_names: M
     rng.shuffle(first_pass)
     names = sorted(worker_names)
     faults: list[Fault] = []
+    owed: list[str] = []
     slot = 1
     while slot * every_s < duration_s:
         at_s = round(slot * every_s, 3)
         slot += 1
-        # The first pass tries its kinds in order (the first that fits wins); later slots draw one.
-        for kind in first_pass or [rng.choice(list(kinds))]:
+        # The first pass tries its kinds in order (the first that fits wins); later slots draw one,
+        # or retry one drawn earlier that did not fit (owed): a kind whose windows exclude every
+        # other fault (a partition) would otherwise get far fewer than its share.
+        if first_pass:
+            placed = next((p for kind in first_pass
+                           if (p := _place(faults, at_s, kind, names, worker_names, hold_s, recover_s, rng))), None)
+            if placed is not None:
+                faults.append(placed)
+                first_pass.remove(placed.kind)
+            continue
+        drawn = rng.choice(list(kinds))
+        for index, kind in enumerate([*owed, drawn]):
             placed = _place(faults, at_s, kind, names, worker_names, hold_s, recover_s, rng)
             if placed is not None:
                 faults.append(placed)
-                if kind in first_pass:
-                    first_pass.remove(kind)
+                if index < len(owed):
+                    del owed[index]
+                    if owed.count(drawn) < MAX_OWED:
+                        owed.append(drawn)
                 break
+        else:
+            if owed.count(drawn) < MAX_OWED:
+                owed.append(drawn)
     return faults
 
 
 def _place(faults: list[Fault], at_s: float, kind: str, names: list[str], worker_names: Mapping[str, int],
            hold_s: float, recover_s: float, rng: random.Random) -> Fault | None:
     hold = hold_s if kind in HELD else 0.0
+    # Faults come in time order and the earlier ones keep the rules: only those whose windows
+    # can still be open at at_s can conflict with the candidate (a soak places thousands).
+    horizon = at_s - hold_s - recover_s
+    recent: list[Fault] = []
+    for fault in reversed(faults):
+        if fault.at_s < horizon:
+            break
+        recent.append(fault)
+    recent.reverse()
     if kind in TARGETS:
         candidate = Fault(at_s, kind, TARGETS[kind], hold)
-        return None if violations([*faults, candidate], worker_names, recover_s) else candidate
-    targets = [n for n in names if not violations([*faults, Fault(at_s, kind, n, hold)], worker_names, recover_s)]
+        return None if violations([*recent, candidate], worker_names, recover_s) else candidate
+    targets = [n for n in names if not violations([*recent, Fault(at_s, kind, n, hold)], worker_names, recover_s)]
     return Fault(at_s, kind, rng.choice(targets), hold) if targets else None
 
 
