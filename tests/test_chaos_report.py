@@ -5,6 +5,7 @@ from __future__ import annotations
 from workers.cluster.chaos_report import (
     largest_progress_gap_s,
     loss_ratio_check,
+    mean_kept,
     microbatch_accounting,
     not_rejoined,
     observed_counts,
@@ -82,3 +83,62 @@ def test_the_report_names_a_kind_that_never_fired():
     text = render(report)
     assert "not injected: sigterm (training ended before its turn at 20.0 s)" in text
     assert "not injected: sigkill" not in text
+
+
+def at(second: float, **fields) -> dict:
+    return {"timestamp": f"2026-01-01T00:00:{second:06.3f}Z", **fields}
+
+
+def wall(second: float) -> float:
+    from noloco_rt.logs import record_seconds
+
+    return record_seconds(f"2026-01-01T00:00:{second:06.3f}Z")
+
+
+def test_the_mean_is_checked_over_complete_rounds_only():
+    def done(worker: str, group: list[str], c: float, step: int = 3) -> dict:
+        return {"event": "outer_step_done", "worker": worker, "stage": 0, "outer_step": step, "group": group,
+                "correction_sum": c, "correction_abs": abs(c) + 1.0}
+
+    logs = {("a", 0): [done("aaaaaaaa", ["bbbbbbbb"], 0.5), done("aaaaaaaa", ["cccccccc"], 0.7, step=4)],
+            ("b", 0): [done("bbbbbbbb", ["aaaaaaaa"], -0.5)],
+            # c's half of step 4 is missing (it died): incomplete, not judged
+            ("d", 0): [done("dddddddd", ["eeeeeeee"], 0.2, step=5)], ("e", 0): [done("eeeeeeee", ["dddddddd"], 0.1,
+                                                                                      step=5)]}
+    result = mean_kept(logs)
+    assert result["checked"] == 2
+    assert result["broken"] == ["stage 0 outer step 5: Σc = 0.3 over 2"]
+
+
+def test_the_new_kinds_are_observed_from_their_evidence():
+    logs = {("s0-r0", 0): [at(1, event="worker_started", worker="aaaaaaaa1"),
+                           at(12, event="outer_step_done", used=["bbbbbbbb"]),
+                           at(21, event="checkpoint_failed", kind="ENOSPC"), at(26, event="checkpoint_written")],
+            ("s0-r1", 0): [at(1, event="worker_started", worker="bbbbbbbb1"), at(31, event="member_reregistered")]}
+    injected = [
+        {"kind": "partition", "target": "network", "wall": wall(5), "resumed_wall": wall(10),
+         "sides": [["s0-r0"], ["s0-r1"]], "redis_side": 0},  # a used b's state after the heal
+        {"kind": "partition", "target": "network", "wall": wall(40), "resumed_wall": wall(45),
+         "sides": [["s0-r0"], ["s0-r1"]], "redis_side": 0},  # nothing after this heal
+        {"kind": "disk_full", "target": "disk", "wall": wall(20), "resumed_wall": wall(24)},
+        {"kind": "disk_full", "target": "disk", "wall": wall(27), "resumed_wall": wall(29)},  # no write failed
+        {"kind": "redis_flush", "target": "redis", "wall": wall(30)},
+        {"kind": "coordinator_sigstop", "target": "coordinator", "status_after": True},
+        {"kind": "coordinator_sigstop", "target": "coordinator", "status_after": False},
+    ]
+    counts = observed_counts(injected, logs, [])
+    assert (counts["partition"], counts["disk_full"], counts["redis_flush"], counts["coordinator_sigstop"]) == \
+        (1, 1, 1, 1)
+
+
+def test_a_partition_leaves_every_stage_on_both_sides():
+    import random
+
+    from workers.cluster.chaos_faults import split_groups
+
+    names = {f"s{k}-r{j}": k for k in range(3) for j in range(3)}
+    for seed in range(50):
+        a, b = split_groups(names, random.Random(seed))
+        assert sorted(a + b) == sorted(names)
+        assert {names[n] for n in a} == {names[n] for n in b} == {0, 1, 2}
+    assert split_groups({"s0-r0": 0, "s0-r1": 0, "s1-r0": 1}, random.Random(0)) is None
