@@ -4,7 +4,11 @@ A cluster like `noloco-rt up` (real Redis, S × R real worker processes under th
 supervisor; no coordinator, no live view) trains while a seeded schedule
 (workers/cluster/chaos_schedule.py) SIGKILLs workers (the supervisor restarts them),
 SIGTERMs them (a preemption: they leave gracefully and the driver starts them again),
-SIGSTOPs them for a while, and stops Redis for a while. With --baseline the same
+SIGSTOPs them for a while, and stops Redis for a while; with --kinds all also flushes
+Redis (its data lost), splits the network into two sides (each worker in its own network
+namespace; workers/cluster/chaos_faults.py), fills the checkpoint disk (a tmpfs) and
+SIGSTOPs the coordinator. A soak is the same with many steps and faults close together
+(benchmarks/README.md, "Soak"). With --baseline the same
 cluster first runs without faults. Then: consensus of the final checkpoints, scored,
 and the invariants (workers/cluster/chaos_report.py), in a table and OUT/chaos.json.
 

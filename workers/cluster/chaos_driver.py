@@ -20,7 +20,7 @@ from typing import Any
 from noloco_rt.checkpoint import CheckpointError, load_checkpoint
 from noloco_rt.config import Config
 from noloco_rt.logs import get_logger, read_json_lines
-from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
 from noloco_rt.membership.redis_access import connect
 from workers.cluster.chaos_faults import FullDisk, Partitions, split_groups
 from workers.cluster.chaos_report import (
@@ -44,7 +44,7 @@ from workers.cluster.processes import (
     worker_process_specs,
 )
 from workers.faults import netns
-from workers.supervise.supervisor import RestartPolicy, Supervisor, SupervisorEvent
+from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor, SupervisorEvent
 
 TICK_S = 0.1
 CHECKPOINT_CHECK_EVERY_S = 2.0
@@ -120,16 +120,13 @@ class ChaosDriver:
                 self.partitions.close()
         self.check_checkpoints()
 
-    def _specs(self, workers_url: str) -> list[Any]:
+    def _specs(self, workers_url: str) -> list[ProcessSpec]:
         hosts = None
         if self.partitions is not None:
             hosts = {name: (self.partitions.prefix(name), self.partitions.address(name)) for name in self.names}
         specs = worker_process_specs(self.cfg, self.config_file, self.names, workers_url, extra_env=self.extra_env,
                                      hosts=hosts)
         if self.with_coordinator:
-            from noloco_rt.membership.embedded_redis import free_port
-            from workers.supervise.supervisor import ProcessSpec
-
             self.coordinator_port = free_port()
             specs.append(ProcessSpec(name=COORDINATOR, env=child_env(self.cfg, self.redis.url),
                                      args=run_command(self.config_file, "coordinator", "--status-port",
