@@ -104,7 +104,9 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 def test_workers_train_through_a_tls_redis_that_checks_client_certificates(tls_redis, tmp_path):
     url, folder = tls_redis
     out = tmp_path / "run"
-    result = _run("up", "--stages", "2", "--replicas", "1", "--steps", "20", "--preset", "tiny", "--out", str(out),
+    # Two replicas of one stage: registration, heartbeats and the exchange's partner finding all
+    # go through the TLS connection.
+    result = _run("up", "--stages", "1", "--replicas", "2", "--steps", "10", "--preset", "tiny", "--out", str(out),
                   "--redis-url", url, "--no-tensorboard", "--set", "outer.h=5", "--set", "run.log_format=json",
                   *_tls_flags(folder), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -112,7 +114,8 @@ def test_workers_train_through_a_tls_redis_that_checks_client_certificates(tls_r
               if line.startswith("{")]
     online = {e.get("name") for e in events if e.get("event") == "member_online"}
     done = [e for e in events if e.get("event") == "steps_done"]
-    assert len(online) == 2 and len(done) == 2, (online, done)
+    matched = [e for e in events if e.get("event") == "outer_step_done" and e.get("kind") == "matched"]
+    assert len(online) == 2 and len(done) == 2 and matched, (online, done)
     assert not [e for e in events if e.get("event") in ("redis_unreachable", "redis_access_error")]
     status = _run("status", "--json", "--redis-url", url, *_tls_flags(folder))
     assert status.returncode == 0, status.stderr
