@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import signal
 import time
 import urllib.request
@@ -22,7 +21,7 @@ from noloco_rt.config import Config
 from noloco_rt.logs import get_logger, read_json_lines
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
 from noloco_rt.membership.redis_access import connect
-from workers.cluster.chaos_faults import FullDisk, Partitions, split_groups
+from workers.cluster.chaos_faults import FullDisk, HeldClusterFault, Partitions
 from workers.cluster.chaos_report import (
     FOUND_RUN_FINISHED,
     event_time,
@@ -90,14 +89,12 @@ class ChaosDriver:
         self.train_started: float | None = None
         kinds = set(self.scheduled_kinds)
         self.partitions = Partitions(self.names) if "partition" in kinds else None
-        self.partitioned: tuple[float, dict[str, Any]] | None = None
         self.disk = FullDisk(self.checkpoint_dir, CHECKPOINT_TMPFS_MB) if "disk_full" in kinds else None
-        self.disk_full: tuple[float, dict[str, Any]] | None = None
+        self.held = HeldClusterFault(self.names, self.partitions, self.disk, cfg.run.seed)
         self.flushed_at: float | None = None
         """Wall time of a FLUSHALL no worker has re-registered after yet (the run waits for one)."""
         self.with_coordinator = "coordinator_sigstop" in kinds
         self.coordinator_port = 0
-        self.rng = random.Random(cfg.run.seed)
 
     def run(self) -> None:
         if self.partitions is not None:
@@ -161,10 +158,7 @@ class ChaosDriver:
                 self._resume(name)
             if self.redis_down is not None:
                 self._redis_back()
-            if self.partitioned is not None:
-                self._heal()
-            if self.disk_full is not None:
-                self._free_disk()
+            self.held.undo()
             self.supervisor.stop()
             self.redis.stop()
 
@@ -178,8 +172,8 @@ class ChaosDriver:
             return False
         if any(f.kind in self._kinds_not_seen() for f in self.pending) and not self._all_finishing():
             return False  # the workers train on (to twice the steps) until every kind has fired
-        if self.stopped or self.redis_down is not None or self.awaiting_respawn or self.partitioned is not None \
-                or self.disk_full is not None or (self.flushed_at is not None and not self._all_finishing()):
+        if self.stopped or self.redis_down is not None or self.awaiting_respawn or self.held.active \
+                or (self.flushed_at is not None and not self._all_finishing()):
             return False
         # The supervisor notices a SIGKILL only at its next poll: until then the killed
         # incarnation still looks running and online, and the run would end unrecovered.
@@ -239,10 +233,7 @@ class ChaosDriver:
                 self._resume(name)
         if self.redis_down is not None and time.monotonic() >= self.redis_down[0]:
             self._redis_back()
-        if self.partitioned is not None and time.monotonic() >= self.partitioned[0]:
-            self._heal()
-        if self.disk_full is not None and time.monotonic() >= self.disk_full[0]:
-            self._free_disk()
+        self.held.undo_due(time.monotonic())
         while self.pending and self.pending[0].at_s <= now_s:
             fault = self.pending.pop(0)
             # Once every worker is there only a kind not yet seen is injected (a fast run can
@@ -253,7 +244,7 @@ class ChaosDriver:
     def _inject(self, fault: Fault) -> None:
         record = {**fault.to_json(), "wall": time.time()}
         if fault.kind == "redis_restart":
-            if self.redis_down is not None or self.partitioned is not None or self.disk_full is not None:
+            if self.redis_down is not None or self.held.active:
                 self._skip(record, "Redis already down" if self.redis_down is not None
                            else "another fault of the whole cluster is in effect")
                 return
@@ -312,42 +303,20 @@ class ChaosDriver:
         self.log.info("chaos_fault", **record)
 
     def _inject_cluster_fault(self, fault: Fault, record: dict[str, Any]) -> None:
-        if self.redis_down is not None or self.partitioned is not None or self.disk_full is not None:
+        if self.redis_down is not None or self.held.active:
             self._skip(record, "another fault of the whole cluster is in effect", fault)
             return
         if fault.kind == "redis_flush":
             connect(self.redis.url).flushall()  # every record, mark and queue: a Redis that lost its data
             self.flushed_at = record["wall"]
         elif fault.kind == "partition":
-            assert self.partitions is not None
-            sides = split_groups(self.names, self.rng)
-            if sides is None:
-                self._skip(record, "a stage has a single worker: one side could not train")
+            if (why := self.held.split(fault.hold_s, record, time.monotonic())) is not None:
+                self._skip(record, why)
                 return
-            redis_with_a = self.rng.random() < 0.5
-            self.partitions.split(*sides, redis_with_a=redis_with_a)
-            record.update(sides=[list(side) for side in sides], redis_side=0 if redis_with_a else 1)
-            self.partitioned = (time.monotonic() + fault.hold_s, record)
         else:
-            assert self.disk is not None
-            record["filled_bytes"] = self.disk.fill()
-            self.disk_full = (time.monotonic() + fault.hold_s, record)
+            self.held.fill(fault.hold_s, record, time.monotonic())
         self.injected.append(record)
         self.log.info("chaos_fault", **record)
-
-    def _heal(self) -> None:
-        assert self.partitioned is not None and self.partitions is not None
-        _, record = self.partitioned
-        self.partitions.heal()
-        record["resumed_wall"] = time.time()
-        self.partitioned = None
-
-    def _free_disk(self) -> None:
-        assert self.disk_full is not None and self.disk is not None
-        _, record = self.disk_full
-        self.disk.free()
-        record["resumed_wall"] = time.time()
-        self.disk_full = None
 
     def not_injected(self) -> dict[str, str]:
         """Scheduled kinds that never fired, each with why: a run that ends first shows it."""

@@ -1,7 +1,8 @@
 """The faults of `noloco-rt chaos` that are not a signal to one process: a network partition
 (workers in network namespaces, workers/faults/netns.py) and a full checkpoint disk (a tmpfs
-filled to the last byte). Both need root; the driver asks for them only when their kind is
-requested, and `available` says why not where they cannot be made.
+filled to the last byte), and the one of them in effect. Both need root; the driver asks for
+them only when their kind is requested, and `unavailable` says why not where they cannot be
+made.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import random
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from workers.faults import netns
 
@@ -148,3 +151,54 @@ class FullDisk:
                 shutil.move(entry, self.folder / entry.name)
         finally:
             shutil.rmtree(keep, ignore_errors=True)
+
+
+class HeldClusterFault:
+    """The partition or full disk in effect (at most one), undone once its hold is over."""
+
+    def __init__(self, names_by_stage: Mapping[str, int], partitions: Partitions | None, disk: FullDisk | None,
+                 seed: int) -> None:
+        self.names = dict(names_by_stage)
+        self.partitions = partitions
+        self.disk = disk
+        self.rng = random.Random(seed)
+        self.until: float | None = None
+        self.record: dict[str, Any] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.record is not None
+
+    def split(self, hold_s: float, record: dict[str, Any], now: float) -> str | None:
+        """Split the network (record gets the sides); the reason it cannot, or None."""
+        assert self.partitions is not None and not self.active
+        sides = split_groups(self.names, self.rng)
+        if sides is None:
+            return "a stage has a single worker: one side could not train"
+        redis_with_a = self.rng.random() < 0.5
+        self.partitions.split(*sides, redis_with_a=redis_with_a)
+        record.update(sides=[list(side) for side in sides], redis_side=0 if redis_with_a else 1)
+        self.until, self.record = now + hold_s, record
+        return None
+
+    def fill(self, hold_s: float, record: dict[str, Any], now: float) -> None:
+        assert self.disk is not None and not self.active
+        record["filled_bytes"] = self.disk.fill()
+        self.until, self.record = now + hold_s, record
+
+    def undo_due(self, now: float) -> None:
+        if self.until is not None and now >= self.until:
+            self.undo()
+
+    def undo(self) -> None:
+        """Heal the partition or free the disk; the record gets `resumed_wall`."""
+        if self.record is None:
+            return
+        if self.record["kind"] == "partition":
+            assert self.partitions is not None
+            self.partitions.heal()
+        else:
+            assert self.disk is not None
+            self.disk.free()
+        self.record["resumed_wall"] = time.time()
+        self.until, self.record = None, None
