@@ -133,6 +133,8 @@ def test_a_certificate_the_server_refuses_or_does_not_trust_is_one_line_at_once(
         assert len(errors) == 1 and "TLS handshake failed" in errors[0], (what, errors)
         # Not waited for like an unreachable Redis (worker.redis_wait_s, 120 s by default).
         assert time.monotonic() - started < 60, what
+    plain = _run("status", "--redis-url", url.replace("rediss://", "redis://"))
+    assert plain.returncode == 2 and "a TLS port wants a rediss:// URL" in plain.stderr, plain.stderr[-2000:]
 
 
 def test_tls_settings_are_checked_before_anything_connects(tmp_path):

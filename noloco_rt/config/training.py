@@ -13,8 +13,9 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 COMPILE_MODES = ("auto", "on", "off")
 ACTIVATION_CHECKPOINTING = ("auto", "on", "off")
 DEFAULT_MAX_INFLIGHT = 4
-MAX_VOCAB = 1 << 32  # token ids are uint32 on disk and on the wire
 """The in-flight count a worker uses where memory allows (pipeline.max_inflight = 0)."""
+MAX_VOCAB = 1 << 32
+"""Token ids are uint32 on disk and on the wire."""
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")

@@ -107,6 +107,7 @@ class NotRedisError(ConfigError):
 
 # RESP replies start with one of these; anything else (b"HTTP/1.0 400", b"SSH-2.0") is not Redis.
 RESP_FIRST_BYTES = b"+-:$*_#,(!=%~>|"
+TLS_RECORD_TYPES = b"\x15\x16"  # an alert or a handshake: a TLS server answering plain text
 
 
 def foreign_greeting(url: str, *, timeout_s: float = 1.0) -> str | None:
@@ -116,15 +117,35 @@ def foreign_greeting(url: str, *, timeout_s: float = 1.0) -> str | None:
     parsed = urlparse(url)
     if parsed.scheme != "redis":
         return None
+    address = (parsed.hostname or "localhost", parsed.port or 6379)
     try:
-        with socket.create_connection((parsed.hostname or "localhost", parsed.port or 6379), timeout=timeout_s) as sock:
+        sock = socket.create_connection(address, timeout=timeout_s)
+    except (OSError, ValueError):
+        return None  # nothing listens: down, not foreign
+    with sock:
+        try:
             sock.sendall(b"PING\r\n")
             first = sock.recv(64)
-    except (OSError, ValueError):
-        return None
+        except OSError:  # reset or silent: a TLS server does either to plain text
+            first = b""
+    if first[:1] in TLS_RECORD_TYPES or (not first and _speaks_tls(address, timeout_s)):
+        return "in TLS: a TLS port wants a rediss:// URL"
     if not first or first[:1] in RESP_FIRST_BYTES:
         return None
     return first.decode("ascii", "replace").splitlines()[0][:40]
+
+
+def _speaks_tls(address: tuple[str, int], timeout_s: float) -> bool:
+    """Whether the server at `address` completes a TLS handshake (its certificate unchecked: only
+    the protocol is asked about)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as sock, context.wrap_socket(sock):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _tls_failure(exc: BaseException) -> bool:
