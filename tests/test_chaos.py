@@ -33,7 +33,9 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
         print(f"only {', '.join(kinds)}: {why_not}")
     result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "chaos", "--steps", "80", "--every", "2",
                              "--seed", "1", "--replicas", "2", "--baseline", "--out", str(out), "--timeout", "150",
-                             "--net-loss", "0.02", "--net-delay-ms", "1", "--kinds", ",".join(kinds)],
+                             "--net-loss", "0.02", "--net-delay-ms", "1", "--kinds", ",".join(kinds),
+                             # Short windows: four kinds of the whole cluster must each fit alone.
+                             "--hold", "2", "--recover", "5"],
                             env=env, capture_output=True, text=True, timeout=380)
     report = json.loads((out / "chaos.json").read_text())
     # The invariant table (stdout) first: the workers' log lines on stderr would bury it.

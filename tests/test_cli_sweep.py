@@ -184,7 +184,7 @@ def run_case(name: str, argv: list[str], port: int) -> tuple[int | str, str]:
     return 0, err.getvalue()
 
 
-CASES_PER_COMMAND = 25
+CASES_PER_COMMAND = 16
 
 
 @pytest.fixture(scope="module")

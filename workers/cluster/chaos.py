@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -100,6 +101,9 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
         "pipeline": {"stages": stages, "replicas": replicas}, "run": {"steps": 2 * steps, "seed": seed}})
     configure_logging(cfg.run.log_format)
     quiet_torch_elastic_logs()
+    # SIGTERM (a `kill`, a CI timeout) unwinds like Ctrl-C: stopped processes continued, the
+    # network healed, namespaces and the checkpoint tmpfs removed, every process stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"steps": steps, "seed": seed, "every_s": every_s, "kinds": list(wanted),
                               "hold_s": hold_s, "recover_s": recover_s, "stall_bound_s": stall_bound_s,
@@ -122,6 +126,10 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
     (out / "chaos.json").write_text(json.dumps(report, indent=2, default=str))
     click.echo(render(report))
     sys.exit(1 if report["failed"] else 0)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def run_phase(cfg: Config, out: Path, target_steps: int, schedule: list[Fault], stall_bound_s: float,
