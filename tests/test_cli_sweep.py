@@ -189,6 +189,14 @@ CASES_PER_COMMAND = 16
 
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # What the commands import lazily is imported here first: a cutoff that lands inside an
+    # import would leave a half-initialised module for the next case.
+    import importlib
+
+    for module in ("torch", "noloco_rt.model", "noloco_rt.data", "noloco_rt.simulation.simulator",
+                   "noloco_rt.prepare.pipeline", "noloco_rt.export", "noloco_rt.evaluation", "workers.worker",
+                   "coordinator.observer", "workers.supervise.launch"):
+        importlib.import_module(module)
     return tmp_path_factory.mktemp("sweep")
 
 
