@@ -1,12 +1,12 @@
 """Every command, random flags and values (hypothesis), run in-process: the exit is 0, 1 (a named
 invariant failed) or 2 (one `Error:` line), never a traceback.
 
-A case that is still running after CUTOFF_S has been accepted and is doing its work (simulate
-training, a worker loading its model): the sweep stops it there and counts it as accepted.
-Commands that talk to Redis get an address where nothing listens and no wait, last on the
-command line, so that they end at once. `up` and `chaos` start whole clusters of processes: for
-them only the command line is parsed (click's own checks and callbacks); the configuration they
-would load is the one every other command loads, swept here through `--set` and `--config`.
+Commands that do real work get flags last on the command line that keep it short and small
+(simulate: two steps of two replicas of tiny; launch: one worker), and commands that talk to
+Redis an address where nothing listens and no wait. `up` and `chaos` start whole clusters of
+processes: for them only the command line is parsed (click's own checks and callbacks); the
+configuration they would load is the one every other command loads, swept here through
+`--set` and `--config`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import socket
 from collections import Counter
 from pathlib import Path
@@ -27,7 +26,6 @@ from hypothesis import strategies as st
 
 from noloco_rt.cli import cli, main
 
-CUTOFF_S = 3.0
 PARSE_ONLY = {"up", "chaos"}
 ALLOWED_EXITS = {0, 1, 2}
 # Fields a user sets most often, plus a few whose values shape everything else.
@@ -35,11 +33,6 @@ SET_KEYS = ["outer.h", "outer.alpha", "outer.beta", "pipeline.stages", "pipeline
             "model.vocab_size", "model.seq_len", "worker.snapshot_codec", "worker.delta_codec", "run.steps",
             "network.redis_url", "worker.min_bandwidth_mbit_s", "data.source", "data.paths", "run.seed",
             "inner.lr", "worker.memory_budget_gb", "nosuch.field", "outer", ""]
-
-
-class _StillRunning(BaseException):
-    """Raised by the cutoff alarm: the command got past its checks (not an Exception, so no
-    `except Exception` in the command can swallow it)."""
 
 
 def _closed_port() -> int:
@@ -145,11 +138,17 @@ def _quick_exit_flags(command: click.Command, port: int) -> list[str]:
         flags += ["--set", "worker.redis_wait_s=0"]
     if "max_restarts" in names:
         flags += ["--max-restarts", "0"]
-    return flags
+    return flags + SMALL_WORK.get(command.name or "", [])
+
+
+SMALL_WORK = {"simulate": ["--steps", "2", "--eval-every", "1", "--replicas", "2", "--preset", "tiny",
+                           "--set", "run.eval_batches=1"],
+              "launch": ["--nproc", "1"]}
+"""Flags that bound what a command that trains does (a random --replicas would ask for 10^6 models)."""
 
 
 def run_case(name: str, argv: list[str], port: int) -> tuple[int | str, str]:
-    """(exit code, or "accepted" if cut off while working; what it printed to stderr)."""
+    """(exit code, or "parsed" for a command only parsed; what it printed to stderr)."""
     command = COMMANDS[name]
     words = name.split()
     if words[0] in PARSE_ONLY:
@@ -161,42 +160,24 @@ def run_case(name: str, argv: list[str], port: int) -> tuple[int | str, str]:
             return exc.exit_code, err.getvalue()
         except click.ClickException as exc:
             return exc.exit_code, exc.format_message()
-        return "accepted", ""
-
-    def cut_off(signum: int, frame: Any) -> None:
-        raise _StillRunning
-
+        return "parsed", ""
     full = [*words, *argv, *_quick_exit_flags(command, port)]
     out, err = io.StringIO(), io.StringIO()
-    previous = signal.signal(signal.SIGALRM, cut_off)
-    signal.setitimer(signal.ITIMER_REAL, CUTOFF_S)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main(full)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         return code, err.getvalue()
-    except _StillRunning:
-        return "accepted", err.getvalue()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
     return 0, err.getvalue()
 
 
+pytestmark = pytest.mark.timeout(300)
 CASES_PER_COMMAND = 16
 
 
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # What the commands import lazily is imported here first: a cutoff that lands inside an
-    # import would leave a half-initialised module for the next case.
-    import importlib
-
-    for module in ("torch", "noloco_rt.model", "noloco_rt.data", "noloco_rt.simulation.simulator",
-                   "noloco_rt.prepare.pipeline", "noloco_rt.export", "noloco_rt.evaluation", "workers.worker",
-                   "coordinator.observer", "workers.supervise.launch"):
-        importlib.import_module(module)
     return tmp_path_factory.mktemp("sweep")
 
 
@@ -215,7 +196,7 @@ def test_every_command_answers_random_input_without_a_traceback(name, sweep_dir,
     def check(argv: list[str]) -> None:
         code, err = run_case(name, argv, port)
         outcomes[str(code)] += 1
-        assert code == "accepted" or code in ALLOWED_EXITS, (name, argv, code, err[-2000:])
+        assert code == "parsed" or code in ALLOWED_EXITS, (name, argv, code, err[-2000:])
         assert "Traceback" not in err, (name, argv, err[-2000:])
         if code == 2 and name.split()[0] not in PARSE_ONLY:
             assert any(line.startswith("Error:") for line in err.splitlines()), (name, argv, err[-2000:])

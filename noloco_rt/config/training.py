@@ -16,6 +16,9 @@ DEFAULT_MAX_INFLIGHT = 4
 """The in-flight count a worker uses where memory allows (pipeline.max_inflight = 0)."""
 MAX_VOCAB = 1 << 32
 """Token ids are uint32 on disk and on the wire."""
+MAX_SEQ_LEN = 1 << 20
+MAX_BATCH = 1 << 16
+"""Beyond these one microbatch's activations exceed any device: a typo, refused in one line."""
 
 METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
@@ -87,7 +90,7 @@ class ModelConfig:
         require_choice("model", "compile", self.compile, COMPILE_MODES)
         require_choice("model", "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         require_choice("model", "preset", self.preset, tuple(PRESETS))
-        require(self.seq_len >= 2, "model", "seq_len", self.seq_len, "must be >= 2")
+        require(2 <= self.seq_len <= MAX_SEQ_LEN, "model", "seq_len", self.seq_len, f"must be between 2 and {MAX_SEQ_LEN}")
         require(2 <= self.vocab_size <= MAX_VOCAB, "model", "vocab_size", self.vocab_size,
                 f"must be between 2 and {MAX_VOCAB} (token ids are stored as uint32)")
 
@@ -117,7 +120,8 @@ class DataConfig:
                  f"source = {self.source} needs at least one file or glob")
         require(0.0 < self.val_percent < 100.0, "data", "val_percent", self.val_percent,
                  "must be between 0 and 100 (exclusive)")
-        require(self.batch_size >= 1, "data", "batch_size", self.batch_size, "must be >= 1")
+        require(1 <= self.batch_size <= MAX_BATCH, "data", "batch_size", self.batch_size,
+                f"must be between 1 and {MAX_BATCH}")
         require(self.microbatches >= 1, "data", "microbatches", self.microbatches, "must be >= 1")
 
 
