@@ -307,7 +307,8 @@ class ChaosDriver:
             self._skip(record, "another fault of the whole cluster is in effect", fault)
             return
         if fault.kind == "redis_flush":
-            connect(self.redis.url).flushall()  # every record, mark and queue: a Redis that lost its data
+            with connect(self.redis.url) as client:
+                client.flushall()  # every record, mark and queue: a Redis that lost its data
             self.flushed_at = record["wall"]
         elif fault.kind == "partition":
             if (why := self.held.split(fault.hold_s, record, time.monotonic())) is not None:
