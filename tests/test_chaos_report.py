@@ -96,18 +96,22 @@ def wall(second: float) -> float:
 
 
 def test_the_mean_is_checked_over_complete_rounds_only():
-    def done(worker: str, group: list[str], c: float, step: int = 3) -> dict:
+    def done(worker: str, group: list[str], c: float, step: int = 3, used: list[str] | None = None) -> dict:
         return {"event": "outer_step_done", "worker": worker, "stage": 0, "outer_step": step, "group": group,
-                "correction_sum": c, "correction_abs": abs(c) + 1.0}
+                "used": group if used is None else used, "correction_sum": c, "correction_abs": abs(c) + 1.0}
 
     logs = {("a", 0): [done("aaaaaaaa", ["bbbbbbbb"], 0.5), done("aaaaaaaa", ["cccccccc"], 0.7, step=4)],
             ("b", 0): [done("bbbbbbbb", ["aaaaaaaa"], -0.5)],
             # c's half of step 4 is missing (it died): incomplete, not judged
             ("d", 0): [done("dddddddd", ["eeeeeeee"], 0.2, step=5)], ("e", 0): [done("eeeeeeee", ["dddddddd"], 0.1,
                                                                                       step=5)]}
+    # f used g's state, g declined f's (its push unacknowledged): one-sided, counted apart.
+    logs[("f", 0)] = [done("ffffffff", ["gggggggg"], 0.4, step=6)]
+    logs[("g", 0)] = [done("gggggggg", ["ffffffff"], 0.0, step=6, used=[])]
     result = mean_kept(logs)
-    assert result["checked"] == 2
+    assert result["checked"] == 3
     assert result["broken"] == ["stage 0 outer step 5: Σc = 0.3 over 2"]
+    assert result["one_sided"] == ["stage 0 outer step 6: Σc = 0.4 over 2"]
 
 
 def test_the_new_kinds_are_observed_from_their_evidence():

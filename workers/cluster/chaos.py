@@ -79,12 +79,15 @@ CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_in
               help="Fraction of data-path messages every worker loses (faulty phase).")
 @click.option("--net-delay-ms", type=click.FloatRange(0.0, 1000.0), default=0.0, show_default=True,
               help="Delay added to every data-path send (faulty phase).")
+@click.option("--min-faults", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A soak: keep training past --steps (up to twice) and injecting until this many faults "
+                   "were injected.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1.0), default=900.0, show_default=True,
               help="Give up on a phase after this many seconds (an invariant failure).")
 @config_options
 def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, recover_s: float, stages: int,
           replicas: int, out_dir: str, stall_bound_s: float, baseline: bool, baseline_from: str | None,
-          net_loss: float, net_delay_ms: float, timeout_s: float, config_path: str | None,
+          net_loss: float, net_delay_ms: float, min_faults: int, timeout_s: float, config_path: str | None,
           assignments: tuple[str, ...]) -> None:
     """Train under injected faults; exit 0 if every invariant held, 1 otherwise (named)."""
     wanted = ALL_KINDS if kinds.strip() == "all" else tuple(k.strip() for k in kinds.split(",") if k.strip())
@@ -108,7 +111,7 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
     report: dict[str, Any] = {"steps": steps, "seed": seed, "every_s": every_s, "kinds": list(wanted),
                               "hold_s": hold_s, "recover_s": recover_s, "stall_bound_s": stall_bound_s,
                               "stages": stages, "replicas": replicas, "net_loss": net_loss,
-                              "net_delay_ms": net_delay_ms}
+                              "net_delay_ms": net_delay_ms, "min_faults": min_faults}
     if baseline_from:
         previous = json.loads(Path(baseline_from).read_text())
         if (previous.get("steps"), previous.get("seed")) != (steps, seed) or not previous.get("baseline"):
@@ -120,7 +123,7 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
     names = names_by_stage(cfg)
     schedule = build_schedule(seed, timeout_s, every_s, names, wanted, hold_s=hold_s, recover_s=recover_s)
     report["faulty"] = run_phase(cfg, out / "faulty", steps, schedule, stall_bound_s, timeout_s,
-                                 extra_env=data_faults_env(net_loss, net_delay_ms))
+                                 extra_env=data_faults_env(net_loss, net_delay_ms), min_faults=min_faults)
     report["invariants"] = invariants(report["faulty"], inflight_or_default(cfg), stall_bound_s, report.get("baseline"))
     report["failed"] = [name for name, check in report["invariants"].items() if not check["ok"]]
     (out / "chaos.json").write_text(json.dumps(report, indent=2, default=str))
@@ -133,13 +136,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def run_phase(cfg: Config, out: Path, target_steps: int, schedule: list[Fault], stall_bound_s: float,
-              timeout_s: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+              timeout_s: float, extra_env: dict[str, str] | None = None, min_faults: int = 0) -> dict[str, Any]:
     """One cluster from scratch to every worker at target_steps, under `schedule`."""
     if out.exists():
         shutil.rmtree(out)  # a phase always starts fresh: stale checkpoints would be resumed
     cfg = dataclasses.replace(cfg, paths=dataclasses.replace(cfg.paths, out_dir=str(out), checkpoint_dir=""))
     config_file = prepare_run_dir(out, cfg)
-    driver = ChaosDriver(cfg, out, config_file, target_steps, schedule, timeout_s, extra_env=extra_env)
+    driver = ChaosDriver(cfg, out, config_file, target_steps, schedule, timeout_s, extra_env=extra_env,
+                         min_faults=min_faults)
     started = time.monotonic()
     driver.run()
     result = driver.summary()

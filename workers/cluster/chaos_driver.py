@@ -58,7 +58,9 @@ class ChaosDriver:
     """Starts the cluster, applies the schedule while it trains, stops it at target_steps."""
 
     def __init__(self, cfg: Config, out: Path, config_file: Path, target_steps: int, schedule: list[Fault],
-                 timeout_s: float, *, extra_env: dict[str, str] | None = None) -> None:
+                 timeout_s: float, *, extra_env: dict[str, str] | None = None, min_faults: int = 0) -> None:
+        self.min_faults = min_faults
+        """Train on past target_steps (up to the workers' own run.steps) until this many faults were injected."""
         self.extra_env = extra_env or {}
         """Added to every worker's environment (data-path loss and delay for the faulty phase)."""
         self.cfg = cfg
@@ -170,7 +172,8 @@ class ChaosDriver:
         online (so a last restart is seen to rejoin)."""
         if not self._all_reached():
             return False
-        if any(f.kind in self._kinds_not_seen() for f in self.pending) and not self._all_finishing():
+        if (any(f.kind in self._kinds_not_seen() for f in self.pending) or self._faults_owed()) \
+                and not self._all_finishing():
             return False  # the workers train on (to twice the steps) until every kind has fired
         if self.stopped or self.redis_down is not None or self.awaiting_respawn or self.held.active \
                 or (self.flushed_at is not None and not self._all_finishing()):
@@ -186,6 +189,9 @@ class ChaosDriver:
         """Every worker's current incarnation logged its steps done: no fault can land any more."""
         return all((s.name, s.incarnation) in self.steps_done for s in self.supervisor.statuses()
                    if s.name in self.names)
+
+    def _faults_owed(self) -> bool:
+        return len(self.injected) < self.min_faults and bool(self.pending)
 
     def _kinds_not_seen(self) -> set[str]:
         return set(self.scheduled_kinds) - {f["kind"] for f in self.injected}
@@ -238,7 +244,7 @@ class ChaosDriver:
             fault = self.pending.pop(0)
             # Once every worker is there only a kind not yet seen is injected (a fast run can
             # get there before the first pass is over); the recoveries are awaited.
-            if not self._all_reached() or fault.kind in self._kinds_not_seen():
+            if not self._all_reached() or fault.kind in self._kinds_not_seen() or self._faults_owed():
                 self._inject(fault)
 
     def _inject(self, fault: Fault) -> None:

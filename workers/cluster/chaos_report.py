@@ -208,7 +208,13 @@ def _disk_full_seen(fault: Mapping[str, Any], logs: Mapping[tuple[str, int], Seq
 def mean_kept(logs: Mapping[tuple[str, int], Sequence[Event]], *, tolerance: float = 1e-4) -> dict[str, Any]:
     """Σ c over each complete round: one whose every member (by its own group) logged it with the
     same group and applied a correction. NoLoCo keeps the replicas' mean there: Σ c = 0 up to
-    float rounding (a round a member died in has no other half, and is not complete)."""
+    float rounding (a round a member died in has no other half, and is not complete).
+
+    A round where one member used a partner's state that the partner did not use back is
+    one-sided, and counted apart: an acknowledgement lost after the push it acknowledges had
+    arrived (a partition or a stopped process at that moment) leaves the pusher declining what
+    its partner applied. Its Σ c is not 0, by design of the rule both sides apply (use a
+    partner's state only if ours was acknowledged); only a later reconciliation could mend it."""
     rounds: dict[tuple[Any, ...], list[Event]] = {}
     for (_, _), events in logs.items():
         for e in events:
@@ -216,15 +222,19 @@ def mean_kept(logs: Mapping[tuple[str, int], Sequence[Event]], *, tolerance: flo
                 continue
             members = frozenset([str(e["worker"])[:8], *e.get("group", [])])
             rounds.setdefault((e.get("stage"), e.get("outer_step"), members), []).append(e)
-    checked, broken = 0, []
+    checked, broken, one_sided = 0, [], []
     for (stage, outer_step, members), events in sorted(rounds.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         if {str(e["worker"])[:8] for e in events} != set(members) or len(events) != len(members):
             continue
         checked += 1
         total = sum(e["correction_sum"] for e in events)
-        if abs(total) > tolerance * max(sum(e["correction_abs"] for e in events), 1e-12):
-            broken.append(f"stage {stage} outer step {outer_step}: Σc = {total:.3g} over {len(members)}")
-    return {"checked": checked, "broken": broken}
+        where = f"stage {stage} outer step {outer_step}: Σc = {total:.3g} over {len(members)}"
+        used = {str(e["worker"])[:8]: set(e.get("used", [])) for e in events}
+        if any(a in used[b] and b not in used[a] for a in used for b in used if a != b):
+            one_sided.append(where)
+        elif abs(total) > tolerance * max(sum(e["correction_abs"] for e in events), 1e-12):
+            broken.append(where)
+    return {"checked": checked, "broken": broken, "one_sided": one_sided}
 
 
 def unexpected_exits(exits: Sequence[Mapping[str, Any]], caused: set[tuple[str, int]]) -> list[str]:
@@ -269,7 +279,10 @@ def invariants(phase: Mapping[str, Any], max_inflight: int, stall_bound_s: float
                        f"{accounting['retried']}); {accounting['killed']} lost with a killed worker "
                        f"(<= {max_inflight} each); {accounting['mismatches']}")},
         "mean_kept": {"ok": not phase["mean_kept"]["broken"],
-                      "detail": f"Σc = 0 in {phase['mean_kept']['checked']} complete rounds; broken: "
+                      "detail": f"Σc = 0 in every complete round where each pair used each other's state or "
+                                f"neither: {phase['mean_kept']['checked']} complete rounds, "
+                                f"{len(phase['mean_kept'].get('one_sided', []))} one-sided (a lost "
+                                f"acknowledgement: {phase['mean_kept'].get('one_sided', [])[:3]}); broken: "
                                 f"{phase['mean_kept']['broken'][:5]}"},
         "checkpoints_load": {"ok": not phase["checkpoint_failures"] and phase["checkpoint_loads"] > 0,
                              "detail": f"{phase['checkpoint_loads']} loads, failures {phase['checkpoint_failures']}"},
