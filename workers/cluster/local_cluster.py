@@ -86,13 +86,18 @@ class LocalCluster:
         self.tmp_path = tmp_path
         self.stages = stages
         self.redis = redis or EmbeddedRedis().start()
-        self.workers_redis_url = workers_redis_url or self.redis.url
+        self._workers_redis_url = workers_redis_url
         self.workers: list[WorkerProcess] = []
         self.settings = {"pipeline.stages": stages, "outer.h": 5, "pipeline.max_inflight": 2,
                          "worker.heartbeat_interval_s": 0.25, "worker.deadline_floor_s": 1.0,
                          "worker.deadline_ceiling_s": 5.0, "worker.exchange_timeout_s": 3.0,
                          "worker.leave_grace_s": 10.0, "run.log_format": "json",
                          "paths.out_dir": str(tmp_path), **(settings or {})}
+
+    @property
+    def workers_redis_url(self) -> str:
+        """Where workers reach Redis: given, or the server's URL (a test may replace the server)."""
+        return self._workers_redis_url or self.redis.url
 
     def start_worker(self, stage: int, name: str, *, steps: int = 100_000, env: dict[str, str] | None = None,
                      prefix: list[str] | None = None, **settings: Any) -> WorkerProcess:
