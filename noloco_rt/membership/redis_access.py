@@ -89,8 +89,9 @@ def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -
         raise NotRedisError("network.redis_url", redact_url(url), f"the server there does not speak Redis ({exc})") \
             from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        if _tls_failure(exc):  # a certificate no wait will fix
-            raise RedisAccessError("network.redis_url", redact_url(url), f"the TLS handshake failed ({exc}); "
+        refused = _tls_failure(exc) or tls_refusal(client)
+        if refused:  # a certificate no wait will fix
+            raise RedisAccessError("network.redis_url", redact_url(url), f"the TLS handshake failed ({refused}); "
                                    "check network.redis_tls_ca_file, _cert_file and _key_file") from None
         answer = foreign_greeting(url)
         if answer is not None:
@@ -148,12 +149,34 @@ def _speaks_tls(address: tuple[str, int], timeout_s: float) -> bool:
         return False
 
 
-def _tls_failure(exc: BaseException) -> bool:
+def _tls_failure(exc: BaseException) -> str | None:
     """An SSL error (a certificate refused either way, a server that does not speak TLS) behind
     redis-py's ConnectionError, as opposed to a server that is down."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, ssl.SSLError) and not isinstance(seen, (ssl.SSLZeroReturnError, ssl.SSLEOFError)):
-            return True
+            return str(seen)
         seen = seen.__cause__ or seen.__context__
-    return "SSL" in str(exc) and "EOF" not in str(exc)
+    return str(exc) if "SSL" in str(exc) and "EOF" not in str(exc) else None
+
+
+def tls_refusal(client: redis.Redis, *, timeout_s: float = 2.0) -> str | None:
+    """For a rediss:// client whose connection failed: the TLS alert the server sends after the
+    handshake, if any. Under TLS 1.3 a server that requires a client certificate refuses it only
+    after the handshake, when the first bytes arrive; redis-py may then see a bare reset."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "ssl_cert_reqs" not in kwargs or client.connection_pool.connection_class.__name__ != "SSLConnection":
+        return None
+    context = ssl.create_default_context(cafile=kwargs.get("ssl_ca_certs"))
+    if kwargs.get("ssl_certfile"):
+        context.load_cert_chain(kwargs["ssl_certfile"], kwargs.get("ssl_keyfile"))
+    host, port = kwargs.get("host", "localhost"), int(kwargs.get("port", 6379))
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock, \
+                context.wrap_socket(sock, server_hostname=host) as tls:
+            tls.recv(64)  # nothing sent: a refusal comes as an alert, with no reset racing it
+    except ssl.SSLError as exc:
+        return None if isinstance(exc, (ssl.SSLZeroReturnError, ssl.SSLEOFError)) else str(exc)
+    except OSError:
+        return None
+    return None
