@@ -4,132 +4,32 @@ On CUDA every outer round once failed: the peer check compared a partner's state
 on the host, with our own state on the device, and a catch-all turned each failure into
 a silent local step. Here two workers' exchange parts (snapshot service, exchange server,
 exchanger, outer step) run for real over loopback ZeroMQ, each replica's tensors on the
-stand-in device of tests/other_device.py, which refuses host/device mixes as CUDA does.
-Only the membership view is given (no Redis): each worker sees the other.
+stand-in device of tests/other_device.py, which refuses host/device mixes as CUDA does
+(tests/exchange_pair.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 import torch
 import zmq
 
-from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
-from noloco_rt.membership.records import MemberRecord, WorkerState
-from noloco_rt.net.transport import ExchangeServer
 from noloco_rt.outer.codec import encode_tensors
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
 from noloco_rt.outer.peer_checks import check_peer_distance
 from noloco_rt.outer.snapshot import PartsKind
-from noloco_rt.routing.peers import Blacklist
+from tests.exchange_pair import exchange_parts, member_record, overlapped_pair, wait_until
 from tests.other_device import OTHER_DEVICE, OnOtherDevice, on_other_device, values
-from workers.counters import Counters
 from workers.device import HostCopy
-from workers.metrics import WorkerMetrics
 from workers.outer.device_boundary import ExchangeBoundary, HostContribution
-from workers.outer.exchanger import OuterExchanger, OuterRound
+from workers.outer.exchanger import OuterRound
 from workers.outer.partners import Partner
-from workers.outer.service import SnapshotService
-from workers.outer.step import OuterStep
 
 COEFFS = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7)
-
-
-@dataclass
-class RecordingLog:
-    """The structlog calls a part made, by level (the parts take their logger as an argument)."""
-
-    lines: list[tuple[str, str, dict]] = field(default_factory=list)
-
-    def _add(self, level: str, event: str, **fields: Any) -> None:
-        self.lines.append((level, event, fields))
-
-    def info(self, event: str, **fields: Any) -> None:
-        self._add("info", event, **fields)
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self._add("warning", event, **fields)
-
-    def error(self, event: str, **fields: Any) -> None:
-        self._add("error", event, **fields)
-
-    def errors(self) -> list[tuple[str, dict]]:
-        return [(event, fields) for level, event, fields in self.lines if level == "error"]
-
-
-class GivenViews:
-    def __init__(self, members: list[MemberRecord]) -> None:
-        self.members = members
-
-    def view(self, stage: int) -> list[MemberRecord]:
-        return [m for m in self.members if m.stage == stage]
-
-
-class GivenPeers:
-    """What the outer step asks of a PeerView: the stage's view and a blacklist."""
-
-    def __init__(self) -> None:
-        self.views = GivenViews([])
-        self.blacklist = Blacklist()
-
-
-@dataclass
-class ExchangeParts:
-    worker_id: str
-    replica: StageReplica
-    counters: Counters
-    log: RecordingLog
-    server: ExchangeServer
-    exchanger: OuterExchanger
-    step: OuterStep
-    peers: GivenPeers
-
-    def close(self) -> None:
-        self.exchanger.close()
-        self.server.stop()
-
-
-def _replica_on_other_device(cfg, seed: int) -> StageReplica:
-    """A small replica whose θ, φ and δ live on the stand-in device; θ moved away from φ as
-    inner steps would (each worker differently)."""
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
-    from noloco_rt.algo.optim import InnerOptimizer
-
-    replica = StageReplica(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=10))
-    generator = torch.Generator().manual_seed(seed)
-    replica.fast = [on_other_device(t + 0.01 * torch.randn(t.shape, generator=generator)) for t in replica.slow]
-    replica.slow = [on_other_device(t) for t in replica.slow]
-    replica.momentum = [on_other_device(t) for t in replica.momentum]
-    return replica
-
-
-def _parts(ctx: zmq.Context, cfg, worker_id: str, seed: int) -> ExchangeParts:
-    replica = _replica_on_other_device(cfg, seed)
-    log, metrics, counters, peers = RecordingLog(), WorkerMetrics(), Counters(), GivenPeers()
-    service = SnapshotService(cfg, 0, worker_id, metrics=metrics, log=log, blacklist=peers.blacklist,
-                              expected_shapes=[tuple(t.shape) for t in replica.slow],
-                              boundary=ExchangeBoundary.on(OTHER_DEVICE))
-    server = ExchangeServer(ctx, bind_host="127.0.0.1", port=0, advertise_host="", handler=service.handle)
-    server.start()
-    exchanger = OuterExchanger(ctx, service, peers, collect_s=10.0, log=log)
-    step = OuterStep(cfg, exchanger=exchanger, service=service, replica=replica, peers=peers, counters=counters,
-                     metrics=metrics, log=log)
-    return ExchangeParts(worker_id, replica, counters, log, server, exchanger, step, peers)
-
-
-def _record(parts: ExchangeParts) -> MemberRecord:
-    return MemberRecord(worker_id=parts.worker_id, run_id="devices", stage=0, data_addr="tcp://127.0.0.1:1",
-                        exchange_addr=parts.server.address, state=WorkerState.ONLINE)
 
 
 @pytest.mark.parametrize("gamma", [0.7, 0.0], ids=["theta-only", "slow-and-outer-gradient"])
@@ -139,10 +39,10 @@ def test_a_replica_on_a_device_exchanges_matched_and_applies_the_exact_group_ste
                                               "worker": {"snapshot_codec": "shuffle-zstd"}}])  # lossless: exact
     coeffs = OuterCoefficients.from_config(cfg.outer.resolved())
     ctx = zmq.Context()
-    workers = [_parts(ctx, cfg, "a" * 32, seed=1), _parts(ctx, cfg, "b" * 32, seed=2)]
+    workers = [exchange_parts(ctx, cfg, "a" * 32, seed=1), exchange_parts(ctx, cfg, "b" * 32, seed=2)]
     try:
-        workers[0].peers.views.members = [_record(workers[1])]
-        workers[1].peers.views.members = [_record(workers[0])]
+        workers[0].peers.views.members = [member_record(workers[1])]
+        workers[1].peers.views.members = [member_record(workers[0])]
         before = [{name: [values(t) for t in getattr(w.replica, name)] for name in ("fast", "slow", "momentum")}
                   for w in workers]
         threads = [threading.Thread(target=w.step.take) for w in workers]
@@ -177,7 +77,7 @@ def test_a_round_that_raises_is_counted_as_failed_not_passed_off_as_local():
     the round fails at the encoder's door, and says so in the result and the log."""
     cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"}, "outer": {"method": "noloco"}}])
     ctx = zmq.Context()
-    worker = _parts(ctx, cfg, "a" * 32, seed=1)
+    worker = exchange_parts(ctx, cfg, "a" * 32, seed=1)
     try:
         skipped = HostContribution(HostCopy([t.clone() for t in worker.replica.fast]), PartsKind.FAST)
         worker.exchanger.begin(OuterRound(1, skipped, [Partner("b" * 32, "tcp://127.0.0.1:1", 1)], COEFFS))
@@ -190,40 +90,14 @@ def test_a_round_that_raises_is_counted_as_failed_not_passed_off_as_local():
         ctx.term()
 
 
-def _wait_until(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
-@contextlib.contextmanager
-def _overlapped_pair(**outer: Any) -> Iterator[tuple[ExchangeParts, ExchangeParts]]:
-    """Workers a and b, each seeing the other: overlapped steps, max_delay_steps 1 (unless
-    `outer` says otherwise), lossless."""
-    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
-                                              "outer": {"method": "noloco", "overlap": True, "max_delay_steps": 1,
-                                                        **outer},
-                                              "worker": {"snapshot_codec": "shuffle-zstd"}}])
-    ctx = zmq.Context()
-    a, b = _parts(ctx, cfg, "a" * 32, seed=1), _parts(ctx, cfg, "b" * 32, seed=2)
-    try:
-        a.peers.views.members, b.peers.views.members = [_record(b)], [_record(a)]
-        yield a, b
-    finally:
-        for worker in (a, b):
-            worker.close()
-        ctx.term()
-
-
 def test_a_round_given_up_as_late_is_dropped_on_both_sides():
     """Overlapped, max_delay_steps 1: a reaches its step and pushes to b, which is not there
     yet (b keeps a's push and acknowledges it); a trains two inner steps with no word from b
     and gives its round up. b then reaches its step: a refuses b's push, so b must not use
     a's either, acknowledged or not. Neither applies a correction: the pair's mean is kept."""
-    with _overlapped_pair() as (a, b):
+    with overlapped_pair() as (a, b):
         a.step.take()
-        _wait_until(lambda: len(b.exchanger.service.inbox) == 1)  # a's push kept (and acknowledged) at b
+        wait_until(lambda: len(b.exchanger.service.inbox) == 1)  # a's push kept (and acknowledged) at b
         for _ in range(2):  # delay 1 is still allowed; delay 2 is past max_delay_steps
             a.counters.inner_steps += 1
             a.step.after_inner_step()
@@ -242,13 +116,13 @@ def test_a_round_settled_but_seen_late_is_applied_on_both_sides():
     """Both pushes were kept and acknowledged, so b applies its side; a only looks after two
     inner steps (past max_delay_steps 1). Dropping it then would be one-sided (the pair's
     mean moves): a applies it, late, and the two corrections cancel."""
-    with _overlapped_pair() as (a, b):
+    with overlapped_pair() as (a, b):
         a.step.take()
         b.step.take()
         b.step.finish()
         a.counters.inner_steps += 2  # two inner steps with no boundary seen: a busy training thread
         # a's round is over too (its result kept, not yet applied): read, not taken
-        _wait_until(lambda: 1 in a.exchanger._results)
+        wait_until(lambda: 1 in a.exchanger._results)
         a.step.after_inner_step()
         sums = []
         for worker in (a, b):
@@ -263,19 +137,19 @@ def test_a_partners_push_for_our_next_step_pulls_us_to_it_and_the_pair_matches()
     """b is behind (its clock at 3 of h = 10): a reaches step 1 and pushes. Before a's push
     b is not pulled; once it is kept, b takes step 1 at once, its clock jumps to 10, and the
     round matches on both sides."""
-    with _overlapped_pair(max_delay_steps=4) as (a, b):
+    with overlapped_pair(max_delay_steps=4) as (a, b):
         h = a.step.settings.h
         b.counters.inner_steps = 3
         assert b.step.pulled_to() is None
         a.counters.inner_steps = h
         a.step.take()
-        _wait_until(lambda: b.step.pulled_to() == 1)
+        wait_until(lambda: b.step.pulled_to() == 1)
         b.step.take(pulled_to=1)
         assert b.counters.clock_steps == h and b.counters.skipped_steps == h - 3
         assert b.counters.pulled_outer_steps == 1 and b.step.pulled_to() is None
         assert not b.step.due(b.counters.clock_steps)  # the next one is h inner steps away
         b.step.finish()
-        _wait_until(lambda: 1 in a.exchanger._results)
+        wait_until(lambda: 1 in a.exchanger._results)
         a.step.after_inner_step()
         for worker in (a, b):
             assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
@@ -286,16 +160,16 @@ def test_a_partners_push_for_our_next_step_pulls_us_to_it_and_the_pair_matches()
 def test_a_worker_two_steps_behind_is_pulled_over_the_step_its_partner_took_without_it():
     """b joined late (outer step 0) while a took step 1 without it and now pushes for step 2:
     b jumps straight to step 2 (step 1 is skipped, not taken local) and the pair matches."""
-    with _overlapped_pair(max_delay_steps=4) as (a, b):
+    with overlapped_pair(max_delay_steps=4) as (a, b):
         h = a.step.settings.h
         a.counters.outer_steps, a.counters.inner_steps = 1, 2 * h
         a.step.take()
-        _wait_until(lambda: b.step.pulled_to() == 2)
+        wait_until(lambda: b.step.pulled_to() == 2)
         b.step.take(pulled_to=2)
         assert b.counters.outer_steps == 2 and b.counters.skipped_outer_steps == 1
         assert b.counters.clock_steps == 2 * h
         b.step.finish()
-        _wait_until(lambda: 2 in a.exchanger._results)
+        wait_until(lambda: 2 in a.exchanger._results)
         a.step.after_inner_step()
         for worker in (a, b):
             assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines

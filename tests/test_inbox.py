@@ -86,3 +86,16 @@ def test_a_closed_step_refuses_new_pushes_and_names_the_ones_kept_before():
     assert not inbox.keep("b", 4, *push(4))
     assert inbox.take(4, "a") is not None  # the kept one is still there for its round
     assert inbox.keep("b", 5, *push(5))  # a later step is open
+
+
+def test_a_push_decided_without_is_refused_if_it_comes_after_the_decision():
+    """A round that found no push from a partner decides without it; the push arriving a
+    moment later must not be kept (and so acknowledged): its sender would then use ours."""
+    inbox = SnapshotInbox(fresh_s=60.0)
+    assert inbox.keep("a", 3, *push(3))
+    assert inbox.here_or_refused(3, "a")
+    assert not inbox.here_or_refused(3, "b")
+    assert not inbox.accepts(3, "b") and not inbox.keep("b", 3, *push(3))
+    assert inbox.accepts(3, "c") and inbox.accepts(4, "b")  # others, and b's next step, still welcome
+    inbox.advance(4)
+    assert inbox.accepts(4, "b")

@@ -212,9 +212,9 @@ def mean_kept(logs: Mapping[tuple[str, int], Sequence[Event]], *, tolerance: flo
 
     A round where one member used a partner's state that the partner did not use back is
     one-sided, and counted apart: an acknowledgement lost after the push it acknowledges had
-    arrived (a partition or a stopped process at that moment) leaves the pusher declining what
-    its partner applied. Its Σ c is not 0, by design of the rule both sides apply (use a
-    partner's state only if ours was acknowledged); only a later reconciliation could mend it."""
+    arrived leaves the pusher unsure; it asks its partner what it decided
+    (workers/outer/confirm.py), and only a partner unreachable for the whole window leaves
+    the round one-sided (the pusher counts it `unconfirmed`)."""
     rounds: dict[tuple[Any, ...], list[Event]] = {}
     for (_, _), events in logs.items():
         for e in events:

@@ -306,7 +306,10 @@ def _ex_wrong_codec(rng: random.Random) -> Frames:
 def _ex_wire(rng: random.Random) -> Frames:
     frames = rng.choice(DATA_MUTATIONS)(rng)
     if rng.random() < 0.2:  # well formed, but not a kind the exchange server answers
-        return [_pack(_header(rng.choice(["forward", "backward", "error", "snapshot_ack"]), stage=TARGET_STAGE))]
+        return [_pack(_header(rng.choice(["forward", "backward", "error", "snapshot_ack", "outer_verdict"]),
+                              stage=TARGET_STAGE))]
+    if rng.random() < 0.1:  # a question about a lost acknowledgement, for no step at all
+        return [_pack(_header("outer_confirm", stage=TARGET_STAGE, outer_step=-rng.randrange(1, 1 << 20)))]
     if rng.random() < 0.3:
         header = _header("snapshot_push", stage=TARGET_STAGE,
                          tensors=[{"shape": [1 << 40], "dtype": "uint8", "nbytes": 1 << 40}])

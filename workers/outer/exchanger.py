@@ -6,7 +6,9 @@ once, pushes it to every partner at once (each push is acknowledged once the par
 validated and kept it), and waits for the partners' own step-k pushes, which the
 exchange server's thread keeps in the inbox. A partner's state is used only when its
 push arrived and ours to it was acknowledged, so both sides of a pair use each other's
-(the replicas' mean is kept) or neither does. A round the training thread gives up as late
+(the replicas' mean is kept) or neither does. When that acknowledgement is lost (a
+partition, a stopped process), we ask the partner, saying we kept its push, and do as it
+decided (workers/outer/verdicts.py). A round the training thread gives up as late
 is closed: pushes for it are refused from then on (their senders then drop their side too),
 and a partner whose push was kept before is still settled by our push's acknowledgement.
 The round ends when every partner is settled, or after the collection window.
@@ -47,10 +49,12 @@ from noloco_rt.outer.snapshot import (
     contribution_state,
 )
 from workers.faults.snapshot import snapshot_faults_on
+from workers.outer.confirm import acknowledged, ask_partner
 from workers.outer.device_boundary import HostContribution
 from workers.outer.partners import Partner, ReadinessPairing
 from workers.outer.pusher import ChunkFeed, EncodedChunk, PushRefused, push_stream, start_encoding
 from workers.outer.service import SnapshotService
+from workers.outer.verdicts import Verdict
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,8 @@ class RoundResult:
     used: list[str] = field(default_factory=list)
     """Partners whose state is in `states`."""
     missing: dict[str, str] = field(default_factory=dict)
-    """Partner id -> why its state is not used (no_push, push_failed, too_far, cancelled)."""
+    """Partner id -> why its state is not used (no_push, push_failed, unconfirmed, too_far,
+    cancelled)."""
     wire_bytes: int = 0
     """Snapshot bytes both ways with the partners used."""
     raw_bytes: int = 0
@@ -167,6 +172,7 @@ class OuterExchanger:
                                      missing={p.worker_id: "failed" for p in outer_round.partners},
                                      failed=type(exc).__name__)
             self.service.inbox.advance(outer_round.outer_step + 1)  # later pushes for it are refused
+            self.service.verdicts.round_over(outer_round.outer_step)
             with self._done:
                 self._cancelled.discard(outer_round.outer_step)
                 self._results[outer_round.outer_step] = result
@@ -189,20 +195,28 @@ class OuterExchanger:
         partners, pairing = self._partners(outer_round)
         pushes = {p.worker_id: self._pushers.submit(self._push, p, feed) for p in partners}
         ids = list(pushes)
-        arrived = self.service.inbox.wait_for(
+        self.service.inbox.wait_for(
             step, ids, timeout_s=self.collect_s,
             stop=lambda here: self._is_cancelled(step) or _all_settled(pushes, here))
         if feed.wait_closed(self.collect_s) and feed.error is not None:
             raise feed.error
         wire, raw = feed.bytes()
         result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=wire, sent_raw_bytes=raw)
-        for partner_id in ids:
-            why = self._why_unusable(partner_id, arrived, pushes[partner_id], stall_s=self.collect_s)
-            if why is None:
-                taken = self.service.inbox.take(step, partner_id)
-                why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=own, scale=scale)
-            if why is not None:
-                result.missing[partner_id] = why
+        unsure = []
+        for partner in partners:  # the sure ones first: an unsure partner may be asking for our word on them
+            partner_id = partner.worker_id
+            here = self.service.inbox.here_or_refused(step, partner_id)  # now, not at the window's end
+            acked = (acknowledged(self.service.verdicts, partner_id, step, pushes[partner_id], wait_s=self.collect_s)
+                     if here else False)
+            if acked is None:
+                unsure.append(partner)
+            else:
+                self._decide(result, partner_id, acked, "push_failed" if here else "no_push",
+                             own=own, scale=scale)
+        for partner in unsure:  # used exactly when it uses ours; declined, or no answer at all, is a local step
+            verdict = ask_partner(self.ctx, self.service, partner, step, window_s=self.collect_s, log=self.log)
+            self._decide(result, partner.worker_id, verdict is Verdict.USED,
+                         "unconfirmed" if verdict is None else "push_failed", own=own, scale=scale)
         if result.states:
             if self._symmetric(outer_round):  # ours as partners decoded it
                 own = self._as_sent(feed, own)
@@ -248,18 +262,17 @@ class OuterExchanger:
         with self._done:
             return outer_step in self._cancelled
 
-    @staticmethod
-    def _why_unusable(partner_id: str, arrived: set[str], push: Future[bool], *, stall_s: float) -> str | None:
-        if partner_id not in arrived:
-            return "no_push"
-        # Their push is here, so they may use ours if it is acknowledged: ours decides, even in
-        # a round given up as late (both sides use each other's or neither does). It left at
-        # the same time; its own stall timeout bounds the wait.
-        try:
-            acked = push.result(timeout=stall_s)
-        except Exception:  # noqa: BLE001 - a failed push is a partner we cannot pair with
-            acked = False
-        return None if acked else "push_failed"
+    def _decide(self, result: RoundResult, partner_id: str, acked: bool, why_not: str, *,
+                own: PeerOuterState, scale: list[torch.Tensor] | None) -> None:
+        """Use the partner's state or not, and record it: an unsure partner asks for exactly this."""
+        step = result.outer_step
+        why = why_not if not acked else None
+        if why is None:
+            taken = self.service.inbox.take(step, partner_id)
+            why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=own, scale=scale)
+        self.service.verdicts.decide(partner_id, step, why is None)
+        if why is not None:
+            result.missing[partner_id] = why
 
     def _use(self, result: RoundResult, partner_id: str, theirs: Snapshot, state: PeerOuterState, *,
              own: PeerOuterState, scale: list[torch.Tensor] | None = None) -> str | None:
@@ -281,9 +294,10 @@ class OuterExchanger:
         result.raw_bytes += theirs.encoded.raw_bytes + result.sent_raw_bytes
         return None
 
-    def _push(self, partner: Partner, feed: ChunkFeed) -> bool:
-        """Our snapshot streamed to one partner; True once it acknowledged (validated and
-        placed) every chunk."""
+    def _push(self, partner: Partner, feed: ChunkFeed) -> bool | None:
+        """Our snapshot streamed to one partner: True once it acknowledged (validated and
+        placed) every chunk, False when it refused one (it did not keep ours), None when the
+        stream stalled (it may have kept ours and its acknowledgement be lost)."""
         def message(chunk: EncodedChunk) -> list[Any]:
             return self.service.chunk_push_message(chunk.snapshot, chunk.index, feed.total, chunk.pieces,
                                                    partner.outer_step)
@@ -296,7 +310,7 @@ class OuterExchanger:
             avoid_s = self.peers.blacklist.fail(partner.worker_id)
             self.log.warning("snapshot_push_timeout", peer=partner.worker_id[:8], timeout_s=self.collect_s,
                              blacklisted_s=avoid_s)
-        return acked
+        return True if acked else None
 
     def _is_ack(self, reply: list[zmq.Frame]) -> bool:
         try:
@@ -310,7 +324,7 @@ def correction_sums(correction: list[torch.Tensor]) -> tuple[float, float]:
     return (float(sum(c.double().sum() for c in correction)), float(sum(c.double().abs().sum() for c in correction)))
 
 
-def _all_settled(pushes: dict[str, Future[bool]], here: set[str]) -> bool:
+def _all_settled(pushes: dict[str, Future[bool | None]], here: set[str]) -> bool:
     """Nothing more can change the round: each partner's push is here or ours to it failed."""
     return all(pid in here or (f.done() and (f.exception() is not None or not f.result()))
                for pid, f in pushes.items())

@@ -36,6 +36,8 @@ class SnapshotInbox:
         """Pushes for outer steps up to this one are refused (rounds given up as late), though
         the ones kept before stay until their round takes them."""
         self._entries: dict[tuple[str, int], Entry] = {}
+        self._refused: set[tuple[str, int]] = set()
+        """(sender, step) whose push a round decided without: refused if it comes now."""
         self._arrived = threading.Condition()
 
     def __len__(self) -> int:
@@ -52,7 +54,7 @@ class SnapshotInbox:
         entries, then those for the furthest step; False (not kept) when that step is
         already behind us."""
         with self._arrived:
-            if not self.accepts(for_step):
+            if not self.accepts(for_step, sender):
                 return False
             self._evict()
             key = (sender, for_step)
@@ -80,9 +82,20 @@ class SnapshotInbox:
                 pushed.setdefault(step, set()).add(sender)
             return pushed
 
-    def accepts(self, for_step: int) -> bool:
-        """Whether a push for our outer step `for_step` may still be kept."""
-        return for_step >= self.floor and for_step > self.closed_through
+    def accepts(self, for_step: int, sender: str | None = None) -> bool:
+        """Whether a push for our outer step `for_step` (from `sender`) may still be kept."""
+        return (for_step >= self.floor and for_step > self.closed_through
+                and (sender, for_step) not in self._refused)
+
+    def here_or_refused(self, outer_step: int, sender: str) -> bool:
+        """Whether `sender`'s push for `outer_step` is here; if not, it is refused from now
+        on, atomically: a round that decides without it must not acknowledge it a moment
+        later (its sender would use ours while we do not use its)."""
+        with self._arrived:
+            if (sender, outer_step) in self._entries:
+                return True
+            self._refused.add((sender, outer_step))
+            return False
 
     def close(self, outer_step: int) -> set[str]:
         """Refuse every later push for `outer_step` and earlier (its round is given up as late);
@@ -117,6 +130,7 @@ class SnapshotInbox:
         """Forget pushes for steps below `floor`: our rounds up to there are over."""
         with self._arrived:
             self.floor = max(self.floor, floor)
+            self._refused = {key for key in self._refused if key[1] >= self.floor}
             self._evict()
 
     def wake(self) -> None:

@@ -42,6 +42,7 @@ from workers.metrics import RejectCounter
 from workers.outer.assembly import PushAssemblies
 from workers.outer.device_boundary import ExchangeBoundary
 from workers.outer.inbox import SnapshotInbox
+from workers.outer.verdicts import PairVerdicts
 
 
 class SnapshotService:
@@ -63,6 +64,8 @@ class SnapshotService:
         self.inbox = SnapshotInbox(fresh_s=fresh_s)
         self.assemblies = PushAssemblies(expected_shapes, stale_s=fresh_s)
         """Partners' pushes still arriving chunk by chunk (server thread only)."""
+        self.verdicts = PairVerdicts()
+        """Our rounds' decisions per partner, and partners' word that they kept ours."""
         self.rejected = RejectCounter(metrics.rejected)
         self.blacklist = blacklist or Blacklist()
         """Senders of refused contributions (shared with the worker's peer view)."""
@@ -107,6 +110,11 @@ class SnapshotService:
                              sender=self.worker_id, chunk=chunk, index=index, total=total, pieces=pieces,
                              for_step=for_step)
 
+    def confirm_message(self, partner_step: int) -> list[Any]:
+        """Our question to a partner whose push for its step `partner_step` we kept, when its
+        acknowledgement of ours never came: does it use ours? (workers/outer/verdicts.py)"""
+        return self._message_at(MessageKind.OUTER_CONFIRM, partner_step, {})
+
     def publish_bootstrap(self, replica: StageReplica, inner_steps: int, outer_steps: int) -> None:
         """Start copying our slow weights and momentum to the host for joiners (training thread:
         the copy is not waited for, nothing is encoded)."""
@@ -146,10 +154,12 @@ class SnapshotService:
             kind = MessageKind(header.kind)
             if kind == MessageKind.BOOTSTRAP_REQUEST:
                 return self._serve_bootstrap(header)
+            if kind == MessageKind.OUTER_CONFIRM:
+                return self._answer_confirm(header)
             if kind != MessageKind.SNAPSHOT_PUSH:
                 raise SnapshotRejected("unexpected_kind")
             for_step = push_target_step(decoded)
-            if not self.inbox.accepts(for_step):
+            if not self.inbox.accepts(for_step, header.sender):
                 return self._message(MessageKind.ERROR)  # a step we are past or gave up: the pusher learns it is late
             whole = self._place_chunk(header.sender, for_step, decoded)
         except SnapshotRejected as rejected:
@@ -159,6 +169,18 @@ class SnapshotService:
             return self._message(MessageKind.ERROR)
         return snapshot_message(MessageKind.SNAPSHOT_ACK, run_id=self.cfg.run.run_id, stage=self.stage,
                                 sender=self.worker_id, outer_step=header.outer_step)
+
+    def _answer_confirm(self, header: Header) -> list[Any]:
+        """A partner kept our push for our step `outer_step` but lost our acknowledgement of its
+        own: our decision on its state, once made (workers/outer/verdicts.py)."""
+        if header.outer_step < 0:
+            raise SnapshotRejected("malformed_header")
+        verdict = self.verdicts.answer(header.sender, header.outer_step)
+        return self._message_at(MessageKind.OUTER_VERDICT, header.outer_step, {"verdict": verdict.value})
+
+    def _message_at(self, kind: MessageKind, outer_step: int, extra: dict[str, Any]) -> list[Any]:
+        return snapshot_message(kind, run_id=self.cfg.run.run_id, stage=self.stage, sender=self.worker_id,
+                                outer_step=outer_step, extra=extra)
 
     def _place_chunk(self, sender: str, for_step: int,
                      decoded: DecodedMessage) -> tuple[Snapshot, PeerOuterState] | None:

@@ -175,8 +175,9 @@ class OuterStep:
     @property
     def round_wait_s(self) -> float:
         """The longest a round can take: the collection window, the wait for our push's
-        acknowledgement, and room for compressing."""
-        return 2 * self.exchanger.collect_s + 5.0
+        acknowledgement, asking a partner whose acknowledgement was lost, and room for
+        compressing."""
+        return 3 * self.exchanger.collect_s + 5.0
 
     def finish(self) -> None:
         """Training is over: waiting costs nothing now, so the last correction is not dropped."""

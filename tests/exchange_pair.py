@@ -1,0 +1,142 @@
+"""Two workers' outer-exchange parts (snapshot service, exchange server, exchanger, outer
+step) over loopback ZeroMQ, each replica on the stand-in device of tests/other_device.py.
+Only the membership view is given (no Redis): each worker sees the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+
+from noloco_rt.algo.replica import StageReplica
+from noloco_rt.config import load_config
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.net.transport import ExchangeServer
+from noloco_rt.routing.peers import Blacklist
+from tests.other_device import OTHER_DEVICE, on_other_device
+from workers.counters import Counters
+from workers.metrics import WorkerMetrics
+from workers.outer.device_boundary import ExchangeBoundary
+from workers.outer.exchanger import OuterExchanger
+from workers.outer.service import SnapshotService
+from workers.outer.step import OuterStep
+
+
+@dataclass
+class RecordingLog:
+    """The structlog calls a part made, by level (the parts take their logger as an argument)."""
+
+    lines: list[tuple[str, str, dict]] = field(default_factory=list)
+
+    def _add(self, level: str, event: str, **fields: Any) -> None:
+        self.lines.append((level, event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._add("info", event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._add("warning", event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._add("error", event, **fields)
+
+    def errors(self) -> list[tuple[str, dict]]:
+        return [(event, fields) for level, event, fields in self.lines if level == "error"]
+
+
+class GivenViews:
+    def __init__(self, members: list[MemberRecord]) -> None:
+        self.members = members
+
+    def view(self, stage: int) -> list[MemberRecord]:
+        return [m for m in self.members if m.stage == stage]
+
+
+class GivenPeers:
+    """What the outer step asks of a PeerView: the stage's view and a blacklist."""
+
+    def __init__(self) -> None:
+        self.views = GivenViews([])
+        self.blacklist = Blacklist()
+
+
+@dataclass
+class ExchangeParts:
+    worker_id: str
+    replica: StageReplica
+    counters: Counters
+    log: RecordingLog
+    server: ExchangeServer
+    exchanger: OuterExchanger
+    step: OuterStep
+    peers: GivenPeers
+
+    def close(self) -> None:
+        self.exchanger.close()
+        self.server.stop()
+
+
+def replica_on_other_device(cfg, seed: int) -> StageReplica:
+    """A small replica whose θ, φ and δ live on the stand-in device; θ moved away from φ as
+    inner steps would (each worker differently)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
+    from noloco_rt.algo.optim import InnerOptimizer
+
+    replica = StageReplica(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=10))
+    generator = torch.Generator().manual_seed(seed)
+    replica.fast = [on_other_device(t + 0.01 * torch.randn(t.shape, generator=generator)) for t in replica.slow]
+    replica.slow = [on_other_device(t) for t in replica.slow]
+    replica.momentum = [on_other_device(t) for t in replica.momentum]
+    return replica
+
+
+def exchange_parts(ctx: zmq.Context, cfg, worker_id: str, seed: int, *, collect_s: float = 10.0) -> ExchangeParts:
+    replica = replica_on_other_device(cfg, seed)
+    log, metrics, counters, peers = RecordingLog(), WorkerMetrics(), Counters(), GivenPeers()
+    service = SnapshotService(cfg, 0, worker_id, metrics=metrics, log=log, blacklist=peers.blacklist,
+                              expected_shapes=[tuple(t.shape) for t in replica.slow],
+                              boundary=ExchangeBoundary.on(OTHER_DEVICE))
+    server = ExchangeServer(ctx, bind_host="127.0.0.1", port=0, advertise_host="", handler=service.handle)
+    server.start()
+    exchanger = OuterExchanger(ctx, service, peers, collect_s=collect_s, log=log)
+    step = OuterStep(cfg, exchanger=exchanger, service=service, replica=replica, peers=peers, counters=counters,
+                     metrics=metrics, log=log)
+    return ExchangeParts(worker_id, replica, counters, log, server, exchanger, step, peers)
+
+
+def member_record(parts: ExchangeParts) -> MemberRecord:
+    return MemberRecord(worker_id=parts.worker_id, run_id="devices", stage=0, data_addr="tcp://127.0.0.1:1",
+                        exchange_addr=parts.server.address, state=WorkerState.ONLINE)
+
+
+def wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def overlapped_pair(*, collect_s: float = 10.0, **outer: Any) -> Iterator[tuple[ExchangeParts, ExchangeParts]]:
+    """Workers a and b, each seeing the other: overlapped steps, max_delay_steps 1 (unless
+    `outer` says otherwise), lossless; `collect_s` their collection window."""
+    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
+                                              "outer": {"method": "noloco", "overlap": True, "max_delay_steps": 1,
+                                                        **outer},
+                                              "worker": {"snapshot_codec": "shuffle-zstd"}}])
+    ctx = zmq.Context()
+    a, b = exchange_parts(ctx, cfg, "a" * 32, seed=1, collect_s=collect_s), exchange_parts(ctx, cfg, "b" * 32, seed=2, collect_s=collect_s)
+    try:
+        a.peers.views.members, b.peers.views.members = [member_record(b)], [member_record(a)]
+        yield a, b
+    finally:
+        for worker in (a, b):
+            worker.close()
+        ctx.term()
