@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from workers.cluster.chaos_report import (
+    invariants,
     largest_progress_gap_s,
     loss_ratio_check,
     mean_kept,
@@ -112,6 +113,21 @@ def test_the_mean_is_checked_over_complete_rounds_only():
     assert result["checked"] == 3
     assert result["broken"] == ["stage 0 outer step 5: Σc = 0.3 over 2"]
     assert result["one_sided"] == ["stage 0 outer step 6: Σc = 0.4 over 2"]
+
+
+def test_a_one_sided_round_fails_the_mean_invariant_like_a_broken_one():
+    """A lost acknowledgement is asked about (workers/outer/confirm.py): one left one-sided
+    is the replicas' mean moved, not an excuse."""
+    accounting = {"mismatches": [], "graceful": 2, "sent": 10, "trained": 10, "dropped": 0, "retried": 0, "killed": 0}
+    phase = {"timed_out": False, "reached": {}, "largest_progress_gap_s": 1.0, "unexpected_exits": [],
+             "not_rejoined": [], "accounting": accounting, "checkpoint_failures": [], "checkpoint_loads": 1,
+             "val_loss": 2.0, "consensus_step": 10}
+    verdicts = {}
+    for name, kept in {"clean": {"checked": 4, "broken": [], "one_sided": []},
+                       "one_sided": {"checked": 4, "broken": [], "one_sided": ["stage 0 outer step 6"]},
+                       "broken": {"checked": 4, "broken": ["stage 0 outer step 5"], "one_sided": []}}.items():
+        verdicts[name] = invariants({**phase, "mean_kept": kept}, 4, 30.0, None)["mean_kept"]["ok"]
+    assert verdicts == {"clean": True, "one_sided": False, "broken": False}
 
 
 def test_the_new_kinds_are_observed_from_their_evidence():

@@ -278,11 +278,12 @@ def invariants(phase: Mapping[str, Any], max_inflight: int, stall_bound_s: float
                        f"{accounting['trained']} + dropped {accounting['dropped']} (retried "
                        f"{accounting['retried']}); {accounting['killed']} lost with a killed worker "
                        f"(<= {max_inflight} each); {accounting['mismatches']}")},
-        "mean_kept": {"ok": not phase["mean_kept"]["broken"],
-                      "detail": f"Σc = 0 in every complete round where each pair used each other's state or "
-                                f"neither: {phase['mean_kept']['checked']} complete rounds, "
-                                f"{len(phase['mean_kept'].get('one_sided', []))} one-sided (a lost "
-                                f"acknowledgement: {phase['mean_kept'].get('one_sided', [])[:3]}); broken: "
+        "mean_kept": {"ok": not phase["mean_kept"]["broken"] and not phase["mean_kept"].get("one_sided"),
+                      "detail": f"Σc = 0 and each pair used each other's state or neither, in every "
+                                f"complete round: {phase['mean_kept']['checked']} complete rounds, "
+                                f"{len(phase['mean_kept'].get('one_sided', []))} one-sided (an "
+                                f"acknowledgement lost and never confirmed: "
+                                f"{phase['mean_kept'].get('one_sided', [])[:3]}); broken: "
                                 f"{phase['mean_kept']['broken'][:5]}"},
         "checkpoints_load": {"ok": not phase["checkpoint_failures"] and phase["checkpoint_loads"] > 0,
                              "detail": f"{phase['checkpoint_loads']} loads, failures {phase['checkpoint_failures']}"},
