@@ -203,6 +203,9 @@ class DataSocket:
 
 Handler = Callable[[list[zmq.Frame]], list[Any]]
 
+REPLY_FLUSH_S = 0.5
+"""How long a stopping exchange server lets queued replies leave."""
+
 
 class ExchangeServer:
     """Answers exchange requests from a background thread, so serving never blocks training.
@@ -258,11 +261,13 @@ class ExchangeServer:
             get_logger().error("exchange_handler_failed", error=self.last_error,
                                handler_errors_total=self.handler_errors, exc_info=exc)
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def stop(self, timeout_s: float = 2.0, *, flush_s: float = REPLY_FLUSH_S) -> None:
+        """Stop serving; replies already queued still leave for up to flush_s (an
+        acknowledgement a partner decides on, lost at our exit, would leave it unsure)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        self.socket.close(linger=0)
+        self.socket.close(linger=int(flush_s * 1000))
 
 
 def request(ctx: zmq.Context, address: str, frames: Frames, *, timeout_s: float,
