@@ -35,13 +35,17 @@ def test_steps_we_are_past_are_refused_and_forgotten():
     assert inbox.keep("b", 6, *push(6))
 
 
-def test_a_full_inbox_drops_the_furthest_step_first():
+def test_a_full_inbox_refuses_and_never_drops_a_push_it_acknowledged():
+    """A kept push was acknowledged, so its sender may use ours: dropping it for a nearer
+    step (as the inbox once did) left a soak round one-sided."""
     inbox = SnapshotInbox(fresh_s=60, max_size=3)
     for sender, step in (("a", 2), ("b", 9), ("c", 3)):
         assert inbox.keep(sender, step, *push(step))
-    assert not inbox.keep("d", 10, *push(10))  # full of nearer steps
-    assert inbox.keep("e", 1, *push(1))  # nearer than b's 9: b goes
-    assert inbox.take(9, "b") is None and inbox.take(1, "e") is not None
+    assert not inbox.keep("d", 10, *push(10)) and not inbox.keep("e", 1, *push(1))
+    assert inbox.take(9, "b") is not None and inbox.take(1, "e") is None
+    assert inbox.keep("e", 1, *push(1))  # room again once one was taken
+    inbox.advance(3)  # a's step 2 is behind us: its room is free
+    assert inbox.keep("d", 10, *push(10))
 
 
 def test_latest_pushes_names_each_senders_latest_step_from_the_one_asked():

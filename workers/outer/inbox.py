@@ -4,7 +4,9 @@ A partner pushes as soon as it reaches its outer step, which may be before or af
 reach ours, so the inbox keys entries by (sender, our outer step) and keeps those of
 steps we have not passed yet (seeded groups pair equal steps; a partner found by
 readiness may be at another step of its own). Bounded: only a few are ever useful (one per partner and
-pending step), and a flood of pushes from made-up senders must not grow memory.
+pending step), and a flood of pushes from made-up senders must not grow memory. A full
+inbox refuses, never drops what it acknowledged: the sender of an acknowledged push may
+use ours, so ours must be able to use its.
 The exchanger thread waits on it for the pushes of its round's partners.
 """
 
@@ -51,18 +53,19 @@ class SnapshotInbox:
 
     def keep(self, sender: str, for_step: int, snapshot: Snapshot, state: PeerOuterState) -> bool:
         """Remember a sender's contribution for our outer step `for_step`, evicting stale
-        entries, then those for the furthest step; False (not kept) when that step is
-        already behind us."""
+        entries and those of steps behind us; False (not kept, so not acknowledged) when
+        that step is behind us or refused, or when the inbox is still full. A kept
+        contribution leaves only when taken, when its step is behind us, or when stale."""
         with self._arrived:
             if not self.accepts(for_step, sender):
                 return False
             self._evict()
             key = (sender, for_step)
             self._entries.pop(key, None)
-            if len(self._entries) >= self.max_size and for_step > max(k[1] for k in self._entries):
-                return False  # full of nearer steps: this one would be needed last
-            while len(self._entries) >= self.max_size:  # the furthest step first: needed last, if ever
-                del self._entries[max(self._entries, key=lambda k: (k[1], -self._entries[k][0]))]
+            if len(self._entries) >= self.max_size:
+                # Full: refuse this one rather than drop one we acknowledged (its sender would
+                # use ours while we, without its, would not: one-sided).
+                return False
             self._entries[key] = (self.clock(), snapshot, state)
             self._arrived.notify_all()
             return True
