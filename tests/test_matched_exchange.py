@@ -91,9 +91,11 @@ def test_sparse_rounds_keep_the_mean_send_little_and_checkpoint_what_is_unsent(t
     """worker.delta_codec in real processes: rounds that are not a multiple of theta_every
     carry the outer gradient alone, sparse (noloco_rt/outer/delta_exchange.py); both kinds
     keep the pair's mean (Σ c = 0); the final checkpoint holds what is still unsent."""
+    # Each step idles 3x its compute (worker.fault_slowdown): alone, 45 steps took 2.4 s, and a
+    # partner that took 2.4 s longer to start found the first one finished (no step matched).
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.h": 5, "outer.overlap": False,
                                                          "worker.delta_codec": "topk2-zstd", "worker.theta_every": 3,
-                                                         "worker.snapshot_chunk_mb": 0.05})
+                                                         "worker.snapshot_chunk_mb": 0.05, "worker.fault_slowdown": 4.0})
     try:
         workers = [cluster.start_worker(0, f"w{i}", steps=45) for i in range(2)]
         for worker in workers:
