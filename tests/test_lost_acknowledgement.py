@@ -118,6 +118,25 @@ def test_a_partner_that_never_answers_leaves_the_step_local_and_says_unconfirmed
         assert unconfirmed["waited_s"] == COLLECT_S
 
 
+def test_a_partner_that_finishes_tells_its_decision_so_nobody_waits_to_ask():
+    """b keeps a's push, its acknowledgement is lost, and it answers no question; but b
+    finishes right after the round and tells a, unasked, that it used a's state. a takes that
+    word at once (no question, no window spent) and uses b's: both matched."""
+    with overlapped_pair(collect_s=COLLECT_S) as (a, b):
+        _lose(b, lost=lambda request, reply: reply in (MessageKind.SNAPSHOT_ACK, MessageKind.OUTER_VERDICT))
+        a.step.take()
+        b.step.take()
+        b.step.finish()
+        a.step.finish()
+        for worker in (a, b):
+            assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
+        assert _events(a, "outer_round_unconfirmed") == [] and _events(a, "outer_round_confirmed") == []
+        assert [e["told"] for e in _events(b, "outer_round_told")] == [1]
+        assert _done(a)["exchange_s"] < 2 * COLLECT_S  # the push's stall, not a question's window too
+        sums = [_done(w)["correction_sum"] for w in (a, b)]
+        assert abs(sum(sums)) <= 1e-5 * max(abs(x) for x in sums), sums
+
+
 def test_verdicts_answer_with_the_decision_once_made_and_take_a_question_as_an_acknowledgement():
     verdicts = PairVerdicts()
     assert verdicts.answer("a", 3) is Verdict.PENDING
@@ -130,6 +149,8 @@ def test_verdicts_answer_with_the_decision_once_made_and_take_a_question_as_an_a
     assert not verdicts.kept_ours("a", 3)  # the acknowledgement served its round
     verdicts.round_over(20)
     assert verdicts.decision("a", 3) is None and verdicts.answer("a", 3) is Verdict.UNKNOWN
+    verdicts.note_told("b", 21, True)
+    assert verdicts.told("b", 21) is True and verdicts.told("b", 22) is None
 
 
 def test_questions_from_made_up_senders_do_not_grow_the_record():

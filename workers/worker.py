@@ -292,6 +292,7 @@ class StageWorker:
         self.log.info("leaving", inflight=self.data_path.in_flight(), queued=self.data_path.queued())
         self.data_path.wind_down(time.monotonic() + self.cfg.worker.leave_grace_s / 2)
         self.outer.settle(final=True)
+        self.exchanger.tell_last_round()  # we will not be there to answer a partner's question
         self.checkpoint.save("leave")
         if self.durable is not None:  # a pod's disk may not come back: keep our data stream's place
             self.durable.write_now(self.counters.outer_steps, self.counters.inner_steps, state=None,

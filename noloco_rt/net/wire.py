@@ -48,7 +48,8 @@ class MessageKind(enum.StrEnum):
     """A pusher whose acknowledgement was lost: "I kept yours for your step k; do you use mine?"
     (workers/outer/verdicts.py)."""
     OUTER_VERDICT = "outer_verdict"
-    """The answer: used, declined, pending (ask again) or unknown."""
+    """The answer: used, declined, pending (ask again) or unknown; or, unasked, a finishing
+    or leaving partner's decision on our push."""
     BOOTSTRAP_REQUEST = "bootstrap_request"
     BOOTSTRAP_REPLY = "bootstrap_reply"
     ERROR = "error"

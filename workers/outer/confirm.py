@@ -34,10 +34,12 @@ def acknowledged(verdicts: PairVerdicts, partner_id: str, step: int, push: Futur
     it, None when the push stalled with no word (ask). Ours left when theirs did; its own
     stall timeout bounds the wait, and so does wait_s."""
     deadline = time.monotonic() + wait_s
-    while not push.done() and not verdicts.kept_ours(partner_id, step):
+    while not push.done() and not verdicts.kept_ours(partner_id, step) and verdicts.told(partner_id, step) is None:
         if (remaining := deadline - time.monotonic()) <= 0:
             break
         verdicts.wait(min(remaining, 0.05))
+    if (told := verdicts.told(partner_id, step)) is not None:
+        return told  # it used ours (so it kept it), or declined it
     if verdicts.kept_ours(partner_id, step):
         return True
     if not push.done() or push.exception() is not None:
@@ -55,6 +57,9 @@ def ask_partner(ctx: zmq.Context, service: SnapshotService, partner: Partner, st
     deadline = time.monotonic() + window_s
     verdict: Verdict | None = None
     while verdict is None and (remaining := deadline - time.monotonic()) > 0:
+        if (told := verdicts.told(partner.worker_id, step)) is not None:  # it finished or left, and said
+            verdict = Verdict.USED if told else Verdict.DECLINED
+            break
         if verdicts.kept_ours(partner.worker_id, step):
             verdict = Verdict.USED
             break
@@ -83,3 +88,26 @@ def read_verdict(reader: SnapshotReader, reply: list[zmq.Frame] | None) -> Verdi
         return Verdict(header.extra.get("verdict"))
     except (SnapshotRejected, ValueError):
         return None
+
+
+def tell_partners(ctx: zmq.Context, service: SnapshotService, step: int, partners: list[Partner], *,
+                  timeout_s: float, pool: Any) -> int:
+    """Tell each partner of our round `step` what we decided on its push, unasked (we finish
+    or leave, and will not be there to answer a question): best effort, all at once, within
+    timeout_s. Returns how many partners took it."""
+    def tell(partner: Partner) -> bool:
+        used = service.verdicts.decision(partner.worker_id, step)
+        if used is None:
+            return False
+        reply = request(ctx, partner.exchange_addr, service.verdict_message(partner.outer_step, used),
+                        timeout_s=timeout_s)
+        return reply is not None
+    told = [pool.submit(tell, p) for p in partners]
+    return sum(1 for f in told if _result_within(f, timeout_s + 0.5))
+
+
+def _result_within(future: Future[bool], timeout_s: float) -> bool:
+    try:
+        return bool(future.result(timeout=timeout_s))
+    except Exception:  # noqa: BLE001 - best effort: a partner gone is a partner not told
+        return False

@@ -49,12 +49,15 @@ from noloco_rt.outer.snapshot import (
     contribution_state,
 )
 from workers.faults.snapshot import snapshot_faults_on
-from workers.outer.confirm import acknowledged, ask_partner
+from workers.outer.confirm import acknowledged, ask_partner, tell_partners
 from workers.outer.device_boundary import HostContribution
 from workers.outer.partners import Partner, ReadinessPairing
 from workers.outer.pusher import ChunkFeed, EncodedChunk, PushRefused, push_stream, start_encoding
 from workers.outer.service import SnapshotService
 from workers.outer.verdicts import Verdict
+
+TELL_TIMEOUT_S = 0.5
+"""How long a finishing or leaving worker gives its last round's partners to take its word."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class OuterExchanger:
         self._pushers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="outer-push")
         self._encoders = ThreadPoolExecutor(max_workers=service.cfg.worker.snapshot_encode_threads,
                                             thread_name_prefix="outer-encode")
+        self._last_round: tuple[int, list[Partner]] | None = None
+        """Our latest round's step and partners: told our decisions when we finish or leave."""
         self._thread = threading.Thread(target=self._run, name="outer-exchanger", daemon=True)
         self._thread.start()
 
@@ -151,6 +156,17 @@ class OuterExchanger:
         self._wake.set()
         self.service.inbox.wake()
         return committed
+
+    def tell_last_round(self, *, timeout_s: float = TELL_TIMEOUT_S) -> int:
+        """We finish or leave: tell the partners of our latest round what we decided on their
+        pushes, unasked, since we will not be there to answer a question (confirm.py). How
+        many took it."""
+        if (last := self._last_round) is None:
+            return 0
+        step, partners = last
+        told = tell_partners(self.ctx, self.service, step, partners, timeout_s=timeout_s, pool=self._pushers)
+        self.log.info("outer_round_told", outer_step=step, partners=len(partners), told=told)
+        return told
 
     def close(self) -> None:
         self._rounds.put(None)
@@ -225,6 +241,7 @@ class OuterExchanger:
             result.correction_sums = correction_sums(correction)
             result.correction = self.service.boundary.ready_for_device(correction)
         result.seconds = time.monotonic() - started
+        self._last_round = (step, partners)
         return result
 
     def _symmetric(self, outer_round: OuterRound) -> bool:

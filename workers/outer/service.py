@@ -42,7 +42,7 @@ from workers.metrics import RejectCounter
 from workers.outer.assembly import PushAssemblies
 from workers.outer.device_boundary import ExchangeBoundary
 from workers.outer.inbox import SnapshotInbox
-from workers.outer.verdicts import PairVerdicts
+from workers.outer.verdicts import PairVerdicts, Verdict
 
 
 class SnapshotService:
@@ -156,6 +156,8 @@ class SnapshotService:
                 return self._serve_bootstrap(header)
             if kind == MessageKind.OUTER_CONFIRM:
                 return self._answer_confirm(header)
+            if kind == MessageKind.OUTER_VERDICT:
+                return self._note_verdict(header)
             if kind != MessageKind.SNAPSHOT_PUSH:
                 raise SnapshotRejected("unexpected_kind")
             for_step = push_target_step(decoded)
@@ -177,6 +179,20 @@ class SnapshotService:
             raise SnapshotRejected("malformed_header")
         verdict = self.verdicts.answer(header.sender, header.outer_step)
         return self._message_at(MessageKind.OUTER_VERDICT, header.outer_step, {"verdict": verdict.value})
+
+    def _note_verdict(self, header: Header) -> list[Any]:
+        """A partner that finishes or leaves tells us, unasked, what it decided on our push
+        for our step `outer_step` (workers/outer/verdicts.py)."""
+        verdict = header.extra.get("verdict")
+        if header.outer_step < 0 or verdict not in (Verdict.USED, Verdict.DECLINED):
+            raise SnapshotRejected("malformed_header")
+        self.verdicts.note_told(header.sender, header.outer_step, verdict == Verdict.USED)
+        return self._message_at(MessageKind.OUTER_VERDICT, header.outer_step, {"verdict": Verdict.UNKNOWN.value})
+
+    def verdict_message(self, partner_step: int, used: bool) -> list[Any]:
+        """Our decision on a partner's push for its step `partner_step`, told unasked."""
+        verdict = Verdict.USED if used else Verdict.DECLINED
+        return self._message_at(MessageKind.OUTER_VERDICT, partner_step, {"verdict": verdict.value})
 
     def _message_at(self, kind: MessageKind, outer_step: int, extra: dict[str, Any]) -> list[Any]:
         return snapshot_message(kind, run_id=self.cfg.run.run_id, stage=self.stage, sender=self.worker_id,

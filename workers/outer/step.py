@@ -180,8 +180,10 @@ class OuterStep:
         return 3 * self.exchanger.collect_s + 5.0
 
     def finish(self) -> None:
-        """Training is over: waiting costs nothing now, so the last correction is not dropped."""
+        """Training is over: waiting costs nothing now, so the last correction is not dropped;
+        then the last round's partners learn what we decided (we will not answer questions)."""
         self.settle(final=True, wait_s=self.round_wait_s)
+        self.exchanger.tell_last_round()
 
     def settle(self, *, final: bool = False, wait_s: float = 0.0) -> None:
         """At an inner-step boundary (nothing in flight): apply the pending correction once its

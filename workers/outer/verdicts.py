@@ -7,7 +7,9 @@ the pusher unsure while its partner, which kept the push, may use it: one-sided.
 unsure side asks its partner, carrying what the lost acknowledgement would have said the
 other way ("I kept yours"): the partner answers with its decision once made. Either side's
 question is, for the one asked, the acknowledgement of its own push, so two unsure sides
-settle each other: both use, or, once either decided without it, neither.
+settle each other: both use, or, once either decided without it, neither. A worker that
+finishes or leaves tells the partners of its last round its decisions unasked, since it
+will not be there to answer.
 
 Shared by the exchange server's thread (answers) and the exchanger's (decisions), so
 every read and write takes the lock.
@@ -41,6 +43,8 @@ class PairVerdicts:
     def __init__(self) -> None:
         self._decided: dict[tuple[str, int], bool] = {}
         self._kept_ours: set[tuple[str, int]] = set()
+        self._told: dict[tuple[str, int], bool] = {}
+        """Partners' decisions on our push, told us unasked (a partner that finished or left)."""
         self._floor = 0
         """Rounds below this one are over (every decision of theirs is recorded)."""
         self._changed = threading.Condition()
@@ -59,6 +63,17 @@ class PairVerdicts:
         """Whether `partner` told us it kept our push for `outer_step` (an acknowledgement)."""
         with self._changed:
             return (partner, outer_step) in self._kept_ours
+
+    def note_told(self, partner: str, outer_step: int, used: bool) -> None:
+        """`partner` told us, unasked, whether it used our push for our step `outer_step`."""
+        with self._changed:
+            self._told[(partner, outer_step)] = used
+            self._bound()
+            self._changed.notify_all()
+
+    def told(self, partner: str, outer_step: int) -> bool | None:
+        with self._changed:
+            return self._told.get((partner, outer_step))
 
     def answer(self, asker: str, outer_step: int) -> Verdict:
         """The reply to `asker`, which kept our push for `outer_step` and asks whether we use
@@ -86,10 +101,13 @@ class PairVerdicts:
             self._floor = max(self._floor, outer_step + 1)
             oldest = self._floor - KEEP_STEPS
             self._decided = {k: v for k, v in self._decided.items() if k[1] >= oldest}
+            self._told = {k: v for k, v in self._told.items() if k[1] >= oldest}
             self._kept_ours = {k for k in self._kept_ours if k[1] >= self._floor}
 
     def _bound(self) -> None:
-        """Only questions can grow the record beyond a few per step (our own decisions are
-        one per partner and round): the oldest steps' go first (lock held)."""
+        """Only partners' messages can grow the record beyond a few per step (our own
+        decisions are one per partner and round): the oldest steps' go first (lock held)."""
         while len(self._kept_ours) > MAX_RECORDS:
             self._kept_ours.discard(min(self._kept_ours, key=lambda k: k[1]))
+        while len(self._told) > MAX_RECORDS:
+            del self._told[min(self._told, key=lambda k: k[1])]
