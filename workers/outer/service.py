@@ -65,7 +65,7 @@ class SnapshotService:
         self.assemblies = PushAssemblies(expected_shapes, stale_s=fresh_s)
         """Partners' pushes still arriving chunk by chunk (server thread only)."""
         self.verdicts = PairVerdicts()
-        """Our rounds' decisions per partner, and partners' word that they kept ours."""
+        """Our rounds' decisions per partner, and partners' word on ours (asked or told)."""
         self.rejected = RejectCounter(metrics.rejected)
         self.blacklist = blacklist or Blacklist()
         """Senders of refused contributions (shared with the worker's peer view)."""
