@@ -46,6 +46,10 @@ class RecordingLog:
     def error(self, event: str, **fields: Any) -> None:
         self._add("error", event, **fields)
 
+    def events(self, name: str) -> list[dict]:
+        """The fields of every line logged as `name`, in order."""
+        return [fields for _, event, fields in self.lines if event == name]
+
     def errors(self) -> list[tuple[str, dict]]:
         return [(event, fields) for level, event, fields in self.lines if level == "error"]
 

@@ -50,12 +50,12 @@ def _lose(worker: ExchangeParts, *, lost: Callable[[MessageKind, MessageKind], b
 
 
 def _done(worker: ExchangeParts) -> dict[str, Any]:
-    (done,) = [fields for _, event, fields in worker.log.lines if event == "outer_step_done"]
+    (done,) = worker.log.events("outer_step_done")
     return done
 
 
 def _events(worker: ExchangeParts, name: str) -> list[dict[str, Any]]:
-    return [fields for _, event, fields in worker.log.lines if event == name]
+    return worker.log.events(name)
 
 
 def _both_step(a: ExchangeParts, b: ExchangeParts) -> None:
