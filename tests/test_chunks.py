@@ -31,6 +31,7 @@ from noloco_rt.outer.snapshot import (
     SnapshotRejected,
     chunk_message,
     encode_snapshot,
+    push_group_size,
 )
 from workers.outer.assembly import PushAssemblies
 
@@ -67,14 +68,27 @@ def test_int8_on_pieces_keeps_the_blocks_of_whole_tensors():
     torch.testing.assert_close(decoded, tensor, rtol=1e-6, atol=1e-6)
 
 
-def _chunk_frames(tensors, chunk_elems, *, codec="shuffle-zstd", outer_step=3, for_step=3, sender="p"):
+def _chunk_frames(tensors, chunk_elems, *, codec="shuffle-zstd", outer_step=3, for_step=3, sender="p",
+                  group_size=None):
     plan = plan_chunks([t.numel() for t in tensors], chunk_elems)
     frames = []
     for index, pieces in enumerate(plan):
         chunk = encode_snapshot(piece_views(tensors, pieces), codec, outer_step, PartsKind.FAST)
         frames.append(chunk_message(MessageKind.SNAPSHOT_PUSH, run_id=RUN, stage=1, sender=sender, chunk=chunk,
-                                    index=index, total=len(plan), pieces=pieces, for_step=for_step))
+                                    index=index, total=len(plan), pieces=pieces, for_step=for_step,
+                                    group_size=group_size))
     return frames
+
+
+def test_a_push_says_the_group_size_its_sender_computed_and_a_bad_one_is_malformed():
+    reader = SnapshotReader(RUN, SHAPES)
+    tensors = [torch.randn(s) for s in SHAPES]
+    assert push_group_size(reader.message(_chunk_frames(tensors, 1000, group_size=3)[0])) == 3
+    assert push_group_size(reader.message(_chunk_frames(tensors, 1000)[0])) is None  # an older sender
+    for bad in (1, 0, -2, 1025, "3", 2.0, True, [3]):
+        frames = _tamper(_chunk_frames(tensors, 1000, group_size=3)[0], group=bad)
+        with pytest.raises(SnapshotRejected, match="malformed_header"):
+            push_group_size(reader.message(frames))
 
 
 def test_chunks_assemble_in_any_order_to_the_exact_tensors():

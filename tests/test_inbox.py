@@ -21,7 +21,7 @@ def test_pushes_are_kept_per_sender_and_step_and_taken_once():
     inbox = SnapshotInbox(fresh_s=60)
     assert inbox.keep("a", 3, *push(3)) and inbox.keep("a", 4, *push(4))
     assert inbox.take(4, "b") is None
-    snapshot, state = inbox.take(3, "a")
+    snapshot, state, group_size = inbox.take(3, "a")
     assert snapshot.outer_step == 3 and float(state.fast[0][0]) == 3.0
     assert inbox.take(3, "a") is None and len(inbox) == 1
 

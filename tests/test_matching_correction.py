@@ -14,6 +14,7 @@ from noloco_rt.outer.correction import (
     apply_correction,
     correction_term,
     deferred_outer_step,
+    pair_group_size,
     provisional_local_step,
 )
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
@@ -173,6 +174,41 @@ def test_a_partial_group_of_three_keeps_the_mean_where_every_pair_that_exchanged
         assert torch.equal(x, y)
 
 
+@pytest.mark.parametrize("coeffs", [OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7),
+                                    OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.2)], ids=["shortcut", "general"])
+def test_a_pair_whose_views_differ_weighs_alike_on_both_sides_and_cancels(coeffs):
+    # a's view still lists a member b has dropped: a computed {a, b, ghost} and used b alone;
+    # b computed {b, a}. Each pair weighs by the larger size, so the two c cancel.
+    a, b = (replica(seed) for seed in (0, 1))
+    state = {name: PeerOuterState.of(fast, slow, theta_only=coeffs.theta_shortcut)
+             for name, (slow, _, fast) in zip("ab", (a, b), strict=True)}
+    size = pair_group_size(3, 2)
+    assert size == pair_group_size(2, 3) == 3 and pair_group_size(2, None) == 2
+    mended = [correction_term(state["a"], [state["b"]], coeffs, group_size=[size]),
+              correction_term(state["b"], [state["a"]], coeffs, group_size=[size])]
+    for parts in zip(*mended, strict=True):
+        assert torch.equal(parts[0], -parts[1])
+    # Each side by its own size (1/3 and 1/2) moves the mean: what this replaces.
+    own_sizes = [correction_term(state["a"], [state["b"]], coeffs, group_size=3),
+                 correction_term(state["b"], [state["a"]], coeffs, group_size=2)]
+    assert any(not torch.allclose(x + y, torch.zeros_like(x), atol=1e-9) for x, y in zip(*own_sizes, strict=True))
+
+
+@pytest.mark.parametrize("coeffs", [OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7),
+                                    OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.2)], ids=["shortcut", "general"])
+def test_per_pair_sizes_that_agree_give_the_group_step_and_mixed_ones_weigh_each_pair(coeffs):
+    a, b, c = (replica(seed) for seed in (0, 1, 2))
+    state = [PeerOuterState.of(fast, slow, theta_only=coeffs.theta_shortcut) for slow, _, fast in (a, b, c)]
+    same = correction_term(state[0], state[1:], coeffs, group_size=[3, 3])
+    for x, y in zip(same, correction_term(state[0], state[1:], coeffs), strict=True):
+        assert torch.equal(x, y)
+    mixed = correction_term(state[0], state[1:], coeffs, group_size=[3, 4])
+    by_pair = [correction_term(state[0], [state[1]], coeffs, group_size=[3]),
+               correction_term(state[0], [state[2]], coeffs, group_size=[4])]
+    for m, x, y in zip(mixed, *by_pair, strict=True):
+        assert torch.allclose(m, x + y, rtol=0, atol=1e-6)
+
+
 def test_a_correction_refuses_no_partners_and_mixed_kinds():
     coeffs = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.7)
     slow, _, fast = replica(0)
@@ -181,6 +217,10 @@ def test_a_correction_refuses_no_partners_and_mixed_kinds():
         correction_term(own, [], coeffs)
     with pytest.raises(ValueError, match="cannot hold"):
         correction_term(own, [own, own], coeffs, group_size=2)
+    with pytest.raises(ValueError, match="cannot hold"):
+        correction_term(own, [own, own], coeffs, group_size=[3, 2])
+    with pytest.raises(ValueError, match="2 group sizes for 1"):
+        correction_term(own, [own], coeffs, group_size=[2, 2])
     with pytest.raises(ValueError, match="mix"):
         correction_term(own, [PeerOuterState(slow=slow, outer_grad=fast)], coeffs)
     general = OuterCoefficients(alpha=0.5, beta=0.7, gamma=0.2)

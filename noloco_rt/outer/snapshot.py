@@ -46,6 +46,8 @@ SNAPSHOT_LIMITS = WireLimits(max_frame_bytes=64 << 30, max_message_bytes=(64 << 
 PAYLOAD_SLACK_BYTES = 1 << 16
 # Room for codec framing on top of two float32 copies of the stage's weights.
 DECOMPRESSED_SLACK_BYTES = 1 << 20
+# A push's claimed group size above this is malformed (no stage has that many replicas).
+MAX_GROUP_SIZE = 1024
 
 
 class PartsKind(enum.StrEnum):
@@ -149,12 +151,14 @@ def snapshot_message(kind: MessageKind, *, run_id: str, stage: int, sender: str,
 
 
 def chunk_message(kind: MessageKind, *, run_id: str, stage: int, sender: str, chunk: Snapshot, index: int,
-                  total: int, pieces: Sequence[Piece], for_step: int) -> list[Any]:
+                  total: int, pieces: Sequence[Piece], for_step: int, group_size: int | None = None) -> list[Any]:
     """Wire frames of chunk `index` of `total` of a streamed contribution (its pieces encoded
-    as one snapshot), for a receiver whose outer step is `for_step`."""
-    return snapshot_message(kind, run_id=run_id, stage=stage, sender=sender, snapshot=chunk,
-                            extra={"for_step": for_step, "chunk": [index, total],
-                                   "pieces": [p.as_wire() for p in pieces]})
+    as one snapshot), for a receiver whose outer step is `for_step`; `group_size`: the group
+    as the sender computed it, itself included (the pair's weight: correction.py)."""
+    extra: dict[str, Any] = {"for_step": for_step, "chunk": [index, total], "pieces": [p.as_wire() for p in pieces]}
+    if group_size is not None:
+        extra["group"] = group_size
+    return snapshot_message(kind, run_id=run_id, stage=stage, sender=sender, snapshot=chunk, extra=extra)
 
 
 def push_target_step(decoded: DecodedMessage) -> int:
@@ -162,6 +166,18 @@ def push_target_step(decoded: DecodedMessage) -> int:
     absent: seeded groups pair equal steps). Raises SnapshotRejected when malformed."""
     value = decoded.header.extra.get("for_step", decoded.header.outer_step)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SnapshotRejected("malformed_header")
+    return value
+
+
+def push_group_size(decoded: DecodedMessage) -> int | None:
+    """The size of the group the sender of a push computed, itself included; None when the
+    header has none (then the receiver's own size stands for it). Raises SnapshotRejected
+    when malformed."""
+    value = decoded.header.extra.get("group")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 2 <= value <= MAX_GROUP_SIZE:
         raise SnapshotRejected("malformed_header")
     return value
 

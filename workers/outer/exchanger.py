@@ -39,11 +39,10 @@ import zmq
 from noloco_rt.net.wire import MessageKind
 from noloco_rt.outer.chunks import ChunkAssembly
 from noloco_rt.outer.codec import is_lossless
-from noloco_rt.outer.correction import correction_term
+from noloco_rt.outer.correction import correction_term, pair_group_size
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, TensorList
 from noloco_rt.outer.peer_checks import check_peer_distance
 from noloco_rt.outer.snapshot import (
-    Snapshot,
     SnapshotRejected,
     contribution_parts,
     contribution_state,
@@ -51,6 +50,7 @@ from noloco_rt.outer.snapshot import (
 from workers.faults.snapshot import snapshot_faults_on
 from workers.outer.confirm import acknowledged, ask_partner, tell_partners
 from workers.outer.device_boundary import HostContribution
+from workers.outer.inbox import KeptPush
 from workers.outer.partners import Partner, ReadinessPairing
 from workers.outer.pusher import ChunkFeed, EncodedChunk, PushRefused, push_stream, start_encoding
 from workers.outer.service import SnapshotService
@@ -84,9 +84,13 @@ class RoundResult:
     partners: list[str] = field(default_factory=list)
     """The group as the round settled it (by readiness: the partner found, if any)."""
     pairing: str = "seeded"
+    group_size: int = 0
+    """The group as we computed it, us included (what our pushes said)."""
     states: list[PeerOuterState] = field(default_factory=list)
     used: list[str] = field(default_factory=list)
     """Partners whose state is in `states`."""
+    pair_sizes: list[int] = field(default_factory=list)
+    """|G|_ij of each partner used, as `states` (the larger of the two sides' group sizes)."""
     missing: dict[str, str] = field(default_factory=dict)
     """Partner id -> why its state is not used (no_push, push_failed, unconfirmed, too_far,
     cancelled)."""
@@ -209,7 +213,8 @@ class OuterExchanger:
             own, scale = PeerOuterState(outer_grad=own.outer_grad), own.slow
         feed = self._start_encoding(step, own)  # before any waiting: chunks ready to push
         partners, pairing = self._partners(outer_round)
-        pushes = {p.worker_id: self._pushers.submit(self._push, p, feed) for p in partners}
+        group_size = len(partners) + 1  # as we computed it: each push says so (a pair's weight)
+        pushes = {p.worker_id: self._pushers.submit(self._push, p, feed, group_size) for p in partners}
         ids = list(pushes)
         self.service.inbox.wait_for(
             step, ids, timeout_s=self.collect_s,
@@ -217,7 +222,8 @@ class OuterExchanger:
         if feed.wait_closed(self.collect_s) and feed.error is not None:
             raise feed.error
         wire, raw = feed.bytes()
-        result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=wire, sent_raw_bytes=raw)
+        result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=wire, sent_raw_bytes=raw,
+                             group_size=group_size)
         unsure = []
         for partner in partners:  # the sure ones first: an unsure partner may be asking for our word on them
             partner_id = partner.worker_id
@@ -236,8 +242,9 @@ class OuterExchanger:
         if result.states:
             if self._symmetric(outer_round):  # ours as partners decoded it
                 own = self._as_sent(feed, own)
-            # Over the group's computed size: a partial group's pairs still cancel (correction.py).
-            correction = correction_term(own, result.states, outer_round.coeffs, group_size=len(ids) + 1)
+            # Each pair over the larger computed group size: a partial group's pairs, and a pair
+            # whose views of the stage differ, still cancel (correction.py).
+            correction = correction_term(own, result.states, outer_round.coeffs, group_size=result.pair_sizes)
             result.correction_sums = correction_sums(correction)
             result.correction = self.service.boundary.ready_for_device(correction)
         result.seconds = time.monotonic() - started
@@ -286,13 +293,14 @@ class OuterExchanger:
         why = why_not if not acked else None
         if why is None:
             taken = self.service.inbox.take(step, partner_id)
-            why = "no_push" if taken is None else self._use(result, partner_id, *taken, own=own, scale=scale)
+            why = "no_push" if taken is None else self._use(result, partner_id, taken, own=own, scale=scale)
         self.service.verdicts.decide(partner_id, step, why is None)
         if why is not None:
             result.missing[partner_id] = why
 
-    def _use(self, result: RoundResult, partner_id: str, theirs: Snapshot, state: PeerOuterState, *,
+    def _use(self, result: RoundResult, partner_id: str, taken: KeptPush, *,
              own: PeerOuterState, scale: list[torch.Tensor] | None = None) -> str | None:
+        theirs, state = taken.snapshot, taken.state
         max_ratio = self.service.cfg.worker.max_peer_distance_ratio
         check = check_peer_distance(state, own, max_ratio=max_ratio, scale=scale)
         if not check.ok:
@@ -307,17 +315,18 @@ class OuterExchanger:
                       raw_bytes=theirs.encoded.raw_bytes, distance_ratios=_rounded(check.ratios))
         result.states.append(state)
         result.used.append(partner_id)
+        result.pair_sizes.append(pair_group_size(result.group_size, taken.group_size))
         result.wire_bytes += theirs.encoded.wire_bytes + result.sent_wire_bytes
         result.raw_bytes += theirs.encoded.raw_bytes + result.sent_raw_bytes
         return None
 
-    def _push(self, partner: Partner, feed: ChunkFeed) -> bool | None:
+    def _push(self, partner: Partner, feed: ChunkFeed, group_size: int) -> bool | None:
         """Our snapshot streamed to one partner: True once it acknowledged (validated and
         placed) every chunk, False when it refused one (it did not keep ours), None when the
         stream stalled (it may have kept ours and its acknowledgement be lost)."""
         def message(chunk: EncodedChunk) -> list[Any]:
             return self.service.chunk_push_message(chunk.snapshot, chunk.index, feed.total, chunk.pieces,
-                                                   partner.outer_step)
+                                                   partner.outer_step, group_size)
         try:
             acked = push_stream(self.ctx, partner.exchange_addr, feed, message, self._is_ack, stall_s=self.collect_s)
         except PushRefused:

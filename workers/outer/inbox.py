@@ -15,13 +15,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from noloco_rt.outer.formula import PeerOuterState
 from noloco_rt.outer.snapshot import Snapshot
 
 MAX_INBOX = 8
 
-Entry = tuple[float, Snapshot, PeerOuterState]
+
+
+class KeptPush(NamedTuple):
+    """A partner's whole contribution as kept."""
+
+    snapshot: Snapshot
+    state: PeerOuterState
+    group_size: int | None = None
+    """The group as the partner computed it (None: it did not say)."""
+
+
+Entry = tuple[float, KeptPush]
 
 
 class SnapshotInbox:
@@ -47,11 +59,12 @@ class SnapshotInbox:
 
     def _evict(self) -> None:
         now = self.clock()
-        for key, (received_at, _, _) in list(self._entries.items()):
+        for key, (received_at, _) in list(self._entries.items()):
             if key[1] < self.floor or now - received_at >= self.fresh_s:
                 del self._entries[key]
 
-    def keep(self, sender: str, for_step: int, snapshot: Snapshot, state: PeerOuterState) -> bool:
+    def keep(self, sender: str, for_step: int, snapshot: Snapshot, state: PeerOuterState, *,
+             group_size: int | None = None) -> bool:
         """Remember a sender's contribution for our outer step `for_step`, evicting stale
         entries and those of steps behind us; False (not kept, so not acknowledged) when
         that step is behind us or refused, or when the inbox is still full. A kept
@@ -66,7 +79,7 @@ class SnapshotInbox:
                 # Full: refuse this one rather than drop one we acknowledged (its sender would
                 # use ours while we, without its, would not: one-sided).
                 return False
-            self._entries[key] = (self.clock(), snapshot, state)
+            self._entries[key] = (self.clock(), KeptPush(snapshot, state, group_size))
             self._arrived.notify_all()
             return True
 
@@ -77,7 +90,7 @@ class SnapshotInbox:
         with self._arrived:
             now = self.clock()
             latest: dict[str, int] = {}
-            for (sender, step), (received_at, _, _) in self._entries.items():
+            for (sender, step), (received_at, _) in self._entries.items():
                 if step >= outer_step and now - received_at < self.fresh_s:
                     latest[sender] = max(step, latest.get(sender, step))
             pushed: dict[int, set[str]] = {}
@@ -107,13 +120,13 @@ class SnapshotInbox:
             self.closed_through = max(self.closed_through, outer_step)
             return {sender for sender, step in self._entries if step == outer_step}
 
-    def take(self, outer_step: int, sender: str) -> tuple[Snapshot, PeerOuterState] | None:
+    def take(self, outer_step: int, sender: str) -> KeptPush | None:
         """`sender`'s fresh contribution for exactly this outer step, removed; None if none."""
         with self._arrived:
             entry = self._entries.pop((sender, outer_step), None)
             if entry is None or self.clock() - entry[0] >= self.fresh_s:
                 return None
-            return entry[1], entry[2]
+            return entry[1]
 
     def wait_for(self, outer_step: int, senders: Iterable[str], *, timeout_s: float,
                  stop: Callable[[set[str]], bool] = lambda here: False) -> set[str]:

@@ -32,6 +32,7 @@ from noloco_rt.outer.snapshot import (
     chunk_message,
     contribution_parts,
     encode_snapshot,
+    push_group_size,
     push_target_step,
     snapshot_message,
 )
@@ -104,11 +105,12 @@ class SnapshotService:
         return encode_snapshot(piece_views(parts, pieces), codec, outer_step, parts_kind)
 
     def chunk_push_message(self, chunk: Snapshot, index: int, total: int, pieces: list[Piece],
-                           for_step: int) -> list[Any]:
-        """Chunk `index` of `total` of our contribution, for a partner at its outer step `for_step`."""
+                           for_step: int, group_size: int) -> list[Any]:
+        """Chunk `index` of `total` of our contribution, for a partner at its outer step
+        `for_step`, saying the size of the group we computed (the pair's weight)."""
         return chunk_message(MessageKind.SNAPSHOT_PUSH, run_id=self.cfg.run.run_id, stage=self.stage,
                              sender=self.worker_id, chunk=chunk, index=index, total=total, pieces=pieces,
-                             for_step=for_step)
+                             for_step=for_step, group_size=group_size)
 
     def confirm_message(self, partner_step: int) -> list[Any]:
         """Our question to a partner whose push for its step `partner_step` we kept, when its
@@ -161,13 +163,14 @@ class SnapshotService:
             if kind != MessageKind.SNAPSHOT_PUSH:
                 raise SnapshotRejected("unexpected_kind")
             for_step = push_target_step(decoded)
+            group_size = push_group_size(decoded)
             if not self.inbox.accepts(for_step, header.sender):
                 return self._message(MessageKind.ERROR)  # a step we are past or gave up: the pusher learns it is late
             whole = self._place_chunk(header.sender, for_step, decoded)
         except SnapshotRejected as rejected:
             self.count_reject(rejected.reason)
             return self._message(MessageKind.ERROR)
-        if whole is not None and not self.inbox.keep(header.sender, for_step, *whole):
+        if whole is not None and not self.inbox.keep(header.sender, for_step, *whole, group_size=group_size):
             return self._message(MessageKind.ERROR)
         return snapshot_message(MessageKind.SNAPSHOT_ACK, run_id=self.cfg.run.run_id, stage=self.stage,
                                 sender=self.worker_id, outer_step=header.outer_step)
