@@ -43,6 +43,8 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:
+        if self.model.factory:  # your own model: its StagedModel says how many stages it has
+            return
         layers = PRESETS[self.model.preset].n_layers
         require(self.pipeline.stages <= layers, "pipeline", "stages", self.pipeline.stages,
                  f"preset {self.model.preset} has {layers} layers, so at most {layers} stages")

@@ -84,8 +84,18 @@ class ModelConfig:
     CUDA device's share, or worker.memory_budget_gb; noloco_rt.memory_fit), since the recompute
     costs about a third more compute; with no budget (the CPU by default) and in the simulator,
     auto is off."""
+    factory: str = ""
+    """Empty: the built-in preset. Else your own model: "package.module:function" or
+    "path/to/file.py:function", a function of the run's Config returning a
+    noloco_rt.staged_model.StagedModel (its stages, loss and data; docs/own-model.md).
+    Every worker and the coordinator import it, so it must be importable where they run.
+    preset, init_from and the memory planning do not apply to it."""
 
     def __post_init__(self) -> None:
+        require(not self.factory or _is_factory_reference(self.factory), "model", "factory", self.factory,
+                "must be package.module:function or path/to/file.py:function")
+        require(not (self.factory and self.init_from), "model", "init_from", self.init_from,
+                "applies to the built-in presets only, not with model.factory")
         require_choice("model", "precision", self.precision, PRECISIONS)
         require_choice("model", "compile", self.compile, COMPILE_MODES)
         require_choice("model", "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
@@ -93,6 +103,12 @@ class ModelConfig:
         require(2 <= self.seq_len <= MAX_SEQ_LEN, "model", "seq_len", self.seq_len, f"must be between 2 and {MAX_SEQ_LEN}")
         require(2 <= self.vocab_size <= MAX_VOCAB, "model", "vocab_size", self.vocab_size,
                 f"must be between 2 and {MAX_VOCAB} (token ids are stored as uint32)")
+
+
+def _is_factory_reference(text: str) -> bool:
+    """module:function, the module dotted or a .py path, the function an identifier."""
+    module, sep, function = text.rpartition(":")
+    return bool(sep and module.strip() and function.isidentifier())
 
 
 @dataclass(kw_only=True)
