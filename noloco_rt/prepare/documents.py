@@ -22,6 +22,7 @@ from noloco_rt.config.errors import ConfigError
 DOC_BYTES = 64 * 1024
 MAX_DOC_BYTES = 4 * DOC_BYTES  # a text with no blank line is still cut, at a line end
 JSONL_SUFFIXES = (".jsonl",)
+SNIFF_BYTES = 64 * 1024  # what check_readable reads of each input before anything is written
 
 
 class InputError(ConfigError):
@@ -69,6 +70,17 @@ def expand_inputs(patterns: list[str]) -> list[Source]:
         found.update((m.as_posix(), m) for m in files)
     return [Source(key=key, path=path, kind="jsonl" if path.suffix in JSONL_SUFFIXES else "text",
                    size=path.stat().st_size) for key, path in sorted(found.items())]
+
+
+def check_readable(source: Source) -> None:
+    """Refuse, before anything is written, an input that holds no document: an empty file
+    (or one of blank space only) would give a prepared directory of 0 tokens."""
+    if source.size == 0:
+        raise InputError(f"{source.key} is empty (0 bytes): it holds no document; leave it out of the inputs")
+    if source.size <= SNIFF_BYTES:
+        with open(source.path, "rb") as handle:
+            if not handle.read().strip():
+                raise InputError(f"{source.key} holds only blank space: no document; leave it out of the inputs")
 
 
 def is_validation(source_key: str, index: int, val_percent: float) -> bool:

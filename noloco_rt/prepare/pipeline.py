@@ -25,6 +25,7 @@ from noloco_rt.prepare.documents import (
     InputError,
     Position,
     Source,
+    check_readable,
     documents,
     expand_inputs,
     is_validation,
@@ -201,6 +202,8 @@ def run_prepare(options: PrepareOptions, progress: Progress) -> dict[str, Any] |
         raise InputError(f"--train-bpe {options.train_bpe}: the vocabulary needs at least "
                          f"{tok.MIN_BPE_VOCAB} tokens (256 bytes and the end-of-document token)")
     sources = expand_inputs(options.inputs)
+    for source in sources:
+        check_readable(source)
     arguments = fingerprint(options, sources)
     state = start_state(options, arguments)
     if state is None:
