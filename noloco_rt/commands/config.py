@@ -1,4 +1,4 @@
-"""`noloco-rt config show`."""
+"""`noloco-rt config show` and `noloco-rt config reference`."""
 
 from __future__ import annotations
 
@@ -20,5 +20,14 @@ def config() -> None:
 @config_options
 def show(show_secrets: bool, config_path: str | None, assignments: tuple[str, ...]) -> None:
     """Print the effective config (defaults, file, NOLOCO_* variables, flags) as TOML,
-    secrets redacted unless --show-secrets."""
+    secrets redacted unless --show-secrets. What each field means: `config reference`."""
     click.echo(config_to_toml(effective_config(config_path, assignments), redact=not show_secrets), nl=False)
+
+
+@config.command()
+def reference() -> None:
+    """Print every config field with its type, default, variable and meaning, as Markdown
+    (the text of docs/config.md)."""
+    from noloco_rt.config.reference import render_reference
+
+    click.echo(render_reference(), nl=False)

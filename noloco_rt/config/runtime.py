@@ -13,14 +13,23 @@ MIN_BANDWIDTH_MBIT_S = 0.01
 
 @dataclass(kw_only=True)
 class NetworkConfig:
+    """Addresses, ports, Redis and CURVE keys of every process."""
+
     bind_host: str = "127.0.0.1"
-    """Interface the worker's sockets bind to."""
+    """Interface a worker's sockets (and the coordinator's /status) bind to; 0.0.0.0 for all.
+    The default reaches only this machine: set it, and advertise_host, for several machines."""
     advertise_host: str = ""
-    """Address peers use to reach this worker (pod IP, public IP); empty: bind_host."""
+    """Address peers use to reach this worker (pod IP, the node's IP), published in Redis with
+    the bound ports; empty: bind_host. Peers connect to the same port number that was bound."""
     data_port: int = 0
-    """0 picks a free port."""
+    """TCP port of the worker's data socket (activations in, gradients in), which workers of
+    the neighbouring stages connect to; 0: a free port in 20000-60000."""
     exchange_port: int = 0
+    """TCP port of the worker's exchange socket (outer-step pushes, joiners' downloads,
+    the coordinator's pulls), which workers of its own stage and the coordinator connect to;
+    0: a free port in 20000-60000."""
     metrics_port: int = 0
+    """Port of the worker's Prometheus /metrics; 0: a free port (logged as metrics_serving)."""
     redis_url: str = ""
     """redis:// or rediss:// URL (password allowed); empty: an embedded local server."""
     redis_tls_ca_file: str = ""
@@ -106,7 +115,10 @@ class WorkerConfig:
     max_retries: int = 3
     """Re-sends of a microbatch to other workers before it is dropped."""
     deadline_floor_s: float = 2.0
+    """Shortest wait for a microbatch's gradient before it is re-sent; the deadline is 4x the
+    95th percentile of observed round trips, clamped to [deadline_floor_s, deadline_ceiling_s]."""
     deadline_ceiling_s: float = 30.0
+    """Longest wait for a microbatch's gradient before it is re-sent (see deadline_floor_s)."""
     bootstrap_timeout_s: float = 60.0
     """How long a joiner looks for a peer to download its state from (a floor: a large stage
     on a slow link gets longer, see min_bandwidth_mbit_s)."""
@@ -252,6 +264,8 @@ class StoreConfig:
 
 @dataclass(kw_only=True)
 class PathsConfig:
+    """Where a run's files go on this machine."""
+
     out_dir: str = "runs/latest"
     """Where a run writes metrics, logs, plots and its config."""
     checkpoint_dir: str = ""

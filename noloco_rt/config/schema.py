@@ -55,3 +55,13 @@ class Config:
 
 # Section name -> its dataclass, in declaration order.
 SECTIONS: dict[str, type] = dict(typing.get_type_hints(Config))
+
+FAULT_INJECTION_PREFIX = "fault_"
+"""Fields named so (worker.fault_slowdown, ...) inject faults for tests and `noloco-rt chaos`
+(docs/testing.md): settable like any field, but left out of `config show` while off and out
+of the configuration reference."""
+
+
+def is_fault_injection(name: str) -> bool:
+    """Whether the field `name` of any section is a fault-injection knob (not a user's setting)."""
+    return name.startswith(FAULT_INJECTION_PREFIX)

@@ -32,12 +32,15 @@ LOG_FORMATS = ("auto", "json", "console")
 
 @dataclass(kw_only=True)
 class RunConfig:
+    """What identifies a run, how long it trains and how it reports."""
+
     run_id: str = "default"
     """Name of the run; membership keys and wire messages carry it, so runs never mix."""
     seed: int = 0
     """Seed for weights (all replicas of a stage start identical), data order and routing."""
     steps: int = 1000
-    """Inner steps to train."""
+    """Inner steps to train, counted on the first stage (the data consumed): later stages
+    finish when their upstream has."""
     eval_every: int = 50
     """Inner steps between evaluations (validation loss, replica spread)."""
     eval_batches: int = 8
@@ -56,8 +59,10 @@ class RunConfig:
 
 @dataclass(kw_only=True)
 class ModelConfig:
+    """The Llama-style decoder: its shape, precision and starting weights."""
+
     preset: str = "tiny"
-    """One of the presets in noloco_rt.config.presets.PRESETS."""
+    """Model shape (noloco_rt.config.presets.PRESETS): tiny, small, 125m, 1b or 7b."""
     seq_len: int = 64
     """Tokens per sequence."""
     vocab_size: int = 256
@@ -113,6 +118,8 @@ def _is_factory_reference(text: str) -> bool:
 
 @dataclass(kw_only=True)
 class DataConfig:
+    """The corpus stage-0 workers read, and how much of it a step takes."""
+
     source: str = "stdlib"
     """stdlib: the Python standard library's source; files: text files/globs; tokens: uint16/32 token files."""
     paths: list[str] = field(default_factory=list)
@@ -146,14 +153,20 @@ class OptimConfig:
     """Inner optimizer: AdamW with linear warmup then cosine decay to lr_min."""
 
     lr: float = 3e-3
+    """Peak learning rate, reached at the end of warmup."""
     lr_min: float = 3e-4
+    """Learning rate at the end of the cosine decay (run.steps)."""
     warmup_steps: int = 50
+    """Inner steps of linear warmup from 0 to lr (unless warmup_fraction is set)."""
     warmup_fraction: float | None = None
     """Warmup as a share of run.steps; when set it replaces warmup_steps, so a recipe keeps
     its warmup share at any run length (the paper: 1,000 of 25,000 steps = 0.04)."""
     weight_decay: float = 0.01
+    """AdamW's decoupled weight decay."""
     adam_beta1: float = 0.9
+    """AdamW's first-moment decay."""
     adam_beta2: float = 0.95
+    """AdamW's second-moment decay (the paper's recipe, configs/paper.toml: 0.999)."""
     grad_clip: float = 1.0
     """Max global grad norm per stage; 0 disables clipping."""
 
@@ -282,6 +295,8 @@ class ResolvedOuter:
 
 @dataclass(kw_only=True)
 class PipelineConfig:
+    """How the model is cut into stages and what travels between them."""
+
     stages: int = 2
     """Pipeline stages the model is cut into (by layer ranges)."""
     replicas: int = 2
@@ -307,6 +322,8 @@ class PipelineConfig:
 
 @dataclass(kw_only=True)
 class RoutingConfig:
+    """Which replica of the next stage a microbatch goes to."""
+
     policy: str = "balanced"
     """Workers. balanced: each origin step's microbatches dealt evenly over the live
     next-stage workers by a step-seeded permutation, a slow one passed over for the p2c
