@@ -8,6 +8,7 @@ just past it, so a rerun can seek to where an interrupted one stopped.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
@@ -73,14 +74,26 @@ def expand_inputs(patterns: list[str]) -> list[Source]:
 
 
 def check_readable(source: Source) -> None:
-    """Refuse, before anything is written, an input that holds no document: an empty file
-    (or one of blank space only) would give a prepared directory of 0 tokens."""
+    """Refuse, before anything is written, an input that holds no document (an empty file, or
+    one of blank space only, would give a prepared directory of 0 tokens) or that is not text:
+    a NUL byte or bytes that are not UTF-8 in its first SNIFF_BYTES (an archive, an image, a
+    checkpoint). A text file that goes bad further on is found while it is read."""
     if source.size == 0:
         raise InputError(f"{source.key} is empty (0 bytes): it holds no document; leave it out of the inputs")
-    if source.size <= SNIFF_BYTES:
-        with open(source.path, "rb") as handle:
-            if not handle.read().strip():
-                raise InputError(f"{source.key} holds only blank space: no document; leave it out of the inputs")
+    with open(source.path, "rb") as handle:
+        head = handle.read(SNIFF_BYTES)
+    whole = len(head) == source.size
+    if whole and not head.strip():
+        raise InputError(f"{source.key} holds only blank space: no document; leave it out of the inputs")
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise InputError(f"{source.key} is not a text file (a NUL byte at offset {nul}): prepare reads UTF-8 "
+                         "text and JSONL; leave binary files out of the inputs")
+    try:  # not final unless whole: the sniff may end inside a multi-byte character
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=whole)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{source.key} is not UTF-8 text (byte {head[exc.start]:#04x} at offset {exc.start}): "
+                         "prepare reads UTF-8 text and JSONL; convert it (iconv -t UTF-8) or leave it out") from None
 
 
 def is_validation(source_key: str, index: int, val_percent: float) -> bool:

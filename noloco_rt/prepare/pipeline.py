@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -194,6 +195,25 @@ class _Run:
         }
 
 
+def _missing_top(out: Path) -> Path | None:
+    """The outermost folder of OUT that does not exist yet (mkdir will make it), or None."""
+    if out.exists():
+        return None
+    top = out
+    while not top.parent.exists():
+        top = top.parent
+    return top
+
+
+def _take_back(out: Path, made: Path | None) -> None:
+    """Remove what a fresh run wrote: the folders it made, else its files in an existing OUT."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+    elif out.is_dir():
+        for path in _our_files(out):
+            path.unlink(missing_ok=True)
+
+
 def run_prepare(options: PrepareOptions, progress: Progress) -> dict[str, Any] | None:
     """Prepare OUT; returns the manifest written, or None when OUT already held this very result."""
     if (options.tokenizer is None) == (options.train_bpe is None):
@@ -205,11 +225,21 @@ def run_prepare(options: PrepareOptions, progress: Progress) -> dict[str, Any] |
     for source in sources:
         check_readable(source)
     arguments = fingerprint(options, sources)
-    state = start_state(options, arguments)
+    made = _missing_top(options.out)
+    resuming = (options.out / PROGRESS_NAME).is_file() and not options.force
+    state = start_state(options, arguments)  # its refusals come before it writes anything
     if state is None:
         return None
-    tokenizer = ready_tokenizer(options, sources, state, progress)
-    manifest = _Run(options, sources, state, tokenizer, progress).run()
+    try:
+        tokenizer = ready_tokenizer(options, sources, state, progress)
+        manifest = _Run(options, sources, state, tokenizer, progress).run()
+    except InputError:
+        # A bad input found mid-way (a tokenizer that will not load, a line that is not UTF-8
+        # or not JSON): a fresh run leaves nothing behind. A resumed run keeps its progress
+        # (its earlier shards are named by it), as does any other failure: a kill, a full disk.
+        if not resuming:
+            _take_back(options.out, made)
+        raise
     write_manifest(options.out, manifest)
     (options.out / PROGRESS_NAME).unlink()
     for path in _our_files(options.out):  # leftovers of a killed run: unfinished temp files
