@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import time
 import tomllib
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
+from torch import nn
 
 from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.algo.spread_sample import (
@@ -39,6 +41,7 @@ from noloco_rt.config.presets import PRESETS
 from noloco_rt.evaluation import Batch, validation_loss
 from noloco_rt.logs import get_logger
 from noloco_rt.model import PipelineStage
+from noloco_rt.staged_model import staged_model
 
 CONSENSUS_FORMAT = "noloco-consensus/1"
 RESERVED_METADATA = ("format", "config", "sha256")
@@ -57,8 +60,22 @@ def _empty_stage(cfg: Config, stage: int, num_stages: int) -> PipelineStage:
         return PipelineStage(PRESETS[cfg.model.preset], cfg.model.vocab_size, stage, num_stages)
 
 
+def whole_model(cfg: Config) -> nn.Module:
+    """The whole model, its weights to be loaded: a preset's single stage of every layer (on
+    the meta device), or your own model's stages in an nn.Sequential (model.factory)."""
+    if not cfg.model.factory:
+        return _empty_stage(cfg, 0, 1)
+    model = staged_model(cfg)
+    return nn.Sequential(*(model.build_stage(k) for k in range(model.num_stages)))
+
+
 def stage_parameter_shapes(cfg: Config, stage: int) -> list[tuple[str, torch.Size]]:
-    """(name, shape) of stage `stage`'s parameters in `module.parameters()` order."""
+    """(name, shape) of stage `stage`'s parameters in `module.parameters()` order, named as in
+    whole_model (a preset's stage names its layers by their global index; your own model's
+    stage k is the Sequential's k)."""
+    if cfg.model.factory:
+        module = staged_model(cfg).build_stage(stage)
+        return [(f"{stage}.{name}", param.shape) for name, param in module.named_parameters()]
     module = _empty_stage(cfg, stage, cfg.pipeline.stages)
     return [(name, param.shape) for name, param in module.named_parameters()]
 
@@ -196,7 +213,40 @@ def verify_contents(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, 
             raise ExportError(f"{path}: tensor {name} holds NaN or infinite values")
 
 
-def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Config, PipelineStage, dict[str, str]]:
+def not_safetensors(path: Path) -> str | None:
+    """Why `path` is plainly not a safetensors file, naming what it is and what to pass instead;
+    None when its first bytes could be one. safetensors alone says "header too large" of a
+    worker checkpoint, which tells a user nothing."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(9)
+        size = path.stat().st_size
+    except OSError as exc:
+        return f"{path}: cannot be read ({exc.strerror})"
+    header_bytes = int.from_bytes(head[:8], "little") if len(head) == 9 else -1
+    if 0 < header_bytes <= size - 8 and head[8:9] == b"{":
+        return None  # an 8-byte header length that fits the file, then the JSON header
+    if head.startswith(b"PK\x03\x04") and _is_torch_zip(path):
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
+        consensus = run_dir / "consensus.safetensors" if run_dir is not None else None
+        instead = (f"pass {consensus} instead" if consensus is not None and consensus.is_file() else
+                   "pass the run's consensus.safetensors instead (noloco-rt up, simulate and the coordinator "
+                   "write it in the run directory: OUT/consensus.safetensors)")
+        return (f"{path} is a torch checkpoint (a worker's .pt: one replica of one stage), not a consensus "
+                f"file; {instead}")
+    return f"{path}: not a readable safetensors file (it does not start with a safetensors header)"
+
+
+def _is_torch_zip(path: Path) -> bool:
+    """A zip holding a pickle, as torch.save writes it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("data.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Config, nn.Module, dict[str, str]]:
     """(config, whole model with the consensus weights, metadata) of a consensus file.
 
     The config is the one embedded in the file (NOLOCO_* variables do not change it).
@@ -206,6 +256,8 @@ def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Conf
     path = Path(path)
     if not path.is_file():
         raise ExportError(f"{path}: no such file")
+    if (what := not_safetensors(path)) is not None:
+        raise ExportError(what)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = dict(handle.metadata() or {})
@@ -215,7 +267,7 @@ def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Conf
             if "config" not in metadata:
                 raise ExportError(f"{path}: metadata has no config")
             cfg = _config_from_toml(metadata["config"], path)
-            model = _empty_stage(cfg, 0, 1)
+            model = whole_model(cfg)
             expected = {name: param.shape for name, param in model.named_parameters()}
             tensors = _read_tensors(handle, expected, path)
             verify_contents(tensors, metadata, path)
