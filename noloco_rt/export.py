@@ -9,12 +9,14 @@ consensus file is usable without the run's config file or cluster. The coordinat
 final checkpoint) build and score it with the same write_scored_consensus.
 
 Writes are atomic (temporary file, fsync, rename): a reader sees the previous complete
-file or the new one, never a torn one.
+file or the new one, never a torn one. The file gets the mode any new file of the user's
+gets (0644 under umask 022), not the temporary's private 0600.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import tomllib
 import zipfile
@@ -35,7 +37,7 @@ from noloco_rt.algo.spread_sample import (
     finite_or_none,
     pooled_estimate,
 )
-from noloco_rt.checkpoint import CHECKPOINT_VERSION, atomic_write_bytes
+from noloco_rt.checkpoint import CHECKPOINT_VERSION, publish_temporary, write_temporary
 from noloco_rt.config import Config, ConfigError, config_to_toml, load_config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.evaluation import Batch, validation_loss
@@ -156,7 +158,37 @@ def save_consensus(path: Path, cfg: Config, stages: Sequence[Sequence[torch.Tens
         for (name, _), tensor in zip(expected, tensors, strict=True):
             named[name] = tensor.detach().to("cpu").contiguous()
     header = {**extra, "format": CONSENSUS_FORMAT, "config": config_to_toml(cfg), "sha256": tensors_sha256(named)}
-    atomic_write_bytes(path, safetensors_bytes(named, metadata=header))
+    write_shared_file(path, safetensors_bytes(named, metadata=header))
+
+
+def umask() -> int:
+    """The process umask, read without changing it where the system allows (Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o077)  # elsewhere: set and restore (briefly stricter, never looser)
+    os.umask(current)
+    return current
+
+
+def make_shared(path: Path) -> None:
+    """Give `path` the mode open() gives a new file (0o666 less the umask): a temporary from
+    mkstemp is 0600, right for a worker's checkpoint but not for a file a user hands on."""
+    os.chmod(path, 0o666 & ~umask())
+
+
+def write_shared_file(path: Path, data: bytes) -> None:
+    """atomic_write_bytes, with the file's mode that of any new file of the user's (make_shared)."""
+    tmp = write_temporary(path, data)
+    try:
+        make_shared(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    publish_temporary(tmp, path)
 
 
 def tensors_sha256(named: Mapping[str, torch.Tensor]) -> str:

@@ -3,7 +3,8 @@ model.safetensors, generation_config.json and, when the run names one, tokenizer
 
 The mapping itself is noloco_rt.hf_format; this module only writes files. Every file is
 written atomically (temporary file, then rename), so an interrupted export never leaves
-a half-written file under the final name.
+a half-written file under the final name, and gets the mode of any new file of the user's
+(0644 under umask 022).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from noloco_rt.checkpoint import atomic_write_bytes
 from noloco_rt.config import Config
 from noloco_rt.config.prepared_manifest import run_tokenizer_path
+from noloco_rt.export import make_shared, write_shared_file
 from noloco_rt.hf_format import generation_config, hf_config, to_hf
 from noloco_rt.model import PipelineStage
 
@@ -48,7 +49,7 @@ def hf_state_dict(model: PipelineStage) -> dict[str, torch.Tensor]:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(value, indent=2) + "\n").encode())
+    write_shared_file(path, (json.dumps(value, indent=2) + "\n").encode())
 
 
 def _write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -58,6 +59,7 @@ def _write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"format": "pt"})
+        make_shared(Path(tmp))  # mkstemp made it 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
