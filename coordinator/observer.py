@@ -33,7 +33,7 @@ from noloco_rt.export import ScoredConsensus, write_scored_consensus
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
-from noloco_rt.model import build_stage
+from noloco_rt.staged_model import staged_model
 from noloco_rt.store.backend import RunStore, StoreError
 
 PULL_ATTEMPTS_PER_STAGE = 3
@@ -45,9 +45,8 @@ class StageChain:
     """One module per stage, built once; loads pulled tensors and runs them in sequence."""
 
     def __init__(self, cfg: Config) -> None:
-        self.stages = [build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=k,
-                                   num_stages=cfg.pipeline.stages, seed=cfg.run.seed)
-                       for k in range(cfg.pipeline.stages)]
+        model = staged_model(cfg)  # the preset, or your own (model.factory)
+        self.stages = [model.build_stage(k) for k in range(cfg.pipeline.stages)]
         self.model = nn.Sequential(*self.stages)
 
     @torch.no_grad()

@@ -19,12 +19,16 @@ from noloco_rt.data import (
     validation_batches,
 )
 from noloco_rt.model import lm_loss
+from noloco_rt.staged_model import staged_model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def load_validation_batches(cfg: Config, *, batches: int | None = None, corpus: Corpus | None = None) -> list[Batch]:
-    """The run's fixed validation batches (the same ones the simulator and observer use)."""
+    """The run's fixed validation batches (the same ones the simulator and observer use):
+    your own model's val_batches() when it brings its own data (model.factory)."""
+    if cfg.model.factory and (own := staged_model(cfg)).val_batches is not None:
+        return list(own.val_batches())
     corpus = corpus or load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
     return validation_batches(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size,
                               count=batches or cfg.run.eval_batches)
@@ -33,17 +37,19 @@ def load_validation_batches(cfg: Config, *, batches: int | None = None, corpus: 
 @torch.no_grad()
 def validation_loss(model: nn.Module, cfg: Config, *, batches: int | None = None, device: torch.device | str = "cpu",
                     corpus: Corpus | None = None, val_batches: Sequence[Batch] | None = None) -> float:
-    """Mean next-token loss in nats of the whole model over the validation batches.
+    """Mean loss of the whole model over the validation batches: next-token loss in nats for
+    a preset, your own model's loss with model.factory.
 
     Pass `val_batches` (or `corpus`) when evaluating repeatedly, to load the corpus once.
     """
     if val_batches is None:
         val_batches = load_validation_batches(cfg, batches=batches, corpus=corpus)
+    loss = staged_model(cfg).loss if cfg.model.factory else lm_loss
     was_training = model.training
     model.eval()
     try:
         # The batches are equal-sized, so the mean of batch means is the mean over tokens.
-        losses = [float(lm_loss(model(inputs.to(device)), targets.to(device))) for inputs, targets in val_batches]
+        losses = [float(loss(model(inputs.to(device)).float(), targets.to(device))) for inputs, targets in val_batches]
     finally:
         model.train(was_training)
     return sum(losses) / len(losses)

@@ -22,6 +22,7 @@ from noloco_rt.config.presets import PRESETS, ModelShape
 from noloco_rt.export import CONSENSUS_FORMAT, ExportError, verify_contents
 from noloco_rt.hf_format import HFFormatError, check_hf_config, from_hf, hf_name
 from noloco_rt.model import PipelineStage, build_stage
+from noloco_rt.staged_model import StagedModel
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
 _IGNORED_HF = ("rotary_emb.inv_freq",)  # buffers some older HF checkpoints saved; recomputed, not weights
@@ -197,9 +198,15 @@ def _verify_consensus(path: Path) -> None:
         raise InitWeightsError(f"init-from {exc}") from None
 
 
-def initial_replica(cfg: Config, stage: int, *, device: torch.device | str = "cpu") -> StageReplica:
+def initial_replica(cfg: Config, stage: int, *, device: torch.device | str = "cpu",
+                    model: StagedModel | None = None) -> StageReplica:
     """A replica of `stage` as a run starts it: from the run seed, or from model.init_from's
-    weights when set; identical for every replica of a stage either way."""
+    weights when set; identical for every replica of a stage either way. With model.factory,
+    `model` (the run's StagedModel, loaded once by the caller) builds it."""
+    if cfg.model.factory:
+        if model is None:
+            raise ValueError("model.factory is set: pass the run's StagedModel (noloco_rt.staged_model)")
+        return StageReplica.of_module(model.build_stage(stage).to(device), cfg)
     if not cfg.model.init_from:
         return StageReplica.create(cfg, stage, device=device)
     module = build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=stage,

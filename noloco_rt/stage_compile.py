@@ -10,6 +10,7 @@ checkpoints and the outer step see the same module as without it.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from noloco_rt.model import PipelineStage
 
@@ -21,8 +22,12 @@ def compile_wanted(setting: str, device: torch.device | str) -> bool:
     return setting == "on" or (setting == "auto" and torch.device(device).type == "cuda")
 
 
-def compile_blocks(module: PipelineStage, *, backend: str = "inductor") -> int:
-    """Compile each block of `module` in place (lazily: at its first forward); returns how many."""
+def compile_blocks(module: PipelineStage | nn.Module, *, backend: str = "inductor") -> int:
+    """Compile each block of `module` in place (lazily: at its first forward); returns how many.
+    A module that is not a preset's stage (your own model) is compiled whole: one."""
+    if not isinstance(module, PipelineStage):
+        module.compile(backend=backend)
+        return 1
     blocks = list(module.layers.values())
     for block in blocks:
         block.compile(backend=backend)

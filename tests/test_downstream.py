@@ -10,6 +10,7 @@ from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.routing.peers import Blacklist, PeerView
+from noloco_rt.staged_model import preset_model
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.downstream import Downstream
@@ -60,7 +61,7 @@ def _downstream(clock: Clock) -> tuple[Downstream, SilentSocket, Counters]:
     peers = PeerView(StageOne(), own_id="me")
     peers.blacklist = Blacklist(base_s=1.0, clock=clock)
     data, counters = SilentSocket(), Counters()
-    ctx = DataContext(cfg=cfg, stage=0, worker_id="me", replica=StageReplica.create(cfg, 0),
+    ctx = DataContext(cfg=cfg, stage=0, worker_id="me", model=preset_model(cfg), replica=StageReplica.create(cfg, 0),
                       staging=HostStaging(torch.device("cpu")), data=data, peers=peers, counters=counters,
                       metrics=WorkerMetrics(), log=QuietLog(), leave_requested=threading.Event())
     return Downstream(ctx, clock=clock), data, counters

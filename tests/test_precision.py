@@ -12,6 +12,7 @@ import torch
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import ConfigError, load_config
 from noloco_rt.model import lm_loss
+from noloco_rt.staged_model import preset_model
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.device import HostStaging, autocast_dtype
@@ -20,7 +21,7 @@ from workers.metrics import WorkerMetrics
 
 def _context(precision: str, stage: int) -> DataContext:
     cfg = load_config(environ={}, overrides=[{"pipeline": {"stages": 2}, "model": {"precision": precision}}])
-    return DataContext(cfg=cfg, stage=stage, worker_id="me", replica=StageReplica.create(cfg, stage),
+    return DataContext(cfg=cfg, stage=stage, worker_id="me", model=preset_model(cfg), replica=StageReplica.create(cfg, stage),
                        staging=HostStaging(torch.device("cpu")), data=None, peers=None, counters=Counters(),
                        metrics=WorkerMetrics(), log=None, leave_requested=threading.Event())
 

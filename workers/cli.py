@@ -12,6 +12,7 @@ import click
 
 from noloco_rt.cli import config_options
 from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
+from noloco_rt.commands._model_option import check_model, model_option, model_value
 from noloco_rt.commands._store import check_store
 
 if TYPE_CHECKING:  # the command body imports these when it runs, so that `--help` stays fast
@@ -35,10 +36,11 @@ if TYPE_CHECKING:  # the command body imports these when it runs, so that `--hel
               help="Start the stage from the seed even if the run is past step 0 there and no peer or "
                    "checkpoint holds it (worker.allow_reseed; otherwise exit 3).")
 @init_from_option
+@model_option
 @config_options
 def worker(stage: int, redis_url: str | None, name: str | None, steps: int | None, bind_host: str | None,
            advertise_host: str | None, metrics_port: int | None, redis_wait: float | None,
-           allow_reseed: bool | None, init_from: Path | None,
+           allow_reseed: bool | None, init_from: Path | None, model_factory: str | None,
            config_path: str | None,
            assignments: tuple[str, ...]) -> None:
     """Hold one replica of pipeline stage STAGE and train with live peers found through Redis."""
@@ -49,7 +51,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
                     "metrics_port": metrics_port},
         "run": {"steps": steps},
         "worker": {"redis_wait_s": redis_wait, "allow_reseed": allow_reseed},
-        "model": {"init_from": init_from_value(init_from)},
+        "model": {"init_from": init_from_value(init_from), "factory": model_value(model_factory)},
     })
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: workers find each other there")
@@ -61,6 +63,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
                                  f"(pipeline.stages)", param_hint="--stage")
     check_init_from(cfg)
+    check_model(cfg)
     check_store(cfg)
     from noloco_rt.startup import process_startup
 

@@ -43,6 +43,7 @@ from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
 from noloco_rt.stage_compile import compile_blocks, compile_wanted
+from noloco_rt.staged_model import staged_model
 from noloco_rt.transfer_time import stage_timeouts
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due
 from workers.counters import Counters
@@ -79,6 +80,7 @@ class StageWorker:
             raise ValueError(why)
         if not 0 <= stage < cfg.pipeline.stages:
             raise ValueError(f"--stage must be in [0, {cfg.pipeline.stages}), got {stage}")
+        self.model = staged_model(cfg)  # the preset, or model.factory's own model: loaded once
         memory = memory_choice(cfg, device)
         cfg = resolved_config(cfg, memory)  # every reader sees the in-flight count and checkpointing used
         self.cfg, self.stage, self.name, self.device = cfg, stage, name, device
@@ -102,7 +104,7 @@ class StageWorker:
         self.data_faults = data_faults
         """Chaos testing only: data-path messages this worker loses or delays on purpose."""
         self.data_path = data_path_for(DataContext(
-            cfg=cfg, stage=stage, worker_id=self.worker_id, replica=self.replica, staging=staging,
+            cfg=cfg, stage=stage, worker_id=self.worker_id, model=self.model, replica=self.replica, staging=staging,
             data=self.data, peers=self.peers, counters=self.counters, metrics=metrics, log=self.log,
             leave_requested=self.leave_requested), cfg.pipeline.stages)
         self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps,
@@ -140,7 +142,7 @@ class StageWorker:
         (self.log.info if memory.fits else self.log.warning)(
             "memory_plan", max_inflight=memory.max_inflight, activation_checkpointing=memory.activation_checkpointing,
             planned_peak_gb=round(memory.peak_bytes / 1e9, 2), reason=memory.reason)
-        replica = initial_replica(self.cfg, self.stage, device=self.device)
+        replica = initial_replica(self.cfg, self.stage, device=self.device, model=self.model)
         if compile_wanted(self.cfg.model.compile, self.device):
             self.log.info("stage_compiled", blocks=compile_blocks(replica.module),
                           note="each block compiles at its first forward")

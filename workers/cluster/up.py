@@ -24,42 +24,32 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.live import Live
 
-from noloco_rt.algo.optim import lr_at
 from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
 from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
+from noloco_rt.commands._model_option import check_model, model_option, model_value
 from noloco_rt.config import Config
 from noloco_rt.config.toml_out import redact_url
-from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import get_logger
-from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
-from noloco_rt.membership.redis_access import RedisTls, connect
-from noloco_rt.membership.table import Membership
-from noloco_rt.net.curve import write_key_pair
-from noloco_rt.plots import plot_distributed_run
 from noloco_rt.process import set_event_from_signal_handler
-from noloco_rt.startup import process_startup
 from noloco_rt.tb_log import ScalarLogUnavailable, check_available, open_scalar_log, usage_error
-from workers.cluster.processes import (
-    child_env,
-    names_by_stage,
-    run_command,
-    supervisor_grace_s,
-    worker_process_specs,
-)
 from workers.cluster.run_curves import WorkerLogCurves
 from workers.cluster.run_dir import MetricsLog, RunDirError, prepare_run_dir, read_metrics
 from workers.cluster.run_outcome import final_row, incarnation_logs, outer_outcome, worker_summaries
 from workers.cluster.run_view import RunSample, WorkerRow, build_sample, log_fields, render_table
 from workers.methods import worker_outer_error
-from workers.supervise.elastic import quiet_torch_elastic_logs
-from workers.supervise.supervisor import ProcessSpec, ProcessStatus, RestartPolicy, Supervisor
+
+if TYPE_CHECKING:
+    from noloco_rt.membership.table import Membership
+    from workers.supervise.supervisor import ProcessSpec, ProcessStatus, Supervisor
+
+# torch (through the supervisor, the export and the learning-rate schedule), matplotlib,
+# redis, zmq and rich's live view are imported where they are used, not here: `noloco-rt
+# up --help` imports this module and needs none of them.
 
 COORDINATOR = "coordinator"
 EXIT_INTERRUPTED = 130
@@ -88,11 +78,12 @@ EXIT_INTERRUPTED = 130
 @click.option("--no-tensorboard", is_flag=True, help="No TensorBoard scalars.")
 @click.option("--wandb", "with_wandb", is_flag=True, help="Also log the scalars to W&B, offline, under OUT/wandb.")
 @init_from_option
+@model_option
 @config_options
 def up(stages: int | None, replicas: int | None, steps: int | None, preset: str | None, out_dir: str | None,
        redis_url: str | None, with_coordinator: bool, max_restarts: int, interval: float, secure: bool,
        tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool, init_from: Path | None,
-       config_path: str | None, assignments: tuple[str, ...]) -> None:
+       model_factory: str | None, config_path: str | None, assignments: tuple[str, ...]) -> None:
     """Train S stages × R replicas on this machine until --steps, then export the model.
 
     Leaves OUT/config.toml, OUT/logs/, OUT/metrics.jsonl, OUT/checkpoints/,
@@ -102,13 +93,16 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     cfg = effective_config(config_path, assignments, {
         "pipeline": {"stages": stages, "replicas": replicas},
         "run": {"steps": steps},
-        "model": {"preset": preset, "init_from": init_from_value(init_from)},
+        "model": {"preset": preset, "init_from": init_from_value(init_from), "factory": model_value(model_factory)},
         "paths": {"out_dir": out_dir},
         "network": {"redis_url": redis_url},
     })
     if (why := worker_outer_error(cfg.outer)) is not None:
         raise click.UsageError(why)
     check_init_from(cfg)
+    check_model(cfg)
+
+    from noloco_rt.startup import process_startup
 
     out = Path(cfg.paths.out_dir)
     curves = _curves_settings(out, tensorboard_dir, no_tensorboard, with_wandb)
@@ -157,6 +151,8 @@ def _curves_settings(out: Path, tensorboard_dir: str | None, no_tensorboard: boo
 def _with_curve(cfg: Config, out: Path, secure: bool) -> Config:
     """The config with CURVE settled: --secure without keys uses OUT/keys, generated the first
     time; a configured key directory is made absolute (the keys are checked at start-up)."""
+    from noloco_rt.net.curve import write_key_pair
+
     network = cfg.network
     if secure and not (network.curve_key_dir or network.curve_secret_key):
         keys_dir = out / "keys"
@@ -169,6 +165,8 @@ def _with_curve(cfg: Config, out: Path, secure: bool) -> Config:
 
 
 def _schedule(cfg: Config) -> Callable[[int], float]:
+    from noloco_rt.algo.optim import lr_at
+
     optim, steps = cfg.optim, cfg.run.steps
     return lambda step: lr_at(step, lr=optim.lr, lr_min=optim.lr_min, warmup_steps=optim.warmup_steps_for(steps),
                               total_steps=steps)
@@ -177,6 +175,8 @@ def _schedule(cfg: Config) -> Callable[[int], float]:
 def status_port_for(host: str, wanted: int, log: Any) -> int:
     """coordinator.status_port when it is free (the README's 8780 by default); otherwise (taken,
     e.g. by another run here, or 0) a free port, with a warning naming both."""
+    from noloco_rt.membership.embedded_redis import free_port
+
     if wanted:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -195,6 +195,8 @@ class UpRun:
 
     def __init__(self, cfg: Config, out: Path, config_file: Path, *, with_coordinator: bool, max_restarts: int,
                  interval_s: float, curves: CurvesSettings | None = None) -> None:
+        from workers.cluster.processes import names_by_stage
+
         self.cfg = cfg
         self.out = out
         self.config_file = config_file
@@ -218,6 +220,9 @@ class UpRun:
     # -- processes ------------------------------------------------------------------------
 
     def _specs(self, redis_url: str) -> list[ProcessSpec]:
+        from workers.cluster.processes import child_env, run_command, worker_process_specs
+        from workers.supervise.supervisor import ProcessSpec
+
         specs = worker_process_specs(self.cfg, self.config_file, self.names_by_stage, redis_url)
         if self.with_coordinator:
             self.coordinator_port = status_port_for(self.cfg.network.bind_host, self.cfg.coordinator.status_port,
@@ -249,6 +254,13 @@ class UpRun:
         set_event_from_signal_handler(self.stop)
 
     def run(self) -> int:
+        from noloco_rt.membership.embedded_redis import EmbeddedRedis
+        from noloco_rt.membership.redis_access import RedisTls, connect
+        from noloco_rt.membership.table import Membership
+        from workers.cluster.processes import supervisor_grace_s
+        from workers.supervise.elastic import quiet_torch_elastic_logs
+        from workers.supervise.supervisor import RestartPolicy, Supervisor
+
         quiet_torch_elastic_logs()
         redis = None
         redis_url = self.cfg.network.redis_url
@@ -299,6 +311,9 @@ class UpRun:
 
     def _watch(self, supervisor: Supervisor, membership: Membership, metrics: MetricsLog) -> bool:
         """Poll until every worker has finished (or gave up) or we are told to stop; True if one gave up."""
+        from rich.console import Console
+        from rich.live import Live
+
         console = Console()
         live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
         seen_evals: set[tuple[str, Any]] = set()
@@ -379,6 +394,9 @@ class UpRun:
     def _finalise(self, metrics: MetricsLog, outer: str) -> None:
         """Consensus of the workers' last checkpoints: written, scored, plotted; the closing
         line reports outer steps by kind per stage (`outer`)."""
+        from noloco_rt.export import ExportError, consensus_of_checkpoints
+        from noloco_rt.plots import plot_distributed_run
+
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"
         try:

@@ -14,6 +14,7 @@ from noloco_rt.memory_fit import inflight_or_default
 from noloco_rt.net import wire_dtype
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.routing.peers import PeerView
+from noloco_rt.staged_model import StagedModel
 from workers.counters import Counters, TokenRate
 from workers.device import HostCopy, HostStaging, autocast_dtype
 from workers.metrics import RejectCounter, WorkerMetrics
@@ -26,6 +27,8 @@ class DataContext:
     cfg: Config
     stage: int
     worker_id: str
+    model: StagedModel
+    """The run's model: its loss, its data, the shapes its stages take."""
     replica: StageReplica
     staging: HostStaging
     data: DataLink

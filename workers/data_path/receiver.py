@@ -63,14 +63,12 @@ class ForwardIntake:
         self.pending.append(message)
 
     def _well_formed(self, message: messages.DataMessage) -> bool:
-        """Activations (B, T, C) and targets (B, T) of the run's shapes, targets inside the vocabulary."""
-        cfg = self.ctx.cfg
-        batch, seq = cfg.data.batch_size, cfg.model.seq_len
-        activations, targets = message.tensors
-        if tuple(activations.shape) != (batch, seq, self.ctx.replica.module.shape.dim) or \
-                tuple(targets.shape) != (batch, seq):
+        """Activations and targets of the shapes the run's model takes (a preset: (B, T, C) and
+        (B, T), targets inside the vocabulary; noloco_rt.staged_model)."""
+        if len(message.tensors) != 2:
             return False
-        return bool(targets.numel() == 0 or (int(targets.min()) >= 0 and int(targets.max()) < cfg.model.vocab_size))
+        activations, targets = message.tensors
+        return self.ctx.model.forward_ok(self.ctx.stage, activations, targets)
 
     def take(self) -> messages.DataMessage:
         """The oldest queued forward."""

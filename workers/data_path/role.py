@@ -14,8 +14,8 @@ import torch
 
 from noloco_rt.data import DataCursor, ShardedBatches, load_corpus
 from noloco_rt.membership.table import Membership
-from noloco_rt.model import lm_loss
 from noloco_rt.net import messages
+from noloco_rt.staged_model import CountedBatches
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import ForwardIntake, Receiver
 from workers.finish import FinishRule, StepLimit, UpstreamFinished
@@ -92,9 +92,10 @@ class Role:
         self.ctx.discard("late_or_duplicate")  # nothing of ours is in flight downstream
 
     def _train_on(self, output: torch.Tensor, targets: torch.Tensor) -> None:
-        """Loss of `output` (B, T, vocab) against `targets` (B, T), backward at once."""
+        """The model's loss of `output` against `targets` (a preset: (B, T, vocab) logits and
+        (B, T) ids), backward at once."""
         ctx = self.ctx
-        loss = lm_loss(output.float(), targets.to(ctx.staging.device))  # float32 loss under autocast too
+        loss = ctx.model.loss(output.float(), targets.to(ctx.staging.device))  # float32 loss under autocast too
         loss.backward()
         ctx.replica.record_microbatch()
         self._losses.append(loss.detach())
@@ -114,14 +115,17 @@ class Role:
 class ReadsData(Role):
     """The first stage: reads its own shard of the corpus; done after max_steps inner steps."""
 
-    batches: ShardedBatches | None = None
+    batches: ShardedBatches | CountedBatches | None = None
 
     def open_data(self, name: str, cursor: DataCursor | None) -> None:
         cfg = self.ctx.cfg
-        corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
-        # Each first-stage worker reads its own permutation of the corpus, fixed by its name,
-        # so a restarted worker resumes the same stream from its checkpointed cursor.
+        # Each first-stage worker reads its own stream, fixed by its name, so a restarted
+        # worker resumes the same stream from its checkpointed cursor.
         seed = (cfg.run.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**32
+        if self.ctx.model.train_batches is not None:  # your own model's data
+            self.batches = CountedBatches(self.ctx.model.train_batches, seed=seed, cursor=cursor)
+            return
+        corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
         self.batches = ShardedBatches(corpus.train, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size,
                                       shard=0, num_shards=1, seed=seed, cursor=cursor)
 
