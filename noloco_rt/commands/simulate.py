@@ -10,10 +10,16 @@ import click
 
 from noloco_rt.cli import config_options
 from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
-from noloco_rt.config import METHODS
+from noloco_rt.config import METHODS, SIMULATION_ROUTINGS, RoutingConfig
 
 
-@click.command()
+@click.command(help=f"""Train R replicas of S stages in one process: microbatches routed as
+routing.simulation says (default {RoutingConfig().simulation}; one of {", ".join(SIMULATION_ROUTINGS)}: --set
+routing.simulation=NAME), then the outer step.
+
+Writes OUT/metrics.jsonl, OUT/config.toml, OUT/curves.png and OUT/consensus.safetensors (and, with --tensorboard,
+event files: `tensorboard --logdir DIR`).
+""")
 @click.option("--method", type=click.Choice(METHODS), default=None, help="Outer method (default: outer.method).")
 @click.option("--stages", type=click.IntRange(min=1), default=None, help="Pipeline stages S.")
 @click.option("--replicas", type=click.IntRange(min=1), default=None, help="Replicas per stage R.")
@@ -31,11 +37,7 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
              preset: str | None, seed: int | None, eval_every: int | None, out_dir: str | None,
              tensorboard_dir: str | None, with_wandb: bool, init_from: Path | None, config_path: str | None,
              assignments: tuple[str, ...]) -> None:
-    """Train R replicas of S stages in one process with random routing and the outer step.
-
-    Writes OUT/metrics.jsonl, OUT/config.toml, OUT/curves.png and OUT/consensus.safetensors (and, with --tensorboard,
-    event files: `tensorboard --logdir DIR`).
-    """
+    # The help text is the command's (above): it names routing.simulation's default from the config.
     from noloco_rt.commands import effective_config
     from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error
 
