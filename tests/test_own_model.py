@@ -1,0 +1,120 @@
+"""Your own model through the Python API (noloco_rt/staged_model.py, examples/tiny_cnn.py):
+loading model.factory, its checks, its resumable data, and a real run of the example with
+real worker processes, Redis and the coordinator."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from noloco_rt.cli import cli
+from noloco_rt.config import load_config
+from noloco_rt.data import DataCursor
+from noloco_rt.export import load_consensus
+from noloco_rt.staged_model import CountedBatches, StagedModel, StagedModelError, staged_model
+from tests.test_up import finish, marked_processes, start_up
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = f"{ROOT / 'examples' / 'tiny_cnn.py'}:staged_model"
+
+
+def _cfg(factory: str, stages: int = 2, **model: object):
+    return load_config(environ={}, overrides=[{"model": {"factory": factory, **model}, "pipeline": {"stages": stages}}])
+
+
+def test_the_example_loads_by_file_and_its_stages_chain_to_the_loss():
+    model = staged_model(_cfg(EXAMPLE))
+    assert isinstance(model, StagedModel) and model.num_stages == 2
+    first, second = model.build_stage(0), model.build_stage(1)
+    inputs, targets = next(model.train_batches(7))
+    hidden = first(inputs)
+    assert model.forward_ok(1, hidden.detach(), targets)
+    assert not model.forward_ok(1, hidden.detach()[:, :5], targets)  # another shape is refused
+    assert not model.forward_ok(1, targets.float(), targets)
+    loss = model.loss(second(hidden), targets)
+    assert loss.dim() == 0 and math.isfinite(float(loss.detach()))
+    # Every replica of a stage starts from the same weights.
+    for a, b in zip(first.parameters(), model.build_stage(0).parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_module_name_loads_too(tmp_path, monkeypatch):
+    (tmp_path / "mine.py").write_text((ROOT / "examples" / "tiny_cnn.py").read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert staged_model(_cfg("mine:staged_model")).num_stages == 2
+
+
+@pytest.mark.parametrize(("factory", "stages", "message"), [
+    ("no_such_module_here:build", 2, "cannot import no_such_module_here"),
+    (f"{ROOT / 'examples' / 'tiny_cnn.py'}:no_such_function", 2, "has no function no_such_function"),
+    (f"{ROOT / 'examples' / 'missing.py'}:build", 2, "no file"),
+    (EXAMPLE, 3, "has 2 stages but pipeline.stages is 3: set pipeline.stages = 2"),
+])
+def test_a_factory_that_cannot_serve_is_one_clear_error(factory, stages, message):
+    with pytest.raises(StagedModelError, match=message):
+        staged_model(_cfg(factory, stages))
+
+
+def test_a_factory_that_returns_something_else_says_what_it_returned(tmp_path):
+    (tmp_path / "wrong.py").write_text("def build(cfg):\n    return 42\n")
+    with pytest.raises(StagedModelError, match="returned int, not a noloco_rt.staged_model.StagedModel"):
+        staged_model(_cfg(f"{tmp_path / 'wrong.py'}:build"))
+
+
+def test_the_cli_refuses_a_bad_model_in_one_line_before_starting_anything(tmp_path):
+    result = CliRunner().invoke(cli, ["up", "--model", "no_such_module_here:build", "--stages", "2",
+                                       "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "cannot import no_such_module_here" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_factory_is_validated_and_excludes_init_from():
+    with pytest.raises(Exception, match="package.module:function"):
+        _cfg("no-colon-here")
+    with pytest.raises(Exception, match="built-in presets only"):
+        _cfg(EXAMPLE, init_from="/some/consensus.safetensors")
+
+
+def test_own_data_resumes_from_its_cursor_where_it_stopped():
+    model = staged_model(_cfg(EXAMPLE))
+    stream = CountedBatches(model.train_batches, seed=3)
+    for _ in range(5):
+        stream.next_batch()
+    assert stream.cursor.position == 5
+    resumed = CountedBatches(model.train_batches, seed=3, cursor=DataCursor.from_state_dict(stream.cursor.state_dict()))
+    for _ in range(2):
+        expected, got = stream.next_batch(), resumed.next_batch()
+        assert all(torch.equal(x, y) for x, y in zip(expected, got, strict=True))
+
+
+def test_a_stream_that_ends_or_yields_something_else_is_a_clear_error():
+    with pytest.raises(StagedModelError, match="must be endless"):
+        CountedBatches(lambda seed: iter([]), seed=0).next_batch()
+    with pytest.raises(StagedModelError, match="pairs of tensors"):
+        CountedBatches(lambda seed: iter([torch.zeros(2)]), seed=0).next_batch()
+
+
+@pytest.mark.timeout(240)
+def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stage(tmp_path):
+    """2 stages x 2 replicas of the CNN: every worker finishes, both stages take matched outer
+    steps, and the consensus the run writes classifies far better than chance (ln 4)."""
+    out, mark = tmp_path / "run", uuid.uuid4().hex
+    process = start_up(out, steps=60, mark=mark, **{"model.factory": EXAMPLE, "pipeline.stages": 2,
+                                                     "pipeline.replicas": 2})
+    code, output = finish(process, 200)
+    assert code == 0, output[-4000:]
+    assert marked_processes(mark) == []
+    done = next(json.loads(line) for line in output.splitlines() if '"up_done"' in line)
+    for stage in ("stage 0", "stage 1"):
+        matched = int(done["outer_steps"].split(f"{stage}: ")[1].split(" of ")[0])
+        assert matched >= 1, done["outer_steps"]
+    assert done["val_loss"] < 0.8 * math.log(4), done  # chance is ln 4 = 1.386
+    cfg, model, _ = load_consensus(out / "consensus.safetensors")
+    assert cfg.model.factory == EXAMPLE and isinstance(model, torch.nn.Sequential)
