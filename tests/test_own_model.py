@@ -118,3 +118,18 @@ def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stag
     assert done["val_loss"] < 0.8 * math.log(4), done  # chance is ln 4 = 1.386
     cfg, model, _ = load_consensus(out / "consensus.safetensors")
     assert cfg.model.factory == EXAMPLE and isinstance(model, torch.nn.Sequential)
+
+
+def test_simulate_and_eval_take_the_own_model_too(tmp_path):
+    """The simulator trains the example in one process; eval scores the consensus it writes
+    against the untrained model, on the example's own validation batches."""
+    out = tmp_path / "sim"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["simulate", "--model", EXAMPLE, "--stages", "2", "--replicas", "2", "--steps", "20",
+                                 "--eval-every", "20", "--out", str(out), "--set", "outer.h=5",
+                                 "--set", "optim.warmup_steps=2"])
+    assert result.exit_code == 0, result.output
+    scored = runner.invoke(cli, ["eval", str(out / "consensus.safetensors"), "--json"])
+    assert scored.exit_code == 0, scored.output
+    losses = json.loads(scored.output.strip().splitlines()[-1])
+    assert losses["val_loss"] < losses["untrained_val_loss"], losses

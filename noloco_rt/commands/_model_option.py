@@ -35,6 +35,11 @@ def model_value(reference: str | None) -> str | None:
     return reference
 
 
+def model_name(cfg: Config) -> str:
+    """The run's model in a few words: the preset's name, or model.factory's function."""
+    return f"own model {cfg.model.factory.rpartition(':')[2]}" if cfg.model.factory else f"preset {cfg.model.preset}"
+
+
 def check_model(cfg: Config) -> None:
     """Load model.factory's StagedModel once before anything starts, so that a wrong name or
     a bad return fails here in one line, not in every worker (each would only be restarted)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +15,10 @@ from noloco_rt.commands._consensus import (
     load_for_command,
     resolve_device,
 )
+from noloco_rt.commands._model_option import model_name
+
+if TYPE_CHECKING:
+    from noloco_rt.config import Config
 
 
 @click.command(name="eval")
@@ -29,28 +34,48 @@ def eval_command(checkpoint: Path, batches: int | None, as_json: bool, device: s
     cfg, model, metadata = load_for_command(checkpoint, device)
 
     from noloco_rt.algo.diagnostics import perplexity
-    from noloco_rt.data import load_corpus, validation_capacity
-    from noloco_rt.evaluation import load_validation_batches, validation_loss
-    from noloco_rt.model import build_model
+    from noloco_rt.evaluation import validation_loss
 
-    corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
-    capacity = validation_capacity(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size)
-    if batches is not None and batches > capacity:  # more would repeat windows and count them twice
-        raise OneLineError(f"--batches {batches}: the validation split holds {capacity} distinct batches "
-                                 f"of {cfg.data.batch_size}×{cfg.model.seq_len} tokens")
-    val_batches = load_validation_batches(cfg, batches=batches, corpus=corpus)  # loaded once, used for both models
+    val_batches = _validation_batches(cfg, batches)  # loaded once, used for both models
     trained = validation_loss(model, cfg, device=device, val_batches=val_batches)
-    untrained_model = build_model(cfg.model.preset, vocab_size=cfg.model.vocab_size, seed=cfg.run.seed,
-                                  device=device)
-    untrained = validation_loss(untrained_model, cfg, device=device, val_batches=val_batches)
+    untrained = validation_loss(_untrained_model(cfg, device), cfg, device=device, val_batches=val_batches)
     result = {"val_loss": trained, "val_ppl": perplexity(trained), "untrained_val_loss": untrained,
               "untrained_val_ppl": perplexity(untrained), "checkpoint": str(checkpoint)}
     if as_json:
         click.echo(json.dumps(result))
         return
     step = f", step {metadata['step']}" if "step" in metadata else ""
-    click.echo(f"{checkpoint} (run {cfg.run.run_id}{step}, preset {cfg.model.preset}, "
-               f"{len(val_batches)} validation batches of {cfg.data.batch_size}×{cfg.model.seq_len} tokens)")
+    of_what = "" if cfg.model.factory else f" of {cfg.data.batch_size}×{cfg.model.seq_len} tokens"
+    click.echo(f"{checkpoint} (run {cfg.run.run_id}{step}, {model_name(cfg)}, "
+               f"{len(val_batches)} validation batches{of_what})")
     click.echo(f"{'':<12}{'val_loss':>10}{'val_ppl':>12}")
     click.echo(f"{'checkpoint':<12}{trained:>10.4f}{result['val_ppl']:>12.2f}")
     click.echo(f"{'untrained':<12}{untrained:>10.4f}{result['untrained_val_ppl']:>12.2f}")
+
+
+def _validation_batches(cfg: Config, batches: int | None) -> list:
+    """The run's validation batches: your own model's (model.factory), else `batches` of the
+    token data's validation split (no more than it holds)."""
+    from noloco_rt.data import load_corpus, validation_capacity
+    from noloco_rt.evaluation import load_validation_batches
+
+    if cfg.model.factory:
+        own = load_validation_batches(cfg)
+        return own[:batches] if batches is not None else own
+    corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
+    capacity = validation_capacity(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size)
+    if batches is not None and batches > capacity:  # more would repeat windows and count them twice
+        raise OneLineError(f"--batches {batches}: the validation split holds {capacity} distinct batches "
+                           f"of {cfg.data.batch_size}×{cfg.model.seq_len} tokens")
+    return load_validation_batches(cfg, batches=batches, corpus=corpus)
+
+
+def _untrained_model(cfg: Config, device: str) -> Any:
+    """The model of the same config and seed before any step."""
+    if cfg.model.factory:
+        from noloco_rt.export import whole_model
+
+        return whole_model(cfg).to(device)
+    from noloco_rt.model import build_model
+
+    return build_model(cfg.model.preset, vocab_size=cfg.model.vocab_size, seed=cfg.run.seed, device=device)

@@ -10,6 +10,7 @@ import click
 
 from noloco_rt.cli import config_options
 from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
+from noloco_rt.commands._model_option import check_model, model_name, model_option, model_value
 from noloco_rt.config import METHODS, SIMULATION_ROUTINGS, RoutingConfig
 
 
@@ -32,11 +33,12 @@ event files: `tensorboard --logdir DIR`).
               help="Write TensorBoard scalars (each evaluation) to this directory (needs tensorboard).")
 @click.option("--wandb", "with_wandb", is_flag=True, help="Also log to W&B, offline, under OUT/wandb (needs wandb).")
 @init_from_option
+@model_option
 @config_options
 def simulate(method: str | None, stages: int | None, replicas: int | None, steps: int | None,
              preset: str | None, seed: int | None, eval_every: int | None, out_dir: str | None,
-             tensorboard_dir: str | None, with_wandb: bool, init_from: Path | None, config_path: str | None,
-             assignments: tuple[str, ...]) -> None:
+             tensorboard_dir: str | None, with_wandb: bool, init_from: Path | None, model_factory: str | None,
+             config_path: str | None, assignments: tuple[str, ...]) -> None:
     # The help text is the command's (above): it names routing.simulation's default from the config.
     from noloco_rt.commands import effective_config
     from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error
@@ -45,10 +47,11 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
         "outer": {"method": method},
         "pipeline": {"stages": stages, "replicas": replicas},
         "run": {"steps": steps, "seed": seed, "eval_every": eval_every},
-        "model": {"preset": preset, "init_from": init_from_value(init_from)},
+        "model": {"preset": preset, "init_from": init_from_value(init_from), "factory": model_value(model_factory)},
         "paths": {"out_dir": out_dir},
     })
     check_init_from(cfg)
+    check_model(cfg)
     out = Path(cfg.paths.out_dir)
     try:  # a backend asked for but missing: refused before any work
         scalar_log = open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,
@@ -62,7 +65,7 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
     log = get_logger(run=cfg.run.run_id, worker="simulator", stage="all")
     outer = cfg.outer.resolved()
     log.info("simulation_started", method=outer.method, stages=cfg.pipeline.stages,
-             replicas=cfg.pipeline.replicas, steps=cfg.run.steps, preset=cfg.model.preset, h=outer.h,
+             replicas=cfg.pipeline.replicas, steps=cfg.run.steps, model=model_name(cfg), h=outer.h,
              alpha=outer.alpha, beta=outer.beta, gamma=outer.gamma, out=str(out))
     curves = SimulationCurves(scalar_log)
     try:

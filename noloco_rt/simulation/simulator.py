@@ -27,9 +27,9 @@ from noloco_rt.algo.optim import average_gradients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
+from noloco_rt.evaluation import load_validation_batches
 from noloco_rt.export import mean_over_replicas, save_consensus
 from noloco_rt.init_weights import initial_replica
-from noloco_rt.model import lm_loss
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
 from noloco_rt.outer.matching import draw_groups, step_rng
@@ -37,6 +37,7 @@ from noloco_rt.plots import plot_curves
 from noloco_rt.simulation.lossy_exchange import stage_round
 from noloco_rt.simulation.paths import random_peers
 from noloco_rt.simulation.step_routes import Hop, StepPlan, plan_step
+from noloco_rt.staged_model import CountedBatches, staged_model
 
 # Methods whose replicas never take an outer step: ddp averages gradients every step
 # instead; adam is plain Adam per replica (the authors' "local" baseline).
@@ -85,12 +86,20 @@ class Simulation:
         self.outer = cfg.outer.resolved()
         self.coeffs = OuterCoefficients.from_config(self.outer)
         stages, replicas = cfg.pipeline.stages, cfg.pipeline.replicas
-        self.corpus = corpus or load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
-        self.shards = [ShardedBatches(self.corpus.train, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size,
-                                      shard=r, num_shards=replicas, seed=cfg.run.seed) for r in range(replicas)]
-        self.val_batches = validation_batches(self.corpus.val, seq_len=cfg.model.seq_len,
-                                              batch_size=cfg.data.batch_size, count=cfg.run.eval_batches)
-        self.replicas = [[initial_replica(cfg, s) for _ in range(replicas)] for s in range(stages)]
+        self.model = staged_model(cfg)  # the preset, or your own (model.factory)
+        self.shards: list[ShardedBatches] | list[CountedBatches]
+        if self.model.train_batches is not None:  # your own model's data: a stream per replica
+            self.shards = [CountedBatches(self.model.train_batches, seed=cfg.run.seed * 1_000_003 + r)
+                           for r in range(replicas)]
+            self.val_batches = load_validation_batches(cfg)
+        else:
+            self.corpus = corpus or load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
+            self.shards = [ShardedBatches(self.corpus.train, seq_len=cfg.model.seq_len,
+                                          batch_size=cfg.data.batch_size, shard=r, num_shards=replicas,
+                                          seed=cfg.run.seed) for r in range(replicas)]
+            self.val_batches = validation_batches(self.corpus.val, seq_len=cfg.model.seq_len,
+                                                  batch_size=cfg.data.batch_size, count=cfg.run.eval_batches)
+        self.replicas = [[initial_replica(cfg, s, model=self.model) for _ in range(replicas)] for s in range(stages)]
         self.group_rng = random.Random(cfg.run.seed)  # outer-step groups; routing is seeded per step
         self.route_stats = RouteStats(received=[[0] * replicas for _ in range(stages)],
                                       sequences=[[0] * replicas for _ in range(stages)])
@@ -115,7 +124,7 @@ class Simulation:
         hidden = inputs
         for stage, index in enumerate(hop.path):
             hidden = self.replicas[stage][index].module(hidden)
-        loss = lm_loss(hidden, targets)
+        loss = self.model.loss(hidden.float(), targets)
         (loss * hop.loss_weight).backward()  # retraces the forward route through exactly these replicas
         for stage, index in enumerate(hop.path):
             self.replicas[stage][index].record_microbatch()
@@ -254,7 +263,7 @@ class Simulation:
                 hidden = inputs
                 for stage_replicas in self.replicas:
                     hidden = stage_replicas[r].module(hidden)
-                losses.append(float(lm_loss(hidden, targets)))
+                losses.append(float(self.model.loss(hidden.float(), targets)))
             totals.append(sum(losses) / len(losses))
         return sum(totals) / len(totals)
 
@@ -318,8 +327,10 @@ def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, Ev
                            metadata={"step": str(sim.step), "source": "simulate"})
         finally:
             if len(records) > 1:
+                outer = cfg.outer.resolved()
                 plot_curves(records_as_dicts(records), out_dir / "curves.png",
-                            title=f"{cfg.outer.method}: {cfg.pipeline.stages} stages × {cfg.pipeline.replicas} replicas")
+                            title=f"{cfg.outer.method}: {cfg.pipeline.stages} stages × {cfg.pipeline.replicas} replicas",
+                            outer_every=0 if outer.method in NO_OUTER_STEP else outer.h)
     return records
 
 

@@ -31,7 +31,7 @@ import click
 from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
 from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
-from noloco_rt.commands._model_option import check_model, model_option, model_value
+from noloco_rt.commands._model_option import check_model, model_name, model_option, model_value
 from noloco_rt.config import Config
 from noloco_rt.config.toml_out import redact_url
 from noloco_rt.logs import get_logger
@@ -273,7 +273,7 @@ class UpRun:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         self.log.info("up_started", stages=self.cfg.pipeline.stages, replicas=self.cfg.pipeline.replicas,
-                      steps=self.cfg.run.steps, preset=self.cfg.model.preset, redis=redact_url(redis_url),
+                      steps=self.cfg.run.steps, model=model_name(self.cfg), redis=redact_url(redis_url),
                       out=str(self.out), curve=bool(self.cfg.network.curve_key_dir or self.cfg.network.curve_secret_key),
                       logs=str(self.out / "logs"), tensorboard=str(self.curves_settings.tensorboard or "off"),
                       status=f"http://127.0.0.1:{self.coordinator_port}/status" if self.with_coordinator else None)
@@ -409,10 +409,11 @@ class UpRun:
             self.curves.final(final)
         plot_distributed_run(read_metrics(self.out / "metrics.jsonl"), self.out / "curves.png",
                              title=f"noloco-rt up: {self.cfg.pipeline.stages} stages × "
-                                   f"{self.cfg.pipeline.replicas} replicas, {self.cfg.model.preset}",
-                             lr=self._lr_at, total_steps=self.cfg.run.steps)
+                                   f"{self.cfg.pipeline.replicas} replicas, {model_name(self.cfg)}",
+                             lr=self._lr_at, total_steps=self.cfg.run.steps, outer_every=self.cfg.outer.resolved().h)
         self.log.info("up_done", step=final["step"], val_loss=round(final["val_loss"], 4),
                       val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", outer_steps=outer,
                       consensus=str(path), curves=str(self.out / "curves.png"),
                       elapsed_s=round(time.time() - self.started, 1),
-                      next=f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")
+                      next=f"noloco-rt eval {path}" if self.cfg.model.factory else
+                      f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")
