@@ -1,0 +1,256 @@
+"""The README names only what exists: every command and option (checked against the real
+click tree), config key and NOLOCO_* variable (against the config's dataclasses), make
+target, repository path, Python module or attribute, and code identifier (against the
+sources) it mentions in a code span or a command line; and it stays a short guide."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+
+import click
+import pytest
+
+from noloco_rt.cli import COMMANDS, cli
+from noloco_rt.config import SECTIONS
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MAX_README_BYTES = 25_000
+PACKAGES = ("noloco_rt", "workers", "coordinator", "benchmarks", "tests", "examples")
+"""Where code names are looked up."""
+REPO_ROOTS = (*PACKAGES, "docs", "configs", "k8s", ".ci")
+"""A path under one of these must exist; others (runs/up/, OUT/tb, keys/) are a run's output."""
+FILE_SUFFIXES = {"bin", "json", "jsonl", "md", "png", "pt", "py", "safetensors", "secret", "public", "toml", "txt",
+                 "yaml", "log", "out"}
+
+
+# -- what exists ---------------------------------------------------------------------------------
+
+@cache
+def _commands() -> dict[tuple[str, ...], click.Command]:
+    """Every command of the CLI by its path of names: () is the root, ("config", "show") a leaf."""
+    found: dict[tuple[str, ...], click.Command] = {}
+
+    def walk(path: tuple[str, ...], command: click.Command) -> None:
+        found[path] = command
+        if isinstance(command, click.Group):
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                walk((*path, name), command.get_command(ctx, name))
+
+    walk((), cli)
+    return found
+
+
+def _options(command: click.Command) -> set[str]:
+    return {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)} | {"--help", "-h"}
+
+
+@cache
+def _identifiers() -> frozenset[str]:
+    words: set[str] = set()
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            if path.resolve() == Path(__file__).resolve():  # its stale examples are no evidence
+                continue
+            words |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", path.read_text(errors="replace")))
+    return frozenset(words)
+
+
+def _config_key_problem(key: str) -> str | None:
+    section, _, name = key.partition(".")
+    if section not in SECTIONS:
+        return f"no config section [{section}]"
+    if name not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+        return f"no config field {key}"
+    return None
+
+
+# -- one name ------------------------------------------------------------------------------------
+
+def _words(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return line.split()
+
+
+def _option_problems(line: str, words: list[str], options: set[str], owner: str) -> list[str]:
+    """Each --option among words must be one of options; each `--set KEY=VALUE` a config key."""
+    problems = []
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            name = word.split("=")[0]
+            if name not in options:
+                problems.append(f"{line!r}: {owner} has no option {name}")
+            if name == "--set" and i + 1 < len(words) and "=" in words[i + 1]:
+                if (why := _config_key_problem(words[i + 1].split("=")[0])) is not None:
+                    problems.append(f"{line!r}: {why}")
+    return problems
+
+
+def _command_problems(line: str) -> list[str]:
+    """`noloco-rt CMD [SUB] --opt ...`: the command path and each option must exist."""
+    words = _words(line)[1:]  # noloco-rt
+    commands = _commands()
+    path: tuple[str, ...] = ()
+    while words and not words[0].startswith("-") and isinstance(commands[path], click.Group):
+        if (*path, words[0]) not in commands:
+            return [f"{line!r}: no command {' '.join(['noloco-rt', *path, words[0]])}"]
+        path = (*path, words.pop(0))
+    return _option_problems(line, words, _options(commands[path]), " ".join(["noloco-rt", *path]))
+
+
+def _python_name_problem(dotted: str) -> str | None:
+    """noloco_rt.outer.correction, workers.outer.step.OuterStep: a module, then names it defines."""
+    parts = dotted.split(".")
+    module = REPO / parts[0]
+    rest = parts[1:]
+    source = ""
+    while rest:
+        if (module / rest[0]).is_dir():
+            module = module / rest.pop(0)
+        elif (module / f"{rest[0]}.py").is_file():
+            module = module / f"{rest.pop(0)}.py"
+            source = module.read_text()
+            break
+        else:
+            return f"no module {dotted}" if not source else None
+    for name in rest:
+        if not re.search(rf"^\s*(def|class)\s+{name}\b|^\s*{name}\s*[:=]", source, re.MULTILINE):
+            return f"{module.relative_to(REPO)} defines no {name} ({dotted})"
+    return None
+
+
+def _identifier_problem(name: str) -> str | None:
+    """A code name (snake_case, SCREAMING_CASE, CamelCase) must appear in the sources. Prometheus
+    adds _total to a counter's name."""
+    if name in _identifiers() or name.removesuffix("_total") in _identifiers():
+        return None
+    return f"{name} appears nowhere in {', '.join(PACKAGES)}"
+
+
+def _looks_like_code(name: str) -> bool:
+    return "_" in name.strip("_") or re.search(r"[a-z][A-Z]", name) is not None
+
+
+def span_problems(span: str) -> list[str]:
+    """What is wrong with one code span of the README (empty: fine, or not a name we check)."""
+    text = " ".join(span.split()).removeprefix("$ ").removeprefix(".venv/bin/")
+    first = text.split(" ")[0]
+    if first == "noloco-rt":
+        return _command_problems(text)
+    if first in COMMANDS and " --" in text:  # `launch --metrics-port-base`
+        return _command_problems(f"noloco-rt {text}")
+    if first == "make" and len(text.split()) > 1:
+        target = text.split()[1]
+        if "=" not in target and not re.search(rf"^{re.escape(target)}:", (REPO / "Makefile").read_text(), re.M):
+            return [f"{text!r}: the Makefile has no target {target}"]
+        return []
+    if text.startswith("--") and not text.startswith("--tensorboard needs"):
+        known = set().union(*(_options(c) for c in _commands().values()))
+        return _option_problems(text, _words(text), known, "no command")
+    if re.fullmatch(r"NOLOCO_[A-Z0-9_]+(=\S*)?", text):
+        variable = text.split("=")[0]
+        for section, cls in SECTIONS.items():
+            prefix = f"NOLOCO_{section.upper()}_"
+            if variable.startswith(prefix):
+                field = variable.removeprefix(prefix).lower()
+                if field in {f.name for f in dataclasses.fields(cls)}:
+                    return []
+                return [f"{variable}: no config field {section}.{field}"]
+        return [why] if (why := _identifier_problem(variable)) else []
+    if match := re.fullmatch(r"([a-z_]+)\.([a-z_0-9]+)(?: ?=.*)?", text):
+        section, name = match.groups()
+        if section in SECTIONS and name not in FILE_SUFFIXES:
+            return [why] if (why := _config_key_problem(f"{section}.{name}")) else []
+    if re.fullmatch(r"[\w.\-/]+", text) and "/" in text:
+        if text.split("/")[0] in REPO_ROOTS and not (REPO / text).exists():
+            return [f"no file {text}"]
+        return []
+    if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", text) and text.split(".")[-1] not in FILE_SUFFIXES:
+        if text.split(".")[0] in PACKAGES:
+            return [why] if (why := _python_name_problem(text)) else []
+        return [why for part in text.split(".") if _looks_like_code(part) and (why := _identifier_problem(part))]
+    if re.fullmatch(r"[A-Za-z_]\w*", text) and _looks_like_code(text):
+        return [why] if (why := _identifier_problem(text)) else []
+    return []
+
+
+# -- the README ----------------------------------------------------------------------------------
+
+def readme_names() -> list[str]:
+    """Code spans (which may wrap a line), and the command lines of its code blocks."""
+    text = README.read_text()
+    names = re.findall(r"`([^`]+)`", text)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip().removeprefix("$ ").removeprefix(".venv/bin/")
+        if line.startswith("    ") and stripped.startswith("noloco-rt "):
+            while stripped.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                stripped = stripped[:-1] + " " + lines[i].strip()
+            names.append(stripped)
+    return names
+
+
+def test_every_name_the_readme_mentions_exists():
+    names = readme_names()
+    assert len(names) > 150, "the README's code spans were not found"
+    problems = [problem for name in names for problem in span_problems(name)]
+    assert not problems, "README.md names what does not exist:\n" + "\n".join(problems)
+
+
+@cache
+def _program_text() -> str:
+    return "\n".join(" ".join(path.read_text().split()) for package in ("noloco_rt", "workers", "coordinator")
+                     for path in (REPO / package).rglob("*.py"))
+
+
+def test_the_troubleshooting_messages_are_the_programs_own():
+    """Each message the Troubleshooting section quotes (a code span of three words or more in
+    bold) shares at least four words in a row with the sources, so a reworded message does
+    not leave a stale quote (event names are checked as code names above)."""
+    text = README.read_text()
+    section = text[text.index("## Troubleshooting"):text.index("\n## ", text.index("## Troubleshooting") + 1)]
+    spans = [span for bold in re.findall(r"\*\*(.+?)\*\*", section, re.DOTALL)
+             for span in re.findall(r"`([^`]+)`", bold)]
+    messages = [" ".join(span.split()) for span in spans if len(span.split()) >= 3]
+    assert len(messages) >= 8
+    for message in messages:
+        words = message.removeprefix("Error: ").split(" ")
+        windows = {" ".join(words[i:i + 4]) for i in range(max(len(words) - 3, 1))}
+        assert any(window in _program_text() for window in windows), f"no source says {message!r}"
+
+
+def test_the_readme_is_a_short_guide():
+    size = len(README.read_bytes())
+    assert size < MAX_README_BYTES, (f"README.md is {size:,} bytes (limit {MAX_README_BYTES:,}): move detail to "
+                                     f"docs/ or benchmarks/README.md")
+
+
+@pytest.mark.parametrize("stale", [
+    "exchange_with_peer", "publish_contribution", "SERVER_WAIT_FOR_OWN_STEP_S",
+    "workers.exchange.exchange_with_peer", "SnapshotService.publish_contribution",
+    "noloco_rt.outer.correction.no_such_function", "noloco_rt/no_such_module.py",
+    "noloco-rt worker --no-such-flag", "noloco-rt no-such-command", "noloco-rt config no-such",
+    "launch --data-port-base", "--no-such-option", "noloco-rt up --set outer.no_such=1",
+    "outer.no_such", "outer.no_such = 1", "NOLOCO_OUTER_NO_SUCH", "make no-such-target",
+])
+def test_the_check_catches_a_stale_name(stale):
+    assert span_problems(stale), f"{stale!r} passed the check"
+
+
+@pytest.mark.parametrize("good", [
+    "noloco-rt launch --stage 0 --nproc 8 --set network.bind_host=0.0.0.0", "launch --metrics-port-base",
+    "noloco-rt config reference", "noloco-rt keys generate --out keys/", "--init-from",
+    "worker.fault_slowdown", 'outer.pairing = "matched"', "NOLOCO_NETWORK_CURVE_KEY_DIR", "NOLOCO_OUTER_ALPHA=0.4",
+    "noloco_rt.outer.correction", "workers.outer.step.OuterStep", "noloco_rt/outer/correction.py",
+    "noloco_outer_steps_total", "outer_step_done", "LOCAL_RANK", "make up", "model.safetensors", "runs/up/",
+])
+def test_the_check_passes_a_name_that_exists(good):
+    assert not span_problems(good)
