@@ -133,3 +133,7 @@ def test_simulate_and_eval_take_the_own_model_too(tmp_path):
     assert scored.exit_code == 0, scored.output
     losses = json.loads(scored.output.strip().splitlines()[-1])
     assert losses["val_loss"] < losses["untrained_val_loss"], losses
+    for command in (["sample", str(out / "consensus.safetensors"), "--prompt", "x"],
+                    ["export", str(out / "consensus.safetensors"), str(tmp_path / "hf")]):
+        refused = runner.invoke(cli, command)
+        assert refused.exit_code == 2 and "works on the built-in presets only" in refused.output, refused.output

@@ -32,7 +32,7 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
         raise UnusableCheckpoint(f"{out}: cannot be read ({exc})") from None
     from noloco_rt.commands._consensus import load_for_command
 
-    cfg, model, _ = load_for_command(checkpoint, "cpu")
+    cfg, model, _ = load_for_command(checkpoint, "cpu", presets_only="export")
     try:
         written = write_hf_folder(out, cfg, model, force=force)
     except (HFExportError, HFFormatError) as exc:
