@@ -63,6 +63,7 @@ def test_a_field_reads_as_type_default_variable_and_meaning():
 def test_config_show_leaves_out_fault_knobs_while_off_and_reads_back(tmp_path, capsys, monkeypatch):
     code, shown, err = run_cli_in_process(capsys, monkeypatch, "config", "show")
     assert code == 0, err
+    assert shown.startswith("# What each field means: `noloco-rt config reference`")
     assert "fault_" not in shown
     path = tmp_path / "shown.toml"
     path.write_text(shown)

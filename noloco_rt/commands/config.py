@@ -8,6 +8,8 @@ from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
 from noloco_rt.config import config_to_toml
 
+SHOW_HEADER = "# What each field means: `noloco-rt config reference` (docs/config.md)."
+
 
 @click.group()
 def config() -> None:
@@ -21,7 +23,8 @@ def config() -> None:
 def show(show_secrets: bool, config_path: str | None, assignments: tuple[str, ...]) -> None:
     """Print the effective config (defaults, file, NOLOCO_* variables, flags) as TOML,
     secrets redacted unless --show-secrets. What each field means: `config reference`."""
-    click.echo(config_to_toml(effective_config(config_path, assignments), redact=not show_secrets), nl=False)
+    text = config_to_toml(effective_config(config_path, assignments), redact=not show_secrets)
+    click.echo(f"{SHOW_HEADER}\n{text}", nl=False)
 
 
 @config.command()
