@@ -3,11 +3,15 @@
 #
 #   CUDA (default):  docker build -t noloco-rt:0.1.0-cuda .
 #   CPU only:        docker build --build-arg VARIANT=cpu -t noloco-rt:0.1.0-cpu .
+#   CPU, torch's wheel from a local folder (no access to torch's index; docs/deploy.md):
+#     podman build --build-arg VARIANT=cpu --build-arg TORCH_FIND_LINKS=/opt/wheels \
+#                  --volume /opt/wheels:/opt/wheels:ro -t noloco-rt:0.1.0-cpu .
 #
 # VARIANT picks the runtime base and torch's wheel index: cuda = the CUDA runtime image with
 # Python 3.11 and torch's cu128 wheel; cpu = python:3.11-slim with the CPU wheel.
 ARG VARIANT=cuda
 ARG TORCH_VERSION=2.13.0
+ARG TORCH_FIND_LINKS=
 
 # --- build: the project's wheel (no torch here; the runtime stage installs the right one) ----------
 FROM python:3.11-slim AS build
@@ -38,13 +42,20 @@ RUN python -m venv /opt/venv
 # hadolint ignore=DL3006
 FROM base-${VARIANT} AS runtime
 ARG TORCH_VERSION
+ARG TORCH_FIND_LINKS
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     NOLOCO_NETWORK_BIND_HOST=0.0.0.0 \
     NOLOCO_NETWORK_METRICS_PORT=9100
 # torch first and from its own index (the pin in pyproject is the same version), then the project.
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+# With TORCH_FIND_LINKS, torch's wheel comes from that folder (mounted into the build) and its
+# dependencies from PyPI.
+RUN if [ -n "${TORCH_FIND_LINKS}" ]; then \
+      pip install --no-cache-dir --find-links "${TORCH_FIND_LINKS}" "torch==${TORCH_VERSION}"; \
+    else \
+      pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; \
+    fi
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 RUN groupadd --gid 10001 noloco \

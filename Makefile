@@ -6,7 +6,7 @@ TORCH_INDEX_URL ?=
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up demo test tls-redis lint bench-convergence chaos gpu-check clean
+.PHONY: up demo test tls-redis lint bench-convergence chaos gpu-check containers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,3 +61,16 @@ gpu-check: $(if $(GPU_PYTHON),,$(STAMP))
 # Several minutes: a fault-free baseline, then the same cluster under a fault every 4 s.
 chaos: $(STAMP)
 	$(BIN)/noloco-rt chaos --steps 600 --every 4 --net-loss 0.02 --net-delay-ms 2 --baseline --out runs/chaos
+
+# Real containers (docs/deploy.md): the CPU image built with podman (torch's wheel from
+# TORCH_WHEELS, mounted into the build), `noloco-rt up` inside it, then Redis, coordinator and
+# 2 x 2 workers each in its own container on one podman network, then the cpu-dev manifests
+# with `podman kube play`. Needs podman and a python:3.11-slim base image; says so and stops
+# where either is missing.
+TORCH_WHEELS ?= /opt/wheels
+containers:
+	@command -v podman >/dev/null || { echo "make containers: podman is not installed: nothing run"; exit 0; }
+	bash k8s/podman/build-image.sh $(TORCH_WHEELS)
+	bash k8s/podman/up-in-container.sh
+	bash k8s/podman/multi-container.sh
+	bash k8s/podman/kube-play.sh
