@@ -238,7 +238,7 @@ def test_the_readme_is_a_short_guide():
     "workers.exchange.exchange_with_peer", "SnapshotService.publish_contribution",
     "noloco_rt.outer.correction.no_such_function", "noloco_rt/no_such_module.py",
     "noloco-rt worker --no-such-flag", "noloco-rt no-such-command", "noloco-rt config no-such",
-    "launch --data-port-base", "--no-such-option", "noloco-rt up --set outer.no_such=1",
+    "launch --data-port-bass", "--no-such-option", "noloco-rt up --set outer.no_such=1",
     "outer.no_such", "outer.no_such = 1", "NOLOCO_OUTER_NO_SUCH", "make no-such-target",
 ])
 def test_the_check_catches_a_stale_name(stale):
@@ -246,7 +246,7 @@ def test_the_check_catches_a_stale_name(stale):
 
 
 @pytest.mark.parametrize("good", [
-    "noloco-rt launch --stage 0 --nproc 8 --set network.bind_host=0.0.0.0", "launch --metrics-port-base",
+    "noloco-rt launch --stage 0 --nproc 8 --set network.bind_host=0.0.0.0", "launch --metrics-port-base", "launch --data-port-base",
     "noloco-rt config reference", "noloco-rt keys generate --out keys/", "--init-from",
     "worker.fault_slowdown", 'outer.pairing = "matched"', "NOLOCO_NETWORK_CURVE_KEY_DIR", "NOLOCO_OUTER_ALPHA=0.4",
     "noloco_rt.outer.correction", "workers.outer.step.OuterStep", "noloco_rt/outer/correction.py",

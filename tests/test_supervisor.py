@@ -390,7 +390,25 @@ def test_worker_specs_one_worker_per_local_rank():
     assert all(s.restart for s in specs)
 
 
+def test_worker_specs_give_each_rank_its_fixed_ports_and_all_the_same_addresses():
+    specs = worker_specs(stage=0, nproc=2, prefix="n-s0", redis_url="redis://db:6379/0", steps=None,
+                         metrics_port_base=None, config_path=None, assignments=(), data_port_base=6000,
+                         exchange_port_base=7000, hosts={"--bind-host": "0.0.0.0", "--advertise-host": "10.0.0.7",
+                                                         "--model": None})
+    for rank, spec in enumerate(specs):
+        args = spec.args
+        assert args[args.index("--bind-host") + 1] == "0.0.0.0" and args[args.index("--advertise-host") + 1] == "10.0.0.7"
+        assert "--model" not in args
+        assert f"network.data_port={6000 + rank}" in args and f"network.exchange_port={7000 + rank}" in args
+
+
 @pytest.mark.parametrize(("args", "fragment"), [
+    (["--stage", "0", "--nproc", "2", "--redis-url", "redis://127.0.0.1:1/0", "--data-port-base", "6000",
+      "--exchange-port-base", "6001"], "its ports overlap those of --data-port-base"),
+    (["--stage", "0", "--nproc", "3", "--redis-url", "redis://127.0.0.1:1/0", "--exchange-port-base", "65534"],
+     "runs past port 65535"),
+    (["--stage", "0", "--nproc", "2", "--redis-url", "redis://127.0.0.1:1/0", "--set", "network.data_port=6000"],
+     "give --data-port-base instead"),
     (["--stage", "0", "--nproc", "0", "--redis-url", "redis://127.0.0.1:1/0"], "'--nproc': 0 is not in the range"),
     (["--stage", "2", "--nproc", "1", "--redis-url", "redis://127.0.0.1:1/0"], "not a stage of a 2-stage pipeline"),
     (["--stage", "0", "--nproc", "1"], "--redis-url (or network.redis_url) is required"),
