@@ -11,10 +11,6 @@ import pytest
 
 from noloco_rt.cli import COMMANDS
 
-# chaos still imports the supervisor (and with it torch) when its module loads
-# (workers/cluster/chaos.py); every other command must not.
-IMPORTS_TORCH_FOR_HELP = {"chaos"}
-
 PROBE = textwrap.dedent("""
     import sys
     from noloco_rt.cli import cli
@@ -24,7 +20,7 @@ PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("command", sorted(set(COMMANDS) - IMPORTS_TORCH_FOR_HELP))
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_help_does_not_import_torch(command):
     result = subprocess.run([sys.executable, "-c", PROBE, command], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -34,17 +34,13 @@ import click
 from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
 from noloco_rt.config import Config
-from noloco_rt.export import ExportError, consensus_of_checkpoints
 from noloco_rt.logs import configure_logging
 from noloco_rt.memory_fit import inflight_or_default
-from workers.cluster.chaos_driver import ChaosDriver
 from workers.cluster.chaos_faults import FullDisk, Partitions
 from workers.cluster.chaos_report import invariants, render
 from workers.cluster.chaos_schedule import ALL_KINDS, FAULT_KINDS, Fault, build_schedule
-from workers.cluster.processes import names_by_stage
 from workers.cluster.run_dir import prepare_run_dir
 from workers.faults.data_path import data_faults_env
-from workers.supervise.elastic import quiet_torch_elastic_logs
 
 # Fast failure detection and recovery, so that a short run sees every fault recovered.
 CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_interval_s": 0.25,
@@ -103,6 +99,10 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
     cfg = effective_config(config_path, [*defaults, *assignments], {
         "pipeline": {"stages": stages, "replicas": replicas}, "run": {"steps": 2 * steps, "seed": seed}})
     configure_logging(cfg.run.log_format)
+    # The cluster's parts import torch: here, not at import, so that `chaos --help` stays fast.
+    from workers.cluster.processes import names_by_stage
+    from workers.supervise.elastic import quiet_torch_elastic_logs
+
     quiet_torch_elastic_logs()
     # SIGTERM (a `kill`, a CI timeout) unwinds like Ctrl-C: stopped processes continued, the
     # network healed, namespaces and the checkpoint tmpfs removed, every process stopped.
@@ -138,6 +138,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 def run_phase(cfg: Config, out: Path, target_steps: int, schedule: list[Fault], stall_bound_s: float,
               timeout_s: float, extra_env: dict[str, str] | None = None, min_faults: int = 0) -> dict[str, Any]:
     """One cluster from scratch to every worker at target_steps, under `schedule`."""
+    from workers.cluster.chaos_driver import ChaosDriver
+
     if out.exists():
         shutil.rmtree(out)  # a phase always starts fresh: stale checkpoints would be resumed
     cfg = dataclasses.replace(cfg, paths=dataclasses.replace(cfg.paths, out_dir=str(out), checkpoint_dir=""))
@@ -154,6 +156,8 @@ def run_phase(cfg: Config, out: Path, target_steps: int, schedule: list[Fault], 
 
 def finalise(cfg: Config, out: Path) -> dict[str, Any]:
     """Consensus of the final checkpoints, scored on the validation split (as `up` does)."""
+    from noloco_rt.export import ExportError, consensus_of_checkpoints
+
     try:
         final = consensus_of_checkpoints(cfg, out / "checkpoints", out / "consensus.safetensors",
                                          source="final checkpoints (chaos)")
