@@ -59,7 +59,8 @@ class RunConfig:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """The Llama-style decoder: its shape, precision and starting weights."""
+    """The model: a built-in Llama-style preset (its shape, precision and starting weights) or
+    your own (factory)."""
 
     preset: str = "tiny"
     """Model shape (noloco_rt.config.presets.PRESETS): tiny, small, 125m, 1b or 7b."""
