@@ -114,6 +114,9 @@ def checked(model: object, cfg: Config) -> StagedModel:
     for name in ("build_stage", "loss"):
         if not callable(getattr(model, name)):
             raise StagedModelError(f"{where}: {name} is not callable")
+    if model.train_batches is not None and model.val_batches is None:
+        raise StagedModelError(f"{where} brings its own train_batches but no val_batches: evaluations "
+                               f"need validation batches of the same data")
     return model
 
 

@@ -65,6 +65,11 @@ def test_a_factory_that_returns_something_else_says_what_it_returned(tmp_path):
     (tmp_path / "wrong.py").write_text("def build(cfg):\n    return 42\n")
     with pytest.raises(StagedModelError, match="returned int, not a noloco_rt.staged_model.StagedModel"):
         staged_model(_cfg(f"{tmp_path / 'wrong.py'}:build"))
+    (tmp_path / "no_val.py").write_text(
+        "import dataclasses, examples.tiny_cnn as cnn\n"
+        "def build(cfg):\n    return dataclasses.replace(cnn.staged_model(cfg), val_batches=None)\n")
+    with pytest.raises(StagedModelError, match="no val_batches"):
+        staged_model(_cfg(f"{tmp_path / 'no_val.py'}:build"))
 
 
 def test_the_cli_refuses_a_bad_model_in_one_line_before_starting_anything(tmp_path):
