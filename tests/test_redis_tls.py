@@ -102,10 +102,12 @@ def test_workers_train_through_a_tls_redis_that_checks_client_certificates(tls_r
     url, folder = tls_redis
     out = tmp_path / "run"
     # Two replicas of one stage: registration, heartbeats and the exchange's partner finding all
-    # go through the TLS connection.
+    # go through the TLS connection. Each step idles 3x its compute (worker.fault_slowdown):
+    # alone, the first worker ran its 10 steps in 1.5 s and finished before the second came
+    # online, so no outer step could match.
     result = _run("up", "--stages", "1", "--replicas", "2", "--steps", "10", "--preset", "tiny", "--out", str(out),
                   "--redis-url", url, "--no-tensorboard", "--set", "outer.h=5", "--set", "run.log_format=json",
-                  *_tls_flags(folder), timeout=300)
+                  "--set", "worker.fault_slowdown=4", *_tls_flags(folder), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     events = [json.loads(line) for path in (out / "logs").glob("*.log") for line in path.read_text().splitlines()
               if line.startswith("{")]
