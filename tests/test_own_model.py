@@ -113,7 +113,10 @@ def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stag
     in the learning rate's warm-up: how far it gets varies from run to run, 0.73 to 1.11 nats
     against ln 4 = 1.386 at chance)."""
     out, mark = tmp_path / "run", uuid.uuid4().hex
-    process = start_up(out, steps=60, mark=mark, **{"model.factory": EXAMPLE, "pipeline.stages": 2,
+    # 300 steps, not 60: alone, one stage-0 worker ran 60 CNN steps in 1.2 s, before its
+    # partner was online; the partner found the stage past step 0 with no live worker and
+    # exited 3 (as it should), and no outer step matched (the CI failure at c3d6822).
+    process = start_up(out, steps=300, mark=mark, **{"model.factory": EXAMPLE, "pipeline.stages": 2,
                                                      "pipeline.replicas": 2})
     code, output = finish(process, 200)
     assert code == 0, output[-4000:]
