@@ -34,8 +34,12 @@ def _kill_stage_1_and_replace(cluster: LocalCluster, checkpoints: StageCheckpoin
     for worker in doomed:
         cluster.stop(worker, signal.SIGKILL)
     reached = cluster.membership().high_water.of(1)
+    stored_steps = [info.outer_step for info in checkpoints.manifests(1)[0]]
     stored = checkpoints.manifests(1)[0][0]
-    assert cluster.membership().high_water.durable_of(1) == stored.outer_step  # Redis shows it to operators
+    # Redis shows operators a checkpoint that is in the store. The mark follows the store write,
+    # so a kill between the two leaves it one checkpoint (store.every) behind the newest.
+    durable = cluster.membership().high_water.durable_of(1)
+    assert durable >= 4 and durable in stored_steps and stored.outer_step - durable <= 2, (durable, stored_steps)
     assert all(w.process.poll() is None for w in first), "stage 0 must not stop"
 
     fresh = [cluster.start_worker(1, f"c{r}", **{"paths.checkpoint_dir": fresh_dir}) for r in range(2)]
@@ -97,8 +101,8 @@ def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_
     try:
         first = [cluster.start_worker(0, f"a{r}", steps=100_000) for r in range(2)]
         doomed = [cluster.start_worker(1, f"b{r}") for r in range(2)]
-        cluster.wait_for(lambda: checkpoints.newest_step(1) >= 4, timeout_s=150,
-                         what="a stage-1 checkpoint of outer step 4 in the store")
+        cluster.wait_for(lambda: (cluster.membership().high_water.durable_of(1) or 0) >= 4, timeout_s=150,
+                         what="Redis's mark of a stage-1 checkpoint of outer step 4 in the store")
         fresh = _kill_stage_1_and_replace(cluster, checkpoints, first, doomed, str(tmp_path / "fresh"))
 
         cluster.wait_for(lambda: min(checkpoints.newest_step(s) for s in (0, 1)) >= 6 and cursors.load("a0"),
