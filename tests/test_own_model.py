@@ -109,9 +109,8 @@ def test_a_stream_that_ends_or_yields_something_else_is_a_clear_error():
 @pytest.mark.timeout(240)
 def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stage(tmp_path):
     """2 stages x 2 replicas of the CNN: every worker finishes, both stages take matched outer
-    steps, and the consensus the run writes beats the untrained model (60 steps, all of them
-    in the learning rate's warm-up: how far it gets varies from run to run, 0.73 to 1.11 nats
-    against ln 4 = 1.386 at chance)."""
+    steps, and the consensus the run writes is well past chance (ln 4 = 1.386 nats) and
+    better than the untrained model."""
     out, mark = tmp_path / "run", uuid.uuid4().hex
     # 300 steps, not 60: alone, one stage-0 worker ran 60 CNN steps in 1.2 s, before its
     # partner was online; the partner found the stage past step 0 with no live worker and
@@ -127,7 +126,8 @@ def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stag
         assert matched >= 1, done["outer_steps"]
     scored = CliRunner().invoke(cli, ["eval", str(out / "consensus.safetensors"), "--json"])
     losses = json.loads(scored.output.strip().splitlines()[-1])
-    assert losses["val_loss"] < losses["untrained_val_loss"], (losses, done)
+    print("own-model up:", losses, done["outer_steps"])
+    assert losses["val_loss"] < min(0.8 * math.log(4), losses["untrained_val_loss"]), (losses, done)
     cfg, model, _ = load_consensus(out / "consensus.safetensors")
     assert cfg.model.factory == EXAMPLE and isinstance(model, torch.nn.Sequential)
 
