@@ -40,11 +40,11 @@ def _upstream(server: EmbeddedRedis, worker_id: str) -> Membership:
     return membership
 
 
-def _stage_1_rule(server: EmbeddedRedis, clock: Clock) -> UpstreamFinished:
+def _stage_1_rule(server: EmbeddedRedis, clock: Clock, **gone_s: float) -> UpstreamFinished:
     """Stage 1's finishing rule, always idle (nothing of its own in flight), on `clock`."""
     return UpstreamFinished(Membership(connect(server.url), run_id="default"), 1, idle=lambda: True,
                             received_from_upstream=lambda: False, lost_s=LOST_S,
-                            log=get_logger(test="finish"), clock=clock)
+                            log=get_logger(test="finish"), clock=clock, **gone_s)
 
 
 def _finished_after(rule: UpstreamFinished, clock: Clock, seconds: float) -> bool:
@@ -71,6 +71,17 @@ def test_a_later_stage_waits_for_an_upstream_that_vanished_unfinished():
         replacement.mark_stage_finished(0)
         replacement.leave()
         assert _finished_after(rule, clock, UPSTREAM_GONE_S + 1.0)
+
+
+def test_worker_upstream_gone_s_sets_the_margin_after_a_marked_finish():
+    with EmbeddedRedis() as server:
+        clock = Clock()
+        rule = _stage_1_rule(server, clock, gone_s=1.0)
+        upstream = _upstream(server, "a" * 32)
+        upstream.mark_stage_finished(0)
+        upstream.leave()
+        assert not _finished_after(rule, clock, 0.5)
+        assert _finished_after(rule, clock, 1.0)
 
 
 def test_a_finish_mark_stops_counting_once_the_upstream_stage_trains_again():

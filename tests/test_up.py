@@ -24,7 +24,9 @@ from workers.cluster.run_outcome import incarnation_logs, worker_summaries
 pytestmark = pytest.mark.timeout(300)
 
 MARK_VARIABLE = "UP_TEST_MARK"  # not NOLOCO_*: that prefix is configuration
+# upstream_gone_s 1: these runs restart nobody, so stage 1 need not wait 5 s past stage 0's finish.
 FAST = {"worker.heartbeat_interval_s": 0.25, "worker.exchange_timeout_s": 3.0, "worker.leave_grace_s": 10.0,
+        "worker.upstream_gone_s": 1.0,
         "outer.h": 5, "pipeline.max_inflight": 2, "coordinator.eval_interval_s": 2.0,
         "coordinator.spread_interval_s": 4.0, "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 4}
 

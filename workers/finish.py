@@ -18,6 +18,7 @@ from workers.counters import Counters
 
 UPSTREAM_CHECK_S = 0.5
 UPSTREAM_GONE_S = 5.0
+"""worker.upstream_gone_s's default."""
 
 
 class FinishRule(Protocol):
@@ -39,8 +40,8 @@ class StepLimit:
 class UpstreamFinished:
     """A later stage: done when idle and every upstream worker has finished.
 
-    "Every upstream worker has finished": none is live in the table for UPSTREAM_GONE_S (a
-    margin over a restarting upstream's absence), while Redis answers, and a worker of the
+    "Every upstream worker has finished": none is live in the table for `gone_s` (a margin
+    over a restarting upstream's absence), while Redis answers, and a worker of the
     upstream stage marked it finished since it last had a live worker. An upstream stage that
     vanished without that mark (all its machines reclaimed at once) is waited for: its
     replacements resume from their checkpoints or the durable store and need a downstream.
@@ -49,12 +50,13 @@ class UpstreamFinished:
 
     def __init__(self, membership: Membership, stage: int, *, idle: Callable[[], bool],
                  received_from_upstream: Callable[[], bool], lost_s: float, log: Any,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 gone_s: float = UPSTREAM_GONE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.membership = membership
         self.upstream_stage = stage - 1
         self.idle = idle
         self.received_from_upstream = received_from_upstream
         self.lost_s = lost_s
+        self.gone_s = gone_s
         self.log = log
         self.clock = clock
         self._checked_at = float("-inf")
@@ -73,7 +75,7 @@ class UpstreamFinished:
             return False
         absent_s = now - self._absent_since
         if self._marked:
-            return absent_s >= UPSTREAM_GONE_S
+            return absent_s >= self.gone_s
         if absent_s < self.lost_s or not (self._seen_live or self.received_from_upstream()):
             return False
         self.log.warning("upstream_lost", stage=self.upstream_stage, absent_s=round(absent_s, 1),

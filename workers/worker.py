@@ -108,7 +108,8 @@ class StageWorker:
             data=self.data, peers=self.peers, counters=self.counters, metrics=metrics, log=self.log,
             leave_requested=self.leave_requested), cfg.pipeline.stages)
         self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps,
-                                                      upstream_lost_s=cfg.worker.upstream_lost_s)
+                                                      upstream_lost_s=cfg.worker.upstream_lost_s,
+                                                      upstream_gone_s=cfg.worker.upstream_gone_s)
         self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
                                          blacklist=self.peers.blacklist, boundary=ExchangeBoundary(staging),
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])

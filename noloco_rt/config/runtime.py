@@ -140,6 +140,9 @@ class WorkerConfig:
     is waited for this long, so its replacements, resuming from the durable store, find a
     downstream; then the stage finishes anyway (only if the mark was lost with Redis' data
     should that happen). Kubernetes manifests set it above the startup probe's budget."""
+    upstream_gone_s: float = 5.0
+    """A later stage finishes once its upstream stage, marked finished, has had no live worker
+    for this long: a margin for an upstream worker that restarts and trains on."""
     leave_grace_s: float = 20.0
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
     checkpoint_every: int = 1
@@ -177,7 +180,7 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval_s", "exchange_timeout_s", "deadline_floor_s", "bootstrap_timeout_s",
-                     "leave_grace_s", "upstream_lost_s"):
+                     "leave_grace_s", "upstream_lost_s", "upstream_gone_s"):
             value = getattr(self, name)
             require(value > 0, "worker", name, value, "must be > 0")
         require(self.deadline_ceiling_s >= self.deadline_floor_s, "worker", "deadline_ceiling_s",

@@ -73,8 +73,10 @@ class Role:
         self.ctx.metrics.loss.set(losses[-1])
         return losses
 
-    def finish_rule(self, membership: Membership, max_steps: int, *, upstream_lost_s: float) -> FinishRule:
-        return UpstreamFinished(membership, self.ctx.stage, idle=self.idle, lost_s=upstream_lost_s, log=self.ctx.log,
+    def finish_rule(self, membership: Membership, max_steps: int, *, upstream_lost_s: float,
+                    upstream_gone_s: float) -> FinishRule:
+        return UpstreamFinished(membership, self.ctx.stage, idle=self.idle, lost_s=upstream_lost_s,
+                                gone_s=upstream_gone_s, log=self.ctx.log,
                                 received_from_upstream=lambda: self.intake is not None and self.intake.upstream_seen)
 
     def open_data(self, name: str, cursor: DataCursor | None) -> None:
@@ -141,7 +143,8 @@ class ReadsData(Role):
             raise RuntimeError("open_data() must be called before training")
         return self.batches.next_batch()
 
-    def finish_rule(self, membership: Membership, max_steps: int, *, upstream_lost_s: float) -> FinishRule:
+    def finish_rule(self, membership: Membership, max_steps: int, *, upstream_lost_s: float,
+                    upstream_gone_s: float) -> FinishRule:
         return StepLimit(self.ctx.counters, max_steps)
 
 
