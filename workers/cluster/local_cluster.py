@@ -171,16 +171,17 @@ class LocalCluster:
         return error_events(w.log_path for w in self.workers)
 
     def close(self) -> None:
+        """Kill every worker still running, then Redis. The caller is done with the cluster and
+        asserts nothing of this (a graceful leave is tested by stop() with SIGTERM): SIGTERM
+        here cost each test ~2.5 s, every worker flushing its link to peers leaving too."""
         for worker in self.workers:
             if worker.process.poll() is None:
-                worker.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
+                worker.process.kill()
         for worker in self.workers:
             try:
-                worker.process.wait(max(0.1, deadline - time.monotonic()))
+                worker.process.wait(10)
             except subprocess.TimeoutExpired:
-                worker.process.kill()
-                worker.process.wait(5)
+                pass  # unkillable (uninterruptible I/O): nothing more a test can do about it
         self.redis.stop()
 
 
