@@ -56,16 +56,25 @@ def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path,
         matched = [e for e in steps.values() if "correction_sum" in e]
         assert abs(sum(e["correction_sum"] for e in matched)) <= 1e-4 * sum(e["correction_abs"] for e in matched)
         return
-    reciprocal = checked = 0  # a partner that computed a group names us back
+    # A partner that computed a group names us back. Counted apart: the steps while the stage's
+    # membership changes (up to the last worker's first outer step, and from the first
+    # worker's last, after which it leaves the table), where a view lags a join or a leave by a
+    # refresh. Six runs' logs here: all of 28-40 steady checks reciprocal; 6-8 of 8-13 others.
+    taken = {name: sorted(k for (who, k) in steps if who == name) for name in ids.values()}
+    joined, leaving = max(ks[0] for ks in taken.values()), min(ks[-1] for ks in taken.values())
+    reciprocal, checked = Counter(), Counter()
     for (name, k), event in steps.items():
         for partner in _full(ids, event["group"]):
             if (ids[partner], k) in never_taken:
                 continue
-            checked += 1
+            phase = "steady" if joined < k < leaving else "joining or leaving"
+            checked[phase] += 1
             theirs = steps.get((ids[partner], k), {"group": []})
-            reciprocal += name in [ids[i] for i in _full(ids, theirs["group"])]
-    print(f"reciprocal groups {reciprocal} of {checked}; steps jumped over {sorted(never_taken)}")
-    assert checked and reciprocal >= 0.9 * checked, (reciprocal, checked)
+            reciprocal[phase] += name in [ids[i] for i in _full(ids, theirs["group"])]
+    print(f"reciprocal groups {dict(reciprocal)} of {dict(checked)} (steady: steps {joined + 1} to {leaving - 1}); "
+          f"steps jumped over {sorted(never_taken)}")
+    assert checked["steady"] >= 8 and reciprocal["steady"] >= 0.95 * checked["steady"], (reciprocal, checked)
+    assert reciprocal.total() >= 0.8 * checked.total(), (reciprocal, checked)
     _assert_mean_kept(steps)
 
 
