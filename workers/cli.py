@@ -84,6 +84,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> int:
     """Compose the worker from its parts and run it until its steps are done or it leaves."""
     from noloco_rt.membership.table import Membership
+    from noloco_rt.stack_dumps import arm_exit_watchdog, dump_stacks_on_sigusr1
     from workers.faults.checkpoint_writes import disk_full_from_env
     from workers.faults.data_path import data_faults_from_env
     from workers.health_metrics import register_health_collector
@@ -95,6 +96,7 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
         pick_device,
     )
 
+    dump_stacks_on_sigusr1()
     name = name or default_worker_name(stage)
     checkpoint_dir = Path(cfg.paths.checkpoint_dir or Path(cfg.paths.out_dir) / "checkpoints")
     metrics = WorkerMetrics()
@@ -115,7 +117,10 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)
     stage_worker.log.info("curve", enabled=started.curve is not None,
                           public_key=started.curve.public_key.decode() if started.curve else "")
-    code = stage_worker.run()
+    try:
+        code = stage_worker.run()
+    finally:
+        arm_exit_watchdog()  # a clean clone's test once saw a finished worker never exit
     # Done and summarised. Python restores the default SIGTERM action while it shuts down, so a
     # stop racing our own exit would turn exit 0 into death by signal: ignore it from here on.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

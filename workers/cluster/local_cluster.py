@@ -153,8 +153,12 @@ class LocalCluster:
         try:
             return worker.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            worker.process.send_signal(signal.SIGUSR1)  # its threads' stacks (noloco_rt/stack_dumps.py)
+            deadline = time.monotonic() + 5
+            while "most recent call first" not in worker.log_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise AssertionError(f"{worker.name} did not exit within {timeout_s} s:\n"
-                                 f"{worker.log_text()[-2000:]}") from None
+                                 f"{worker.log_text()[-6000:]}") from None
 
     def stop(self, worker: WorkerProcess, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         if worker.process.poll() is None:
