@@ -34,8 +34,8 @@ def _kill_stage_1_and_replace(cluster: LocalCluster, checkpoints: StageCheckpoin
     for worker in doomed:
         cluster.stop(worker, signal.SIGKILL)
     reached = cluster.membership().high_water.of(1)
-    stored_steps = [info.outer_step for info in checkpoints.manifests(1)[0]]
-    stored = checkpoints.manifests(1)[0][0]
+    infos = checkpoints.manifests(1)[0]  # newest first
+    stored, stored_steps = infos[0], [info.outer_step for info in infos]
     # Redis shows operators a checkpoint that is in the store. The mark follows the store write,
     # so a kill between the two leaves it one checkpoint (store.every) behind the newest.
     durable = cluster.membership().high_water.durable_of(1)
