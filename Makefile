@@ -56,7 +56,7 @@ clean:
 # PYTHONPATH) and builds no venv, which would install the pinned torch; unset: the venv's python.
 GPU_PYTHON ?=
 gpu-check: $(if $(GPU_PYTHON),,$(STAMP))
-	$(or $(GPU_PYTHON),$(BIN)/python) -m benchmarks.gpu_check --out benchmarks/results/gpu_check.md
+	$(or $(GPU_PYTHON),$(BIN)/python) -m benchmarks.gpu_check --out benchmarks/results/gpu_check.md $(GPU_CHECK_ARGS)
 
 # Several minutes: a fault-free baseline, then the same cluster under a fault every 4 s.
 chaos: $(STAMP)

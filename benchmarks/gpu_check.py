@@ -68,6 +68,8 @@ class Measured:
     exchange_s: float | None = None
     wire_bytes: float | None = None
     blocked_share: float | None = None
+    blocked_by_stage: dict[int, float] | None = None
+    """The mean blocked share of each stage's workers: a later stage waits for its partners most."""
 
 
 def flops_per_token(preset: str, *, stage: int, stages: int, seq_len: int, vocab_size: int) -> float:
@@ -174,6 +176,10 @@ def _blocked_share(events: list[LogRecord]) -> float | None:
     return summary[-1].get("outer_blocked_s", 0.0) / (end - start) if end > start else None
 
 
+def _stage_of(events: list[LogRecord]) -> int:
+    return int(next((e["stage"] for e in reversed(_named(events, "train_progress")) if "stage" in e), -1))
+
+
 def runtime_row(name: str, events_by_worker: EventsByWorker, *, tokens_per_step: int,
                 flops_of_stage: dict[int, float], tflops: float) -> Measured:
     """A run's row: pipeline tokens/s (its stage-0 workers), summed MFU, the largest worker peak,
@@ -182,23 +188,35 @@ def runtime_row(name: str, events_by_worker: EventsByWorker, *, tokens_per_step:
     outer = [e for events in events_by_worker.values() for e in _named(events, "outer_step_done")]
     exchange_s = [e["exchange_s"] for e in outer if "exchange_s" in e]
     wire_bytes = [e["wire_bytes"] for e in outer if "wire_bytes" in e]
-    shares = [s for events in events_by_worker.values() if (s := _blocked_share(events)) is not None]
+    shares = {worker: s for worker, events in events_by_worker.items() if (s := _blocked_share(events)) is not None}
+    by_stage: dict[int, list[float]] = {}
+    for worker, share in shares.items():
+        by_stage.setdefault(_stage_of(events_by_worker[worker]), []).append(share)
     return Measured(name=name, tokens_per_s=sum(f.tokens_per_s for f in figures if f.stage == 0),
                     mfu=sum(f.tokens_per_s * flops_of_stage[f.stage] for f in figures) / (tflops * 1e12),
                     peak_mib=max((f.gpu_peak_mib for f in figures), default=0.0),
                     exchange_s=mean(exchange_s) if exchange_s else None,
                     wire_bytes=mean(wire_bytes) if wire_bytes else None,
-                    blocked_share=mean(shares) if shares else None)
+                    blocked_share=mean(shares.values()) if shares else None,
+                    blocked_by_stage={stage: mean(v) for stage, v in sorted(by_stage.items())} if shares else None)
 
 
 def _cell(value: float | None, spec: str, scale: float = 1.0, unit: str = "") -> str:
     return "–" if value is None else f"{value * scale:{spec}}{unit}"
 
 
+def _blocked_cell(row: Measured) -> str:
+    """The mean blocked share, and each stage's where there are several: '2.0 % (0.4 / 3.6)'."""
+    cell = _cell(row.blocked_share, ".1f", 100, " %")
+    if row.blocked_by_stage and len(row.blocked_by_stage) > 1:
+        cell += " (" + " / ".join(f"{share * 100:.1f}" for share in row.blocked_by_stage.values()) + ")"
+    return cell
+
+
 def render_table(title: str, rows_by_preset: dict[str, list[Measured]], notes: list[str]) -> str:
     """One markdown table of every preset's rows, tokens/s also as a ratio to its plain eager row."""
     header = ["preset", "run", "tokens/s", "× plain eager", "MFU", "peak MiB per worker",
-              "exchange s per outer step", "wire MiB per exchange", "blocked share"]
+              "exchange s per outer step", "wire MiB per exchange", "blocked share (by stage)"]
     table = []
     for preset, rows in rows_by_preset.items():
         eager = next((r.tokens_per_s for r in rows if r.name == "plain eager"), None)
@@ -206,7 +224,7 @@ def render_table(title: str, rows_by_preset: dict[str, list[Measured]], notes: l
             ratio = row.tokens_per_s / eager if eager else None
             table.append([preset, row.name, f"{row.tokens_per_s:,.0f}", _cell(ratio, ".2f", unit="×"),
                           _cell(row.mfu, ".2f", 100, " %"), f"{row.peak_mib:,.0f}", _cell(row.exchange_s, ".3f"),
-                          _cell(row.wire_bytes, ".2f", 1 / 2**20), _cell(row.blocked_share, ".1f", 100, " %")])
+                          _cell(row.wire_bytes, ".2f", 1 / 2**20), _blocked_cell(row)])
     return markdown_table(title, header, table) + "".join(f"\n{note}\n" for note in notes)
 
 
@@ -257,7 +275,7 @@ def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float
     sequences = inflight_or_default(cfg) * cfg.data.batch_size  # 0 (from memory) keeps 4 wherever 4 fit
     tokens_per_step, vocab = sequences * cfg.model.seq_len, cfg.model.vocab_size
     rows, failures = [], []
-    for stages, replicas in SHAPES:
+    for stages, replicas in args.shapes:
         label, run_out = f"{preset} {stages}x{replicas}", out / f"{stages}x{replicas}"
         code, _ = run_bounded([sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(stages), "--replicas",
                                str(replicas), "--steps", str(args.steps), "--preset", preset, "--out", str(run_out),
@@ -269,7 +287,7 @@ def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float
         rows.append(runtime_row(f"noloco-rt {stages}x{replicas}", events, tokens_per_step=tokens_per_step,
                                 flops_of_stage=flops, tflops=tflops))
     whole_model = flops_per_token(preset, stage=0, stages=1, seq_len=args.seq_len, vocab_size=vocab)
-    for mode in MODES:
+    for mode in args.plain:
         code, stdout = run_bounded([sys.executable, "-m", "benchmarks.plain_loop", "--preset", preset, "--mode", mode,
                                     "--sequences", str(sequences), "--seq-len",
                                     str(args.seq_len), "--vocab-size", str(vocab), "--steps", str(args.plain_steps)],
@@ -284,6 +302,25 @@ def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float
     return PresetCheck(rows, failures, sequences)
 
 
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """'2x2,1x1' -> ((2, 2), (1, 1)): a shorter check where GPU time is short."""
+    try:
+        shapes = tuple((int(a), int(b)) for a, b in (part.strip().lower().split("x") for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shapes are STAGESxREPLICAS, comma-separated (2x2,1x1), not {text!r}") from None
+    if not shapes or any(n < 1 for shape in shapes for n in shape):
+        raise argparse.ArgumentTypeError(f"shapes need at least one stage and one replica: {text!r}")
+    return shapes
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """'eager,compiled' -> ('eager', 'compiled'); 'none' -> ()."""
+    modes = () if text.strip() == "none" else tuple(m.strip() for m in text.split(","))
+    if unknown := [m for m in modes if m not in MODES]:
+        raise argparse.ArgumentTypeError(f"plain loop modes are {', '.join(MODES)} or none, not {', '.join(unknown)}")
+    return modes
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="small,125m,1b")
@@ -294,6 +331,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, if not known")
     parser.add_argument("--timeout-s", type=float, default=1200.0, help="per run")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--shapes", type=parse_shapes, default=SHAPES,
+                        help="the runtime's runs, STAGESxREPLICAS, comma-separated (default 2x2,1x1)")
+    parser.add_argument("--plain", type=parse_modes, default=MODES,
+                        help="the plain loop's modes, comma-separated (default eager,compiled; 'none' for none)")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="keep each run's folder (logs, checkpoints) here; default: a temporary folder, deleted")
     args = parser.parse_args(argv)
     import torch
 
@@ -307,14 +350,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     presets = [p.strip() for p in args.presets.split(",")]
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        checks = {preset: check_preset(preset, args, Path(tmp) / preset, tflops) for preset in presets}
+        runs = args.runs or Path(tmp)
+        checks = {preset: check_preset(preset, args, runs / preset, tflops) for preset in presets}
     title = (f"`noloco-rt up` against a plain PyTorch loop on {device_name} (dense bf16 peak {tflops:.0f} TFLOPS), "
              f"{args.steps} steps, outer.h = {args.outer_h}, seq_len {args.seq_len}; the plain loop trains the "
              "tokens of the runtime's inner step in one batch")
     notes = [f"{preset}: {check.sequences_per_step} x {args.seq_len} tokens per step, runtime and plain loop"
              + (f" ({PRESET_NOTES[preset]})" if preset in PRESET_NOTES else "") for preset, check in checks.items()]
     failures = [line for check in checks.values() for line in check.failures]
-    verdict = "\n".join(failures) or f"gpu-check: PASS ({len(presets) * len(SHAPES)} runs)"
+    runs = len(presets) * (len(args.shapes) + len(args.plain))
+    verdict = "\n".join(failures) or f"gpu-check: PASS ({runs} runs)"
     table = render_table(title, {preset: check.rows for preset, check in checks.items()}, notes)
     emit(table + f"\n```\n{verdict}\n```\n", args.out)
     raise SystemExit(1 if failures else 0)

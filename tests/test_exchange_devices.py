@@ -25,6 +25,7 @@ from noloco_rt.outer.snapshot import PartsKind
 from tests.exchange_pair import exchange_parts, member_record, overlapped_pair, wait_until
 from tests.other_device import OTHER_DEVICE, OnOtherDevice, on_other_device, values
 from workers.device import HostCopy
+from workers.outer import exchanger as exchanger_module
 from workers.outer.device_boundary import ExchangeBoundary, HostContribution
 from workers.outer.exchanger import OuterRound
 from workers.outer.partners import Partner
@@ -130,6 +131,43 @@ def test_a_round_settled_but_seen_late_is_applied_on_both_sides():
             (done,) = [fields for _, event, fields in worker.log.lines if event == "outer_step_done"]
             sums.append(done["correction_sum"])
         assert [d for _, e, d in a.log.lines if e == "outer_step_done"][0]["delay"] == 2
+        assert abs(sum(sums)) <= 1e-5 * max(abs(x) for x in sums)
+
+
+def test_a_round_seen_late_while_its_correction_is_computed_is_applied_on_both_sides(monkeypatch):
+    """On a GPU (125m, 2 x 2) a round's last act, the correction on the host, outlasted
+    max_delay_steps after both pushes had crossed: the partner's push was already taken from
+    the inbox, so closing the round named no committed partner and a dropped its side while b
+    applied its: one-sided. Held here in a's correction: a must wait for it and apply it late."""
+    computing, release = threading.Event(), threading.Event()
+    compute = exchanger_module.correction_term
+
+    def held_on_a(*args, **kwargs):
+        if threading.current_thread() is a.exchanger._thread:
+            computing.set()
+            assert release.wait(30), "the test never released a's correction"
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(exchanger_module, "correction_term", held_on_a)
+    with overlapped_pair() as (a, b):
+        a.step.take()
+        b.step.take()
+        b.step.finish()
+        assert dict(b.counters.outer_kinds) == {"matched": 1}, b.log.lines  # b used a's: a must use b's
+        assert computing.wait(30), "a's round never reached its correction"
+        for _ in range(2):  # past max_delay_steps 1, with b's push taken and a's correction not done
+            a.counters.inner_steps += 1
+            a.step.after_inner_step()
+        assert a.step.pending is not None and a.step.pending.committed == {"b" * 32}
+        assert dict(a.counters.outer_kinds) == {}, a.log.lines  # not dropped
+        release.set()
+        a.step.finish()
+        sums = []
+        for worker in (a, b):
+            assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
+            assert worker.log.errors() == []
+            (done,) = [fields for _, event, fields in worker.log.lines if event == "outer_step_done"]
+            sums.append(done["correction_sum"])
         assert abs(sum(sums)) <= 1e-5 * max(abs(x) for x in sums)
 
 

@@ -18,6 +18,8 @@ from benchmarks.gpu_check import (
     Measured,
     flops_per_token,
     gate_failures,
+    parse_modes,
+    parse_shapes,
     peak_tflops,
     render_table,
     run_bounded,
@@ -125,20 +127,28 @@ def test_a_failed_exit_and_missing_progress_fail_the_gate():
 
 
 def test_a_run_row_sums_stage_zero_rates_and_averages_its_outer_steps():
-    row = runtime_row("noloco-rt 2x2", two_by_two(), tokens_per_step=1000, flops_of_stage={0: 1e9, 1: 2e9},
+    events = two_by_two()
+    events["s1-r1.0"] = worker_events(stage=1, blocked_s=2.0)
+    row = runtime_row("noloco-rt 2x2", events, tokens_per_step=1000, flops_of_stage={0: 1e9, 1: 2e9},
                       tflops=1.0)
     assert row.tokens_per_s == 10_000.0  # two stage-0 workers at 5,000 tokens/s each
     assert row.mfu == pytest.approx((2 * 5000 * 1e9 + 2 * 5000 * 2e9) / 1e12)
     assert (row.peak_mib, row.exchange_s, row.wire_bytes) == (120.0, 0.75, 2**20)
-    assert row.blocked_share == pytest.approx(1.0 / 6.0)  # 1 s of the 6 s from step 1 (30 s) to the last outer step (36 s)
+    # 1 s of the 6 s from step 1 (30 s) to the last outer step (36 s); 2 s on one stage-1 worker
+    assert row.blocked_by_stage == pytest.approx({0: 1.0 / 6.0, 1: 1.5 / 6.0})
+    assert row.blocked_share == pytest.approx(1.25 / 6.0)
+    assert row.name == "noloco-rt 2x2"
 
 
 def test_the_table_gives_each_run_as_a_ratio_to_the_plain_eager_loop():
-    rows = [Measured("noloco-rt 2x2", 500.0, 0.1, 2048.0, exchange_s=0.25, wire_bytes=3 * 2**20, blocked_share=0.05),
+    rows = [Measured("noloco-rt 2x2", 500.0, 0.1, 2048.0, exchange_s=0.25, wire_bytes=3 * 2**20, blocked_share=0.05,
+                     blocked_by_stage={0: 0.02, 1: 0.08}),
+            Measured("noloco-rt 1x1", 400.0, 0.1, 2048.0, blocked_share=0.01, blocked_by_stage={0: 0.01}),
             Measured("plain eager", 1000.0, 0.2, 4096.0), Measured("plain compiled", 2000.0, 0.4, 3072.0)]
     table = render_table("title", {"125m": rows}, ["1b: pipeline.max_inflight=1 until the scale issue lands"])
     assert "| preset | run | tokens/s | × plain eager | MFU |" in table
-    assert "| 125m | noloco-rt 2x2 | 500 | 0.50× | 10.00 % | 2,048 | 0.250 | 3.00 | 5.0 % |" in table
+    assert "| 125m | noloco-rt 2x2 | 500 | 0.50× | 10.00 % | 2,048 | 0.250 | 3.00 | 5.0 % (2.0 / 8.0) |" in table
+    assert "| 125m | noloco-rt 1x1 | 400 | 0.40× | 10.00 % | 2,048 | – | – | 1.0 % |" in table
     assert "| 125m | plain compiled | 2,000 | 2.00× | 40.00 % | 3,072 | – | – | – |" in table
     assert table.rstrip().endswith("1b: pipeline.max_inflight=1 until the scale issue lands")
 
@@ -180,3 +190,13 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == "gpu-check: no CUDA device here (torch.cuda.is_available() is False); nothing was run\n"
+
+
+def test_shapes_and_plain_modes_parse_and_bad_ones_are_refused():
+    assert parse_shapes("2x2, 1X1") == ((2, 2), (1, 1)) and parse_shapes("4x2") == ((4, 2),)
+    assert parse_modes("eager") == ("eager",) and parse_modes("none") == ()
+    for bad in ("2x", "two", "0x2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="shapes"):
+            parse_shapes(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="eager, compiled or none, not fast"):
+        parse_modes("eager,fast")

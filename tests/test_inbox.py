@@ -90,6 +90,10 @@ def test_a_closed_step_refuses_new_pushes_and_names_the_ones_kept_before():
     assert not inbox.keep("b", 4, *push(4))
     assert inbox.take(4, "a") is not None  # the kept one is still there for its round
     assert inbox.keep("b", 5, *push(5))  # a later step is open
+    # taken by its round (which may still be computing with it): still committed when closed
+    assert inbox.take(5, "c") is not None and inbox.close(5) == {"b", "c"}
+    inbox.advance(6)
+    assert inbox.close(5) == set()  # the round is over: forgotten
 
 
 def test_a_push_decided_without_is_refused_if_it_comes_after_the_decision():

@@ -52,6 +52,8 @@ class SnapshotInbox:
         self._entries: dict[tuple[str, int], Entry] = {}
         self._refused: set[tuple[str, int]] = set()
         """(sender, step) whose push a round decided without: refused if it comes now."""
+        self._taken: set[tuple[str, int]] = set()
+        """(sender, step) whose kept push its round took: acknowledged, so as committed as a kept one."""
         self._arrived = threading.Condition()
 
     def __len__(self) -> int:
@@ -115,10 +117,11 @@ class SnapshotInbox:
 
     def close(self, outer_step: int) -> set[str]:
         """Refuse every later push for `outer_step` and earlier (its round is given up as late);
-        the senders whose pushes for it were already kept (and acknowledged), which stay."""
+        the senders whose pushes for it were already kept (and acknowledged): those still here
+        and those its round took already (it may be computing the correction with them)."""
         with self._arrived:
             self.closed_through = max(self.closed_through, outer_step)
-            return {sender for sender, step in self._entries if step == outer_step}
+            return {sender for sender, step in (*self._entries, *self._taken) if step == outer_step}
 
     def take(self, outer_step: int, sender: str) -> KeptPush | None:
         """`sender`'s fresh contribution for exactly this outer step, removed; None if none."""
@@ -126,6 +129,7 @@ class SnapshotInbox:
             entry = self._entries.pop((sender, outer_step), None)
             if entry is None or self.clock() - entry[0] >= self.fresh_s:
                 return None
+            self._taken.add((sender, outer_step))
             return entry[1]
 
     def wait_for(self, outer_step: int, senders: Iterable[str], *, timeout_s: float,
@@ -147,6 +151,7 @@ class SnapshotInbox:
         with self._arrived:
             self.floor = max(self.floor, floor)
             self._refused = {key for key in self._refused if key[1] >= self.floor}
+            self._taken = {key for key in self._taken if key[1] >= self.floor}
             self._evict()
 
     def wake(self) -> None:
@@ -157,3 +162,4 @@ class SnapshotInbox:
     def clear(self) -> None:
         with self._arrived:
             self._entries.clear()
+            self._taken.clear()
