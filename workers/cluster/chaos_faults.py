@@ -20,6 +20,8 @@ from typing import Any
 from workers.faults import netns
 
 FILL_CHUNK = 1 << 20
+FILL_TAIL = 4096
+"""After the 1 MiB pieces, a page at a time: no room is left for any write."""
 
 
 def split_groups(names_by_stage: Mapping[str, int], rng: random.Random) -> tuple[list[str], list[str]] | None:
@@ -119,17 +121,20 @@ class FullDisk:
         self.mounted = True
 
     def fill(self) -> int:
-        """Bytes written before the disk was full."""
+        """Bytes written before the kernel said ENOSPC, in 1 MiB pieces then page by page.
+        Called again while the fault holds, it takes back room freed since: a write in flight
+        when the disk filled completes and drops its oldest kept file, which left room for
+        every later write (a chaos run once saw no write fail in a 2 s hold)."""
         written = 0
-        chunk = b"\0" * FILL_CHUNK
-        with self.filler.open("wb") as handle:
-            try:
-                while True:
-                    written += handle.write(chunk)
-                    handle.flush()
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
+        with self.filler.open("ab", buffering=0) as handle:
+            for size in (FILL_CHUNK, FILL_TAIL):
+                chunk = b"\0" * size
+                try:
+                    while True:
+                        written += handle.write(chunk) or 0
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
         return written
 
     def free(self) -> None:
@@ -187,8 +192,14 @@ class HeldClusterFault:
         self.until, self.record = now + hold_s, record
 
     def undo_due(self, now: float) -> None:
-        if self.until is not None and now >= self.until:
+        """Undo the fault once its hold is over; until then keep a full disk full."""
+        if self.until is None or self.record is None:
+            return
+        if now >= self.until:
             self.undo()
+        elif self.record["kind"] == "disk_full":
+            assert self.disk is not None
+            self.record["refilled_bytes"] = self.record.get("refilled_bytes", 0) + self.disk.fill()
 
     def undo(self) -> None:
         """Heal the partition or free the disk; the record gets `resumed_wall`."""
