@@ -13,7 +13,7 @@ from workers.cluster.chaos_faults import FullDisk, HeldClusterFault
 @pytest.fixture
 def disk(tmp_path):
     if why_not := FullDisk.unavailable():
-        pytest.skip(f"no tmpfs here: {why_not}")
+        pytest.skip(reason=f"no tmpfs here ({why_not}): the full disk needs root to mount one")
     full = FullDisk(tmp_path / "checkpoints", size_mb=8)
     full.mount()
     try:
