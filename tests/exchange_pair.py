@@ -86,27 +86,30 @@ class ExchangeParts:
         self.server.stop()
 
 
-def replica_on_other_device(cfg, seed: int) -> StageReplica:
-    """A small replica whose θ, φ and δ live on the stand-in device; θ moved away from φ as
-    inner steps would (each worker differently)."""
+def replica_on_other_device(cfg, seed: int, *, device: str = "other") -> StageReplica:
+    """A small replica whose θ, φ and δ live on the stand-in device (`device="cpu"`: on the
+    host); θ moved away from φ as inner steps would (each worker differently)."""
+    place = on_other_device if device == "other" else (lambda t: t)
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
     from noloco_rt.algo.optim import InnerOptimizer
 
     replica = StageReplica(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=10))
     generator = torch.Generator().manual_seed(seed)
-    replica.fast = [on_other_device(t + 0.01 * torch.randn(t.shape, generator=generator)) for t in replica.slow]
-    replica.slow = [on_other_device(t) for t in replica.slow]
-    replica.momentum = [on_other_device(t) for t in replica.momentum]
+    replica.fast = [place(t + 0.01 * torch.randn(t.shape, generator=generator)) for t in replica.slow]
+    replica.slow = [place(t) for t in replica.slow]
+    replica.momentum = [place(t) for t in replica.momentum]
     return replica
 
 
-def exchange_parts(ctx: zmq.Context, cfg, worker_id: str, seed: int, *, collect_s: float = 10.0) -> ExchangeParts:
-    replica = replica_on_other_device(cfg, seed)
+def exchange_parts(ctx: zmq.Context, cfg, worker_id: str, seed: int, *, collect_s: float = 10.0,
+                   boundary: ExchangeBoundary | None = None) -> ExchangeParts:
+    """`boundary`: the replica on the host with this boundary (else on the stand-in device)."""
+    replica = replica_on_other_device(cfg, seed, device="other" if boundary is None else "cpu")
     log, metrics, counters, peers = RecordingLog(), WorkerMetrics(), Counters(), GivenPeers()
     service = SnapshotService(cfg, 0, worker_id, metrics=metrics, log=log, blacklist=peers.blacklist,
                               expected_shapes=[tuple(t.shape) for t in replica.slow],
-                              boundary=ExchangeBoundary.on(OTHER_DEVICE))
+                              boundary=boundary or ExchangeBoundary.on(OTHER_DEVICE))
     server = ExchangeServer(ctx, bind_host="127.0.0.1", port=0, advertise_host="", handler=service.handle)
     server.start()
     exchanger = OuterExchanger(ctx, service, peers, collect_s=collect_s, log=log)

@@ -508,3 +508,35 @@ def test_the_lossless_list_that_bootstraps_use_agrees_with_the_codecs():
     from noloco_rt.outer.codecs import is_lossless
 
     assert set(LOSSLESS_CODECS) == {name for name in CODECS if is_lossless(name)}
+
+
+@pytest.mark.parametrize("codec", ["int8-zstd", "int4-zstd", "int2-zstd"])
+def test_codes_quantised_elsewhere_pack_into_the_payload_the_host_codec_gives(codec):
+    """On a GPU the outer step quantises on the device and the host only packs the codes: with
+    the same random draws the payload is byte for byte the host codec's, so receivers decode
+    it as any other."""
+    from noloco_rt.outer.codec import encode_quantized_tensors
+    from noloco_rt.outer.codecs.quantized import QuantizedTensor, quantize
+
+    tensors = [torch.randn(300), torch.randn(64), torch.randn(1)]
+    family = FAMILIES[codec]
+    host = encode_tensors(tensors, codec, generator=torch.Generator().manual_seed(5))
+    rounding = torch.Generator().manual_seed(5)
+    elsewhere = encode_quantized_tensors([QuantizedTensor(*quantize(t, family.max_code, rounding)) for t in tensors],
+                                         codec)
+    assert elsewhere.payload == host.payload and elsewhere.specs == host.specs
+    assert (elsewhere.raw_bytes, elsewhere.wire_bytes) == (host.raw_bytes, host.wire_bytes)
+    with pytest.raises(CodecError, match="not a blockwise quantised codec"):
+        encode_quantized_tensors([], "shuffle-zstd")
+
+
+def test_a_quantised_piece_is_the_blocks_of_its_elements_and_starts_at_a_block():
+    from noloco_rt.outer.codecs.quantized import QuantizedTensor, quantize
+
+    whole = QuantizedTensor(*quantize(torch.randn(200), 127, torch.Generator().manual_seed(1)))
+    piece = whole.piece(128, 72)
+    assert torch.equal(piece.codes, whole.codes[128:]) and torch.equal(piece.scales, whole.scales[2:4])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        whole.piece(100, 10)
+    with pytest.raises(CodecError, match="scales for"):
+        FAMILIES["int8-zstd"].encode_quantized(whole.scales[:1], whole.codes)

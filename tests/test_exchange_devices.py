@@ -250,3 +250,63 @@ def test_the_boundary_copies_both_ways_and_keeps_the_replica_dtype():
     copied = boundary.weights_to_host(live)
     live[0].add_(on_other_device(torch.ones(3)))
     assert torch.equal(copied.tensors[0], torch.ones(3))
+
+
+@pytest.mark.parametrize("gamma", [0.7, 0.0], ids=["theta-only", "slow-and-outer-gradient"])
+def test_a_contribution_quantised_at_the_boundary_is_sent_as_its_codes_and_the_pair_corrections_cancel(
+        gamma, monkeypatch):
+    """On a GPU a blockwise codec quantises at the device boundary and the host only packs the
+    codes (here the boundary quantises on the host's own device, the same code path). The
+    host codec's rounding is never used, and each side's correction starts from its values
+    as its partner decoded them: the pair's corrections cancel element by element."""
+    from noloco_rt.outer.codecs.quantized import Int8ZstdCodec
+
+    def host_rounding(*args, **kwargs):
+        raise AssertionError("the contribution was rounded on the host")
+    monkeypatch.setattr(Int8ZstdCodec, "encode", host_rounding)
+    corrections: dict[str, list[torch.Tensor]] = {}
+    real_correction = exchanger_module.correction_term
+
+    def recorded(own, states, coeffs, **kwargs):
+        correction = real_correction(own, states, coeffs, **kwargs)
+        corrections[threading.current_thread().name + str(id(own))] = correction
+        return correction
+    monkeypatch.setattr(exchanger_module, "correction_term", recorded)
+    cfg = load_config(environ={}, overrides=[{"run": {"run_id": "devices"},
+                                              "outer": {"method": "noloco", "overlap": False, "gamma": gamma},
+                                              "worker": {"snapshot_codec": "int8-zstd"}}])
+    ctx = zmq.Context()
+    workers = [exchange_parts(ctx, cfg, worker_id, seed=seed,
+                              boundary=ExchangeBoundary.on("cpu", quantize_codec="int8-zstd"))
+               for worker_id, seed in (("a" * 32, 1), ("b" * 32, 2))]
+    try:
+        workers[0].peers.views.members = [member_record(workers[1])]
+        workers[1].peers.views.members = [member_record(workers[0])]
+        threads = [threading.Thread(target=w.step.take) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "an outer step did not return"
+        for worker in workers:
+            assert worker.log.errors() == [], worker.log.errors()
+            assert dict(worker.counters.outer_kinds) == {"matched": 1}, (worker.counters.outer_kinds, worker.log.lines)
+        assert len(corrections) == 2
+        first, second = corrections.values()
+        assert any(float(c.abs().max()) > 0 for c in first)
+        for c_a, c_b in zip(first, second, strict=True):
+            torch.testing.assert_close(c_a + c_b, torch.zeros_like(c_a), rtol=0, atol=1e-7)
+    finally:
+        for worker in workers:
+            worker.close()
+        ctx.term()
+
+
+def test_only_a_gpu_with_a_blockwise_codec_and_no_injected_faults_quantises_at_the_boundary():
+    from workers.outer.device_boundary import quantizes_on_device
+
+    assert quantizes_on_device("cuda", "int8-zstd", faults_on=False) == "int8-zstd"
+    assert quantizes_on_device("cuda", "int4-zstd", faults_on=False) == "int4-zstd"
+    assert quantizes_on_device("cpu", "int8-zstd", faults_on=False) is None
+    assert quantizes_on_device("cuda", "int8-zstd", faults_on=True) is None
+    assert quantizes_on_device("cuda", "bf16-shuffle-zstd", faults_on=False) is None

@@ -127,6 +127,27 @@ def test_a_detached_copy_does_not_change_with_the_original():
     assert copy["slow"][0].sum() == 0 and copy["inner"]["state"][0]["exp_avg"].sum() == 0 and copy["n"] == 3
 
 
+def test_a_state_copied_to_the_host_does_not_change_with_the_original_on_any_device():
+    from workers.background_writer import state_to_host
+    from workers.device import HostStaging, PinnedArena
+
+    original = {"slow": [torch.zeros(4)], "inner": {"state": {0: {"exp_avg": torch.zeros(4)}}}, "n": 3}
+    copy = state_to_host(original, HostStaging(torch.device("cpu")), PinnedArena(1 << 20))
+    original["slow"][0].add_(1)
+    original["inner"]["state"][0]["exp_avg"].add_(1)
+    state = copy.get()
+    assert state["slow"][0].sum() == 0 and state["inner"]["state"][0]["exp_avg"].sum() == 0 and state["n"] == 3
+    assert not copy.blocked  # nothing on a GPU: nothing the training thread waited for a GPU to copy
+
+
+def test_a_pinned_arena_refuses_a_state_over_its_limit_before_pinning_anything():
+    from workers.device import PinnedArena
+
+    arena = PinnedArena(limit_bytes=256)
+    assert arena.views([torch.zeros(100)]) is None  # 400 bytes
+    assert arena._buffer is None
+
+
 def test_timeouts_grow_with_the_stage_and_never_fall_below_the_floors():
     worker = WorkerConfig(exchange_timeout_s=10.0, bootstrap_timeout_s=60.0, min_bandwidth_mbit_s=200.0)
     tiny = stage_timeouts(100_000, worker)

@@ -19,7 +19,8 @@ from typing import Any
 
 from noloco_rt.checkpoint import checkpoint_bytes
 from noloco_rt.kept_checkpoints import write_kept
-from workers.background_writer import BackgroundWriter, detached_copy
+from workers.background_writer import PINNED_STATE_LIMIT_BYTES, BackgroundWriter, state_to_host
+from workers.device import HostStaging, PinnedArena
 
 
 def checkpoint_due(outer_step: int, *, every: int, interval_s: float, since_write_s: float) -> bool:
@@ -43,8 +44,13 @@ class CheckpointWrites:
     """One worker's checkpoint file, written whole or not at all, one write at a time."""
 
     def __init__(self, path: Path, *, keep: int, log: Any, failures_metric: Any = None,
-                 fault: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 fault: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 staging: HostStaging | None = None) -> None:
         self.path, self.keep, self.log = path, keep, log
+        self.staging = staging
+        """The worker's device copies (on CUDA the state's copy does not hold up training)."""
+        self._arena = PinnedArena(PINNED_STATE_LIMIT_BYTES)
+        self._said_blocking = False
         self.failures_metric = failures_metric
         """Prometheus counter labelled by kind (noloco_checkpoint_failures_total), or None."""
         self.fault = fault
@@ -87,8 +93,12 @@ class CheckpointWrites:
             self.writer.skipped_busy += 1
             self.log.info("checkpoint_skipped", outer_step=outer_step, note="previous checkpoint write still running")
             return False
-        snapshot = detached_copy(state())
-        return self.writer.submit(lambda: self._write(snapshot, reason=reason, outer_step=outer_step,
+        snapshot = state_to_host(state(), self.staging, self._arena)
+        if snapshot.blocked and not self._said_blocking:
+            self._said_blocking = True
+            self.log.info("checkpoint_copy_blocking", limit_bytes=PINNED_STATE_LIMIT_BYTES,
+                          note="the state is over the pinned limit: the training thread waits for its copy")
+        return self.writer.submit(lambda: self._write(snapshot.get(), reason=reason, outer_step=outer_step,
                                                       inner_step=inner_step))
 
     def now(self, state: dict[str, Any], *, reason: str, outer_step: int, inner_step: int,

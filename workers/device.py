@@ -54,6 +54,35 @@ def memory_fields(device: torch.device) -> dict[str, float]:
     return {"gpu_peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)}
 
 
+class PinnedArena:
+    """One pinned host buffer, reused by each whole-state copy of one writer (one copy in use at
+    a time: a busy writer skips the next): pinned once, instead of a pinned block per tensor
+    that torch's caching host allocator would round up and keep. Grows to fit; a state over
+    `limit_bytes` is not pinned at all (host memory is shared by the machine's workers)."""
+
+    ALIGN = 64
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._buffer: torch.Tensor | None = None
+
+    def views(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """Contiguous host tensors shaped and typed as `tensors`, in the buffer; None when they
+        need more than limit_bytes."""
+        offsets, total = [], 0
+        for tensor in tensors:
+            offsets.append(total)
+            total += -(-tensor.numel() * tensor.element_size() // self.ALIGN) * self.ALIGN
+        if total > self.limit_bytes:
+            return None
+        if self._buffer is None or self._buffer.numel() < total:
+            self._buffer = None  # the old one goes first: never both
+            self._buffer = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
+        buffer = self._buffer
+        return [buffer[o:o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                for o, t in zip(offsets, tensors, strict=True)]
+
+
 @dataclass(frozen=True)
 class HostCopy:
     """Tensors on the host for the wire; on CUDA their copy may still be running."""
@@ -92,6 +121,24 @@ class HostStaging:
                 host.copy_(tensor, non_blocking=True)
                 tensor.record_stream(side)  # its memory is not reused before the copy has read it
                 hosts.append(host)
+        done = torch.cuda.Event()
+        done.record(side)
+        return HostCopy(hosts, done.synchronize)
+
+    def copy_live(self, tensors: list[torch.Tensor], arena: PinnedArena) -> HostCopy | None:
+        """Host copies of live tensors the training thread goes on changing in place (a whole
+        state for a checkpoint), without it waiting: on CUDA into `arena` on the side stream,
+        and the training stream waits for those copies on the GPU, not the host, before it
+        changes anything. None where this cannot be done (not CUDA, or over the arena's limit):
+        the caller copies synchronously."""
+        if self._copy_stream is None or (hosts := arena.views(tensors)) is None:
+            return None
+        side, current = self._copy_stream, torch.cuda.current_stream(self.device)
+        side.wait_stream(current)  # the values of now: everything queued before is computed
+        with torch.cuda.stream(side):
+            for host, tensor in zip(hosts, tensors, strict=True):
+                host.copy_(tensor.detach(), non_blocking=True)
+        current.wait_stream(side)  # later in-place updates run once the copies have read
         done = torch.cuda.Event()
         done.record(side)
         return HostCopy(hosts, done.synchronize)

@@ -17,7 +17,13 @@ from noloco_rt.data import DataCursor
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.cursors import DataCursors
 from noloco_rt.store.stage_checkpoints import LoadedStageCheckpoint, StageCheckpoints
-from workers.background_writer import BackgroundWriter, detached_copy
+from workers.background_writer import (
+    PINNED_STATE_LIMIT_BYTES,
+    BackgroundWriter,
+    detached_copy,
+    state_to_host,
+)
+from workers.device import HostStaging, PinnedArena
 
 __all__ = ["DurableStageState", "detached_copy", "durable_state_for", "is_elected_writer"]
 
@@ -29,7 +35,8 @@ def is_elected_writer(own_id: str, live_peer_ids: list[str]) -> bool:
 
 class DurableStageState:
     def __init__(self, store: RunStore, *, run_id: str, stage: int, worker_id: str, name: str, every: int,
-                 keep: int, log: Any, on_written: Callable[[int], None] = lambda outer_step: None) -> None:
+                 keep: int, log: Any, on_written: Callable[[int], None] = lambda outer_step: None,
+                 staging: HostStaging | None = None) -> None:
         self.checkpoints = StageCheckpoints(store, run_id, keep=keep)
         self.cursors = DataCursors(store, run_id)
         self.stage, self.worker_id, self.name, self.every = stage, worker_id, name, every
@@ -38,6 +45,9 @@ class DurableStageState:
         self.written = 0
         self.failed = 0
         self.writer = BackgroundWriter("durable-writer", on_error=self._failed)
+        self.staging = staging
+        """The worker's device copies (on CUDA the state's copy does not hold up training)."""
+        self._arena = PinnedArena(PINNED_STATE_LIMIT_BYTES)
 
     def counts(self) -> dict[str, int]:
         """For the worker's summary line: stage checkpoints written, writes failed, skipped while busy."""
@@ -81,11 +91,11 @@ class DurableStageState:
             self.writer.skipped_busy += 1
             self.log.warning("store_write_skipped", outer_step=outer_step, note="previous write still running")
             return
-        snapshot = detached_copy(state()) if write_stage else None
+        snapshot = state_to_host(state(), self.staging, self._arena) if write_stage else None
 
         def job() -> None:
             if snapshot is not None:
-                self._write_stage(snapshot, outer_step, inner_step)
+                self._write_stage(snapshot.get(), outer_step, inner_step)
             if cursor is not None:
                 self.cursors.save(self.name, cursor, inner_step=inner_step)
         self.writer.submit(job)
@@ -121,10 +131,11 @@ class DurableStageState:
 
 
 def durable_state_for(cfg: Any, stage: int, *, worker_id: str, name: str, log: Any,
-                      membership: Any) -> DurableStageState | None:
+                      membership: Any, staging: HostStaging | None = None) -> DurableStageState | None:
     """The worker's durable state when the run has a store (store.url), else None."""
     if not cfg.store.url:
         return None
     return DurableStageState(RunStore(cfg.store.url), run_id=cfg.run.run_id, stage=stage, worker_id=worker_id,
                              name=name, every=cfg.store.every, keep=cfg.store.keep, log=log,
-                             on_written=lambda step: membership.high_water.record_durable(stage, step))
+                             on_written=lambda step: membership.high_water.record_durable(stage, step),
+                             staging=staging)

@@ -25,7 +25,7 @@ class WorkerMetrics:
         self.outer_steps = Counter("noloco_outer_steps", "Outer steps by kind: matched, partial, local, dropped_late, failed",
                                    ["kind"], registry=r)
         self.outer_blocked_seconds = Counter("noloco_outer_blocked_seconds",
-                                             "Seconds the training thread waited for outer exchanges", registry=r)
+                                             "Seconds the training thread spent on outer steps: the step, its correction, its checkpoint copy", registry=r)
         self.correction_delay = Histogram("noloco_outer_correction_delay_steps",
                                           "Inner steps between an overlapped outer step and its correction",
                                           registry=r, buckets=(0, 1, 2, 3, 5, 8, 13, 21, 34))

@@ -53,12 +53,13 @@ from workers.data_path.roles import data_path_for
 from workers.device import HostStaging, memory_choice, pick_device
 from workers.durable_state import durable_state_for, is_elected_writer
 from workers.faults.data_path import DataFaults
+from workers.faults.snapshot import snapshot_faults_on
 from workers.inner_step import InnerStep
 from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import bootstrap_from_stage, check_may_seed
-from workers.outer.device_boundary import ExchangeBoundary
+from workers.outer.device_boundary import ExchangeBoundary, quantizes_on_device
 from workers.outer.exchanger import OuterExchanger
 from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
@@ -110,8 +111,10 @@ class StageWorker:
         self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps,
                                                       upstream_lost_s=cfg.worker.upstream_lost_s,
                                                       upstream_gone_s=cfg.worker.upstream_gone_s)
+        boundary = ExchangeBoundary(staging, quantize_codec=quantizes_on_device(
+            device.type, cfg.worker.snapshot_codec, faults_on=snapshot_faults_on(cfg)))
         self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
-                                         blacklist=self.peers.blacklist, boundary=ExchangeBoundary(staging),
+                                         blacklist=self.peers.blacklist, boundary=boundary,
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])
         self.exchange_server = ExchangeServer(ctx, bind_host=cfg.network.bind_host, port=cfg.network.exchange_port,
                                               advertise_host=cfg.network.advertise_host,
@@ -125,14 +128,15 @@ class StageWorker:
                                peers=self.peers, counters=self.counters, metrics=metrics, log=self.log)
         # checkpoint_fault: tests only, a disk that fills up (workers/faults/checkpoint_writes.py).
         writes = CheckpointWrites(checkpoint_path, keep=cfg.worker.checkpoint_keep, log=self.log,
-                                  failures_metric=metrics.checkpoint_failures, fault=checkpoint_fault)
+                                  failures_metric=metrics.checkpoint_failures, fault=checkpoint_fault,
+                                  staging=staging)
         self.checkpoint = WorkerCheckpoint(checkpoint_path, run_id=cfg.run.run_id, stage=stage, name=name,
                                            replica=self.replica, counters=self.counters,
                                            cursor_state=self.data_path.cursor_state, h=self.outer.settings.h,
                                            log=self.log, writes=writes)
         self.alive = AliveFile(cfg.worker.alive_file)
         self.durable = durable_state_for(cfg, stage, worker_id=self.worker_id, name=name, log=self.log,
-                                         membership=membership)
+                                         membership=membership, staging=staging)
         self.inner = InnerStep(data_path=self.data_path, replica=self.replica, outer=self.outer,
                                counters=self.counters, tokens=self.data_path.ctx.tokens, metrics=metrics,
                                log=self.log, slowdown=cfg.worker.fault_slowdown)

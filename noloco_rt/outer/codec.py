@@ -32,10 +32,11 @@ from noloco_rt.outer.codecs.base import (
     planes,
 )
 from noloco_rt.outer.codecs.frame import compress_frame, decompress_exactly
+from noloco_rt.outer.codecs.quantized import BlockQuantizedCodec, QuantizedTensor
 
 __all__ = ["ALLOWED_DTYPES", "CODECS", "CodecError", "EncodedTensors", "TensorSpec", "checksum",
-           "decode_tensors", "encode_tensors", "fresh_generator", "is_lossless", "shuffle_bytes",
-           "unshuffle_bytes"]
+           "decode_tensors", "encode_quantized_tensors", "encode_tensors", "fresh_generator", "is_lossless",
+           "shuffle_bytes", "unshuffle_bytes"]
 
 
 def shuffle_bytes(data: bytes | memoryview, itemsize: int) -> bytes:
@@ -87,6 +88,21 @@ def encode_tensors(tensors: Sequence[torch.Tensor], codec: str, level: int = 3, 
         chunks.append(chunk)
     payload = compress_frame(chunks, level) if family.framed else b"".join(chunks)
     return EncodedTensors(codec=codec, specs=specs, payload=payload, raw_bytes=raw_bytes,
+                          wire_bytes=len(payload))
+
+
+def encode_quantized_tensors(tensors: Sequence[QuantizedTensor], codec: str, level: int = 3) -> EncodedTensors:
+    """Pack flat float32 tensors quantised already (host tensors, by `quantize` on the
+    replica's device) into the payload `encode_tensors` gives for a blockwise codec: the same
+    specs (1-D float32) and layout, so receivers cannot tell the two apart. CodecError for a
+    codec that is not blockwise quantised."""
+    family = codec_named(codec)
+    if not isinstance(family, BlockQuantizedCodec):
+        raise CodecError(f"{codec} is not a blockwise quantised codec")
+    specs = [TensorSpec((t.codes.numel(),), "float32") for t in tensors]
+    chunks = [family.encode_quantized(t.scales, t.codes) for t in tensors if t.codes.numel()]
+    payload = compress_frame(chunks, level)
+    return EncodedTensors(codec=codec, specs=specs, payload=payload, raw_bytes=4 * sum(s.numel for s in specs),
                           wire_bytes=len(payload))
 
 

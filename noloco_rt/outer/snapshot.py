@@ -36,8 +36,10 @@ from noloco_rt.outer.codec import (
     TensorSpec,
     checksum,
     decode_tensors,
+    encode_quantized_tensors,
     encode_tensors,
 )
+from noloco_rt.outer.codecs.quantized import QuantizedTensor
 from noloco_rt.outer.formula import PeerOuterState
 
 SNAPSHOT_LIMITS = WireLimits(max_frame_bytes=64 << 30, max_message_bytes=(64 << 30) + (1 << 20))
@@ -106,6 +108,14 @@ def encode_snapshot(tensors: Sequence[torch.Tensor], codec: str, outer_step: int
     `generator` drives a quantised codec's stochastic rounding (None: a fresh one)."""
     encoded = encode_tensors([t.detach().float().cpu() for t in tensors], codec, generator=generator)
     return Snapshot(outer_step, parts_kind.value, encoded, checksum(encoded.payload), counters or {})
+
+
+def encode_quantized_snapshot(tensors: Sequence[QuantizedTensor], codec: str, outer_step: int,
+                              parts_kind: PartsKind) -> Snapshot:
+    """A snapshot of flat tensors quantised already (on the replica's device), with its
+    checksum: the same payload `encode_snapshot` would give with that rounding."""
+    encoded = encode_quantized_tensors(tensors, codec)
+    return Snapshot(outer_step, parts_kind.value, encoded, checksum(encoded.payload), {})
 
 
 def contribution_parts(state: PeerOuterState) -> tuple[list[torch.Tensor], PartsKind]:

@@ -37,12 +37,14 @@ import torch
 import zmq
 
 from noloco_rt.net.wire import MessageKind
-from noloco_rt.outer.chunks import ChunkAssembly
+from noloco_rt.outer.chunks import ChunkAssembly, Piece
 from noloco_rt.outer.codec import is_lossless
+from noloco_rt.outer.codecs.quantized import QuantizedTensor
 from noloco_rt.outer.correction import correction_term, pair_group_size
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, TensorList
 from noloco_rt.outer.peer_checks import check_peer_distance
 from noloco_rt.outer.snapshot import (
+    Snapshot,
     SnapshotRejected,
     contribution_parts,
     contribution_state,
@@ -206,12 +208,13 @@ class OuterExchanger:
             return RoundResult(step, partners=[p.worker_id for p in outer_round.partners],
                                missing={p.worker_id: "cancelled" for p in outer_round.partners})
         own = outer_round.own.state()  # our contribution on the host: the one device -> host crossing
+        quantized = outer_round.own.quantized()  # quantised on the device already: the host packs its codes
         scale = None  # a sparse round: x̂ alone is sent, our φ scales the peer check
         if outer_round.sparse:
             if own.slow is None or own.outer_grad is None:
                 raise ValueError("a sparse round needs our slow weights and what we sent")
             own, scale = PeerOuterState(outer_grad=own.outer_grad), own.slow
-        feed = self._start_encoding(step, own)  # before any waiting: chunks ready to push
+        feed = self._start_encoding(step, own, quantized)  # before any waiting: chunks ready to push
         partners, pairing = self._partners(outer_round)
         group_size = len(partners) + 1  # as we computed it: each push says so (a pair's weight)
         pushes = {p.worker_id: self._pushers.submit(self._push, p, feed, group_size) for p in partners}
@@ -240,8 +243,8 @@ class OuterExchanger:
             self._decide(result, partner.worker_id, verdict is Verdict.USED,
                          "unconfirmed" if verdict is None else "push_failed", own=own, scale=scale)
         if result.states:
-            if self._symmetric(outer_round):  # ours as partners decoded it
-                own = self._as_sent(feed, own)
+            if self._symmetric(outer_round) and quantized is None:  # ours as partners decoded it (quantised
+                own = self._as_sent(feed, own)                       # on the device: `own` is that already)
             # Each pair over the larger computed group size: a partial group's pairs, and a pair
             # whose views of the stage differ, still cancel (correction.py).
             correction = correction_term(own, result.states, outer_round.coeffs, group_size=result.pair_sizes)
@@ -267,12 +270,18 @@ class OuterExchanger:
             assembly.add(chunk.index, chunk.pieces, self.service.reader.tensors(chunk.snapshot))
         return contribution_state(assembly.tensors(), parts_kind)
 
-    def _start_encoding(self, step: int, own: PeerOuterState) -> ChunkFeed:
-        """Our contribution's chunks, compressing in the background into a feed the pushers read."""
+    def _start_encoding(self, step: int, own: PeerOuterState, quantized: list[QuantizedTensor] | None) -> ChunkFeed:
+        """Our contribution's chunks, compressing in the background into a feed the pushers read
+        (from the codes when it was quantised on the device)."""
         parts, parts_kind, plan = self.service.plan_contribution(own)
         feed = ChunkFeed(total=len(plan))
-        start_encoding(feed, lambda pieces: self.service.encode_chunk(parts, pieces, step, parts_kind), plan,
-                       self._encoders)
+        if quantized is not None:
+            def encode(pieces: list[Piece]) -> Snapshot:
+                return self.service.encode_quantized_chunk(quantized, pieces, step, parts_kind)
+        else:
+            def encode(pieces: list[Piece]) -> Snapshot:
+                return self.service.encode_chunk(parts, pieces, step, parts_kind)
+        start_encoding(feed, encode, plan, self._encoders)
         return feed
 
     def _partners(self, outer_round: OuterRound) -> tuple[list[Partner], str]:

@@ -22,6 +22,7 @@ from noloco_rt.config.choices import LOSSLESS_CODECS
 from noloco_rt.device_check import one_device
 from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
 from noloco_rt.outer.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
+from noloco_rt.outer.codecs.quantized import QuantizedTensor
 from noloco_rt.outer.codecs.sparse import CHUNK as SPARSE_CHUNK
 from noloco_rt.outer.formula import PeerOuterState
 from noloco_rt.outer.snapshot import (
@@ -31,6 +32,7 @@ from noloco_rt.outer.snapshot import (
     SnapshotRejected,
     chunk_message,
     contribution_parts,
+    encode_quantized_snapshot,
     encode_snapshot,
     push_group_size,
     push_target_step,
@@ -103,6 +105,13 @@ class SnapshotService:
         alone with worker.delta_codec, a whole state with worker.snapshot_codec."""
         codec = self.cfg.worker.delta_codec if parts_kind is PartsKind.GRAD else self.cfg.worker.snapshot_codec
         return encode_snapshot(piece_views(parts, pieces), codec, outer_step, parts_kind)
+
+    def encode_quantized_chunk(self, quantized: list[QuantizedTensor], pieces: list[Piece], outer_step: int,
+                               parts_kind: PartsKind) -> Snapshot:
+        """One chunk of our contribution quantised on the device already: its codes packed and
+        compressed with worker.snapshot_codec (any thread: it only reads `quantized`)."""
+        return encode_quantized_snapshot([quantized[p.tensor].piece(p.start, p.count) for p in pieces],
+                                         self.cfg.worker.snapshot_codec, outer_step, parts_kind)
 
     def chunk_push_message(self, chunk: Snapshot, index: int, total: int, pieces: list[Piece],
                            for_step: int, group_size: int) -> list[Any]:

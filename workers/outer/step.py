@@ -129,7 +129,7 @@ class OuterStep:
         if not partners:
             self._record(outer_step, None, delay=0)
         else:
-            self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own),
+            self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own, sparse=sparse),
                                             [Partner.of(p, outer_step) for p in partners], self.coeffs,
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s(),
                                             sparse=sparse))
@@ -168,9 +168,14 @@ class OuterStep:
         return min(self.exchanger.collect_s, max(MIN_READY_WINDOW_S, steps * self.step_seconds.value))
 
     def after_inner_step(self) -> None:
-        """Each inner-step boundary: time it, and apply a pending correction that is due."""
+        """Each inner-step boundary: time it, and apply a pending correction that is due (and
+        what follows a final step: the checkpoint's copy), timed as blocked like the outer step."""
         self.step_seconds.tick()
+        started = time.monotonic()
         self.settle()
+        blocked = time.monotonic() - started
+        self.counters.outer_blocked_s += blocked
+        self.metrics.outer_blocked_seconds.inc(blocked)
 
     @property
     def round_wait_s(self) -> float:

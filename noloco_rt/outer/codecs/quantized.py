@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -41,20 +42,23 @@ def _scales_rounded_up(absmax: torch.Tensor, max_code: int) -> torch.Tensor:
     """absmax / max_code as float32, rounded toward +inf (blocks,) float64 -> float32."""
     exact = absmax / max_code
     scales = exact.float()
-    return torch.where(scales.double() < exact, torch.nextafter(scales, torch.tensor(math.inf)), scales)
+    inf = torch.tensor(math.inf, device=scales.device)
+    return torch.where(scales.double() < exact, torch.nextafter(scales, inf), scales)
 
 
 def quantize(flat: torch.Tensor, max_code: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scales (blocks,) float32, codes (n,) int8) of a flat floating tensor (n,) n >= 1."""
+    """(scales (blocks,) float32, codes (n,) int8) of a flat floating tensor (n,) n >= 1, on
+    the tensor's device (`generator` on the same device): on a GPU the outer step quantises
+    there and copies the codes, a quarter of the float32 bytes (DESIGN §4 "Devices")."""
     n = flat.numel()
     blocks = block_count(n)
-    x = torch.zeros(blocks * BLOCK_SIZE, dtype=torch.float64)
+    x = torch.zeros(blocks * BLOCK_SIZE, dtype=torch.float64, device=flat.device)
     x[:n] = flat
     x = x.view(blocks, BLOCK_SIZE)  # (blocks, B), the last block padded with zeros
     scales = _scales_rounded_up(x.abs().amax(dim=1), max_code)  # (blocks,); NaN or inf if a value is
     usable = torch.isfinite(scales)
     divisor = torch.where(usable & (scales > 0), scales.double(), 1.0)  # zero block: x / 1 = 0
-    u = torch.rand(blocks, BLOCK_SIZE, generator=generator, dtype=torch.float64)  # (blocks, B)
+    u = torch.rand(blocks, BLOCK_SIZE, generator=generator, dtype=torch.float64, device=flat.device)  # (blocks, B)
     # float64 holds x and s exactly and |x / s| <= max_code, so floor(x / s + u) stays in
     # range (the clamp only guards the int8 cast).
     codes = x.div_(divisor[:, None]).add_(u).floor_()  # in place: x is ours
@@ -64,8 +68,25 @@ def quantize(flat: torch.Tensor, max_code: int, generator: torch.Generator) -> t
     return scales, codes.clamp_(-max_code, max_code).reshape(-1)[:n].to(torch.int8)
 
 
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A flat float32 tensor's `quantize` output: (blocks,) float32 scales, (n,) int8 codes."""
+
+    scales: torch.Tensor
+    codes: torch.Tensor
+
+    def piece(self, start: int, count: int) -> QuantizedTensor:
+        """Elements [start, start + count), `start` a multiple of BLOCK_SIZE: the blocks that
+        quantising that piece alone would have (a view, no copy)."""
+        if start % BLOCK_SIZE:
+            raise ValueError(f"a quantised piece starts at a multiple of {BLOCK_SIZE}, not {start}")
+        first = start // BLOCK_SIZE
+        return QuantizedTensor(self.scales[first:first + block_count(count)], self.codes[start:start + count])
+
+
 def dequantize(scales: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """codes (n,) int8 times the scale of their block (blocks,) float32 -> (n,) float32."""
+    """codes (n,) int8 times the scale of their block (blocks,) float32 -> (n,) float32, on
+    their device (one float32 product per element: the same bits on any device)."""
     per_element = scales.repeat_interleave(BLOCK_SIZE)[: codes.numel()]  # (n,)
     return codes.float() * per_element
 
@@ -100,7 +121,16 @@ class BlockQuantizedCodec(Codec):
         if generator is None:
             raise CodecError(f"{self.name} rounds stochastically: it needs a generator")
         scales, codes = quantize(tensor.reshape(-1), self.max_code, generator)
-        return np.concatenate([scales.numpy().astype(_SCALE_DTYPE).view(np.uint8), self.pack(codes)])
+        return self.encode_quantized(scales, codes)
+
+    def encode_quantized(self, scales: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
+        """The chunk of codes quantised already (host tensors: `quantize`'s output, or a slice
+        of it at block boundaries): scales, then the packed codes."""
+        if scales.numel() != block_count(codes.numel()):
+            raise CodecError(f"{self.name}: {scales.numel()} scales for {codes.numel()} codes, "
+                             f"expected {block_count(codes.numel())}")
+        return np.concatenate([scales.contiguous().numpy().astype(_SCALE_DTYPE).view(np.uint8),
+                               self.pack(codes.contiguous())])
 
     def decode(self, chunk: np.ndarray, spec: TensorSpec) -> torch.Tensor:
         if not spec.torch_dtype.is_floating_point:
