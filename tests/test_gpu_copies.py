@@ -30,7 +30,7 @@ def test_a_state_copy_the_training_thread_does_not_wait_for_holds_the_values_of_
     assert not copy.blocked
     assert torch.equal(got["slow"][0], expected)
     assert torch.equal(got["inner"]["state"][0]["exp_avg"], torch.ones(300))
-    assert got["n"] == 3 and torch.equal(got["host"], torch.arange(5))
+    assert got["inner"]["n"] == 3 and torch.equal(got["host"], torch.arange(5))
     buffer = arena._buffer.data_ptr()
     again = state_to_host(state, HostStaging(cuda), arena).get()  # the arena is reused, the first copy kept
     assert arena._buffer.data_ptr() == buffer

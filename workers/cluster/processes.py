@@ -3,6 +3,7 @@ command lines and environments of the supervised `noloco-rt` children."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,11 +28,18 @@ def run_command(config_file: Path, *args: str) -> tuple[str, ...]:
             "--set", "run.log_format=json")
 
 
-def child_env(cfg: Config, redis_url: str) -> dict[str, str]:
-    # One thread per worker: S × R processes share this machine's cores.
+def threads_per_worker(cores: int, workers: int) -> int:
+    """Each worker's share of this machine's cores for torch's CPU work (pure): S × R
+    processes share them. On a GPU machine the share matters: the outer exchange's host
+    arithmetic (decoding a partner's state, the correction) runs on it."""
+    return max(1, cores // max(1, workers))
+
+
+def child_env(cfg: Config, redis_url: str, *, workers: int = 0) -> dict[str, str]:
     # The Redis URL goes through the environment, like `launch` does: a password in it
-    # never shows in `ps`.
-    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
+    # never shows in `ps`. `workers`: how many share this machine (0: one thread each).
+    threads = threads_per_worker(os.cpu_count() or 1, workers) if workers else 1
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
     if cfg.network.curve_secret_key:  # kept out of config.toml and the command line
         env["NOLOCO_NETWORK_CURVE_SECRET_KEY"] = cfg.network.curve_secret_key
     return env
@@ -43,7 +51,7 @@ def worker_process_specs(cfg: Config, config_file: Path, names: dict[str, int], 
     """One supervised `noloco-rt worker` per name (name -> stage). `hosts`: name -> (command
     prefix, address), for workers each in its own network namespace (`ip netns exec NS`)."""
     # LOCAL_WORLD_SIZE: every worker of this machine, so a worker's memory budget is its share of a GPU.
-    env = {**child_env(cfg, redis_url), "LOCAL_WORLD_SIZE": str(len(names)), **(extra_env or {})}
+    env = {**child_env(cfg, redis_url, workers=len(names)), "LOCAL_WORLD_SIZE": str(len(names)), **(extra_env or {})}
     specs = []
     for index, (name, stage) in enumerate(names.items()):
         prefix, address = (hosts or {}).get(name, ([], ""))

@@ -109,6 +109,10 @@ class RoundResult:
     """(Σ c, Σ |c|) in float64: over a matched group the c sum to 0 (the mean is kept)."""
     failed: str | None = None
     """The exception type that ended the round, if one did (the step stays local)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the round's start to the end of each phase: our copy on the host (`host`),
+    the partners' pushes here or the window over (`collected`), our chunks all encoded
+    (`encoded`), the correction computed (`corrected`): where a slow round spends its time."""
 
 
 class OuterExchanger:
@@ -209,6 +213,7 @@ class OuterExchanger:
                                missing={p.worker_id: "cancelled" for p in outer_round.partners})
         own = outer_round.own.state()  # our contribution on the host: the one device -> host crossing
         quantized = outer_round.own.quantized()  # quantised on the device already: the host packs its codes
+        phases = {"host": time.monotonic() - started}
         scale = None  # a sparse round: x̂ alone is sent, our φ scales the peer check
         if outer_round.sparse:
             if own.slow is None or own.outer_grad is None:
@@ -222,11 +227,13 @@ class OuterExchanger:
         self.service.inbox.wait_for(
             step, ids, timeout_s=self.collect_s,
             stop=lambda here: self._is_cancelled(step) or _all_settled(pushes, here))
+        phases["collected"] = time.monotonic() - started
         if feed.wait_closed(self.collect_s) and feed.error is not None:
             raise feed.error
+        phases["encoded"] = (feed.closed_at or time.monotonic()) - started
         wire, raw = feed.bytes()
         result = RoundResult(step, partners=ids, pairing=pairing, sent_wire_bytes=wire, sent_raw_bytes=raw,
-                             group_size=group_size)
+                             group_size=group_size, phases=phases)
         unsure = []
         for partner in partners:  # the sure ones first: an unsure partner may be asking for our word on them
             partner_id = partner.worker_id
@@ -250,6 +257,7 @@ class OuterExchanger:
             correction = correction_term(own, result.states, outer_round.coeffs, group_size=result.pair_sizes)
             result.correction_sums = correction_sums(correction)
             result.correction = self.service.boundary.ready_for_device(correction)
+            phases["corrected"] = time.monotonic() - started
         result.seconds = time.monotonic() - started
         self._last_round = (step, partners)
         return result

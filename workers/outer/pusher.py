@@ -11,6 +11,7 @@ every chunk (each validated and placed); it fails on a refused chunk, or when no
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class ChunkFeed:
     chunks: list[EncodedChunk] = field(default_factory=list)
     error: BaseException | None = None
     closed: bool = False
+    closed_at: float | None = None
+    """time.monotonic() when it closed."""
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def append(self, chunk: EncodedChunk) -> None:
@@ -50,7 +53,7 @@ class ChunkFeed:
 
     def close(self, error: BaseException | None = None) -> None:
         with self._cond:
-            self.closed, self.error = True, error
+            self.closed, self.error, self.closed_at = True, error, time.monotonic()
             self._cond.notify_all()
 
     def get(self, index: int, timeout_s: float) -> EncodedChunk | None:

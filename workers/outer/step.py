@@ -242,6 +242,8 @@ class OuterStep:
             self.metrics.exchange_latency.observe(result.seconds)
             fields = {"exchange_s": round(result.seconds, 3), "pairing": result.pairing, "wire_bytes": result.wire_bytes,
                       "raw_bytes": result.raw_bytes, "missing": {k[:8]: v for k, v in result.missing.items()}}
+            if result.phases:
+                fields["phases_s"] = {k: round(v, 3) for k, v in result.phases.items()}
             if result.failed is not None:
                 fields["failed"] = result.failed
             if used and result.correction_sums is not None:
