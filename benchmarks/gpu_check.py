@@ -268,6 +268,12 @@ class PresetCheck:
     """max_inflight x batch_size: of the runtime's inner step and of the plain loop's step."""
 
 
+def earlier_runs(runs: Path, presets: list[str], shapes: tuple[tuple[int, int], ...]) -> list[Path]:
+    """The run folders under `runs` that are not empty: a run there would resume its checkpoints."""
+    folders = [runs / preset / f"{stages}x{replicas}" for preset in presets for stages, replicas in shapes]
+    return [folder for folder in folders if folder.is_dir() and any(folder.iterdir())]
+
+
 def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float) -> PresetCheck:
     """The runtime's runs and the plain loops of one preset: their rows and the gate's failures."""
     settings = runtime_settings(preset, args)
@@ -338,6 +344,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=Path, default=None,
                         help="keep each run's folder (logs, checkpoints) here; default: a temporary folder, deleted")
     args = parser.parse_args(argv)
+    presets = [p.strip() for p in args.presets.split(",")]
+    if args.runs is not None and (used := earlier_runs(args.runs, presets, args.shapes)):
+        print(f"gpu-check: {used[0]} holds an earlier run, whose checkpoints `up` would resume (it would train "
+              "nothing); give --runs an empty or new folder", file=sys.stderr)
+        raise SystemExit(2)
     import torch
 
     if not torch.cuda.is_available():
@@ -348,7 +359,6 @@ def main(argv: list[str] | None = None) -> None:
     if tflops is None:
         print(f"gpu-check: the bf16 peak of {device_name!r} is not known; pass --peak-tflops", file=sys.stderr)
         raise SystemExit(2)
-    presets = [p.strip() for p in args.presets.split(",")]
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         runs = args.runs or Path(tmp)
         checks = {preset: check_preset(preset, args, runs / preset, tflops) for preset in presets}

@@ -200,3 +200,13 @@ def test_shapes_and_plain_modes_parse_and_bad_ones_are_refused():
             parse_shapes(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="eager, compiled or none, not fast"):
         parse_modes("eager,fast")
+
+
+def test_runs_in_a_folder_that_holds_an_earlier_run_are_refused_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "small" / "2x2" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "small" / "1x1").mkdir(parents=True)  # empty: fine
+    with pytest.raises(SystemExit) as done:
+        gpu_check.main(["--presets", "small", "--runs", str(tmp_path)])
+    assert done.value.code == 2
+    assert f"{tmp_path / 'small' / '2x2'} holds an earlier run" in capsys.readouterr().err
+    assert gpu_check.earlier_runs(tmp_path, ["small"], ((1, 1),)) == []
