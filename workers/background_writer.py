@@ -2,9 +2,10 @@
 its share of the durable store.
 
 The training thread copies what is due (`state_to_host`, at an inner-step boundary, so the
-copy is consistent; on a GPU it only starts the copy) and hands a job to a thread of its own. One write at a time: while one
-is in flight a new one is skipped and counted (`submit` returns False) rather than queued,
-since each waiting job holds a whole copy of the state and the next one will be newer.
+copy is consistent; on a GPU it only starts the copy) and hands a job to a thread of its
+own. One write at a time: while one is in flight a new one is skipped and counted (`submit`
+returns False) rather than queued, since each waiting job holds a whole copy of the state
+and the next one will be newer.
 """
 
 from __future__ import annotations
