@@ -6,6 +6,7 @@ Only the membership view is given (no Redis): each worker sees the other.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -121,6 +122,19 @@ def exchange_parts(ctx: zmq.Context, cfg, worker_id: str, seed: int, *, collect_
 def member_record(parts: ExchangeParts) -> MemberRecord:
     return MemberRecord(worker_id=parts.worker_id, run_id="devices", stage=0, data_addr="tcp://127.0.0.1:1",
                         exchange_addr=parts.server.address, state=WorkerState.ONLINE)
+
+
+def see_each_other_and_take_a_step(workers: list[ExchangeParts], timeout_s: float = 60.0) -> None:
+    """Each worker of the pair sees the other; both take their outer step at once, each on a
+    thread of its own, and both return within `timeout_s`."""
+    workers[0].peers.views.members = [member_record(workers[1])]
+    workers[1].peers.views.members = [member_record(workers[0])]
+    threads = [threading.Thread(target=w.step.take) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout_s)
+    assert not any(t.is_alive() for t in threads), "an outer step did not return"
 
 
 def wait_until(condition, timeout_s: float = 30.0) -> None:

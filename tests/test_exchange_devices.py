@@ -22,7 +22,12 @@ from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
 from noloco_rt.outer.peer_checks import check_peer_distance
 from noloco_rt.outer.snapshot import PartsKind
-from tests.exchange_pair import exchange_parts, member_record, overlapped_pair, wait_until
+from tests.exchange_pair import (
+    exchange_parts,
+    overlapped_pair,
+    see_each_other_and_take_a_step,
+    wait_until,
+)
 from tests.other_device import OTHER_DEVICE, OnOtherDevice, on_other_device, values
 from workers.device import HostCopy
 from workers.outer import exchanger as exchanger_module
@@ -42,16 +47,9 @@ def test_a_replica_on_a_device_exchanges_matched_and_applies_the_exact_group_ste
     ctx = zmq.Context()
     workers = [exchange_parts(ctx, cfg, "a" * 32, seed=1), exchange_parts(ctx, cfg, "b" * 32, seed=2)]
     try:
-        workers[0].peers.views.members = [member_record(workers[1])]
-        workers[1].peers.views.members = [member_record(workers[0])]
         before = [{name: [values(t) for t in getattr(w.replica, name)] for name in ("fast", "slow", "momentum")}
                   for w in workers]
-        threads = [threading.Thread(target=w.step.take) for w in workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not any(t.is_alive() for t in threads), "an outer step did not return"
+        see_each_other_and_take_a_step(workers)
 
         for index, worker in enumerate(workers):
             assert worker.log.errors() == [], worker.log.errors()
@@ -280,14 +278,7 @@ def test_a_contribution_quantised_at_the_boundary_is_sent_as_its_codes_and_the_p
                               boundary=ExchangeBoundary.on("cpu", quantize_codec="int8-zstd"))
                for worker_id, seed in (("a" * 32, 1), ("b" * 32, 2))]
     try:
-        workers[0].peers.views.members = [member_record(workers[1])]
-        workers[1].peers.views.members = [member_record(workers[0])]
-        threads = [threading.Thread(target=w.step.take) for w in workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not any(t.is_alive() for t in threads), "an outer step did not return"
+        see_each_other_and_take_a_step(workers)
         for worker in workers:
             assert worker.log.errors() == [], worker.log.errors()
             assert dict(worker.counters.outer_kinds) == {"matched": 1}, (worker.counters.outer_kinds, worker.log.lines)
