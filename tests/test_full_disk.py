@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from workers.cluster.chaos_faults import FullDisk, HeldClusterFault
+from workers.cluster.chaos_faults import DISK_FULL_UNSEEN_MAX_S, FullDisk, HeldClusterFault
 
 
 @pytest.fixture
@@ -46,4 +46,21 @@ def test_a_full_disk_stays_full_through_its_hold_though_a_file_is_deleted(disk):
     assert record["refilled_bytes"] >= 1 << 20
     assert write_fails_with_enospc(disk.folder / "probe")
     held.undo_due(time.monotonic() + 61.0)  # the hold is over: freed
+    assert "resumed_wall" in record and not write_fails_with_enospc(disk.folder / "probe")
+
+
+def test_a_full_disk_no_write_has_met_stays_full_past_its_hold_up_to_a_bound(disk):
+    """A loaded machine can go longer than a short hold between checkpoints: the disk is freed
+    once a write failed on it, or at the bound, never before either."""
+    held = HeldClusterFault({}, None, disk, seed=0)
+    record = {"kind": "disk_full"}
+    start = time.monotonic()
+    held.fill(hold_s=2.0, record=record, now=start)
+    held.undo_due(start + 3.0, write_failed=False)  # the hold is over, but no write met it
+    assert held.active and write_fails_with_enospc(disk.folder / "probe")
+    held.undo_due(start + 3.0, write_failed=True)  # a worker's write failed: freed now
+    assert not held.active and not write_fails_with_enospc(disk.folder / "probe")
+    record = {"kind": "disk_full"}
+    held.fill(hold_s=2.0, record=record, now=start)
+    held.undo_due(start + 2.0 + DISK_FULL_UNSEEN_MAX_S, write_failed=False)  # nobody wrote: freed at the bound
     assert "resumed_wall" in record and not write_fails_with_enospc(disk.folder / "probe")

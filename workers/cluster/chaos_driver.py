@@ -93,6 +93,8 @@ class ChaosDriver:
         self.partitions = Partitions(self.names) if "partition" in kinds else None
         self.disk = FullDisk(self.checkpoint_dir, CHECKPOINT_TMPFS_MB) if "disk_full" in kinds else None
         self.held = HeldClusterFault(self.names, self.partitions, self.disk, cfg.run.seed)
+        self.write_failed_at: float | None = None
+        """Wall time of the latest checkpoint write that failed with ENOSPC (a full disk met)."""
         self.flushed_at: float | None = None
         """Wall time of a FLUSHALL no worker has re-registered after yet (the run waits for one)."""
         self.with_coordinator = "coordinator_sigstop" in kinds
@@ -218,6 +220,9 @@ class ChaosDriver:
                 if event == "steps_done":  # done by its clock: a pulled stage-0 worker skipped inner steps
                     self.reached[name] = max(self.reached.get(name, 0), self.target_steps)
                     self.steps_done.add((name, int(incarnation)))
+                if event == "checkpoint_failed" and record.get("kind") == "ENOSPC" and \
+                        (t := event_time(record)) is not None:
+                    self.write_failed_at = max(t, self.write_failed_at or t)
                 if event == "train_progress" and self.train_started is None:
                     self.train_started = time.monotonic()  # the schedule's clock starts with training
 
@@ -239,7 +244,9 @@ class ChaosDriver:
                 self._resume(name)
         if self.redis_down is not None and time.monotonic() >= self.redis_down[0]:
             self._redis_back()
-        self.held.undo_due(time.monotonic())
+        full_since = self.held.record.get("wall") if self.held.record is not None else None
+        self.held.undo_due(time.monotonic(), write_failed=full_since is not None and self.write_failed_at is not None
+                           and self.write_failed_at >= full_since)
         while self.pending and self.pending[0].at_s <= now_s:
             fault = self.pending.pop(0)
             # Once every worker is there only a kind not yet seen is injected (a fast run can

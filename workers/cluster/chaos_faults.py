@@ -22,6 +22,8 @@ from workers.faults import netns
 FILL_CHUNK = 1 << 20
 FILL_TAIL = 4096
 """After the 1 MiB pieces, a page at a time: no room is left for any write."""
+DISK_FULL_UNSEEN_MAX_S = 60.0
+"""How long past its hold a full disk stays full while no worker has tried to write to it yet."""
 
 
 def split_groups(names_by_stage: Mapping[str, int], rng: random.Random) -> tuple[list[str], list[str]] | None:
@@ -191,11 +193,15 @@ class HeldClusterFault:
         record["filled_bytes"] = self.disk.fill()
         self.until, self.record = now + hold_s, record
 
-    def undo_due(self, now: float) -> None:
-        """Undo the fault once its hold is over; until then keep a full disk full."""
+    def undo_due(self, now: float, *, write_failed: bool = True) -> None:
+        """Undo the fault once its hold is over; until then keep a full disk full. A full disk
+        no write has failed on yet (`write_failed`) stays full past its hold, up to
+        DISK_FULL_UNSEEN_MAX_S: a loaded machine can go longer than a short hold between
+        checkpoints, and a fault nobody met tests nothing (a CI run once freed it unmet)."""
         if self.until is None or self.record is None:
             return
-        if now >= self.until:
+        unmet_disk = self.record["kind"] == "disk_full" and not write_failed
+        if now >= self.until + (DISK_FULL_UNSEEN_MAX_S if unmet_disk else 0.0):
             self.undo()
         elif self.record["kind"] == "disk_full":
             assert self.disk is not None
