@@ -29,10 +29,10 @@ from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.algo.spread_sample import finite_or_none
 from noloco_rt.config import Config
 from noloco_rt.evaluation import load_validation_batches, validation_loss
-from noloco_rt.export import ScoredConsensus, write_scored_consensus
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
+from noloco_rt.scored_consensus import ScoredConsensus, write_scored_consensus
 from noloco_rt.staged_model import staged_model
 from noloco_rt.store.backend import RunStore, StoreError
 

@@ -19,15 +19,17 @@ from noloco_rt.evaluation import validation_loss
 from noloco_rt.export import (
     CONSENSUS_FORMAT,
     ExportError,
-    consensus_of_checkpoints,
     load_consensus,
     mean_over_replicas,
-    read_worker_checkpoints,
     save_consensus,
     stage_parameter_shapes,
-    write_scored_consensus,
 )
 from noloco_rt.model import build_stage
+from noloco_rt.scored_consensus import (
+    consensus_of_checkpoints,
+    read_worker_checkpoints,
+    write_scored_consensus,
+)
 
 
 def make_config(run_id: str = "exp", stages: int = 2):

@@ -394,8 +394,9 @@ class UpRun:
     def _finalise(self, metrics: MetricsLog, outer: str) -> None:
         """Consensus of the workers' last checkpoints: written, scored, plotted; the closing
         line reports outer steps by kind per stage (`outer`)."""
-        from noloco_rt.export import ExportError, consensus_of_checkpoints
+        from noloco_rt.export import ExportError
         from noloco_rt.plots import plot_distributed_run
+        from noloco_rt.scored_consensus import consensus_of_checkpoints
 
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"
