@@ -201,7 +201,7 @@ def test_the_coordinator_status_port_is_the_configured_one_unless_taken():
     import socket
 
     from noloco_rt.membership.embedded_redis import free_port
-    from workers.cluster.up import status_port_for
+    from workers.cluster.up_run import status_port_for
 
     class Log:
         def __init__(self) -> None:

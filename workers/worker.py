@@ -99,33 +99,10 @@ class StageWorker:
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
         self.peers = PeerView(self.views, own_id=self.worker_id)
         staging = HostStaging(device)
-        self.data = DataLink(DataSocket(ctx, bind_host=cfg.network.bind_host, port=cfg.network.data_port,
-                                        advertise_host=cfg.network.advertise_host, faults=data_faults),
-                             decode=decoder(cfg.run.run_id, staging))
         self.data_faults = data_faults
         """Chaos testing only: data-path messages this worker loses or delays on purpose."""
-        self.data_path = data_path_for(DataContext(
-            cfg=cfg, stage=stage, worker_id=self.worker_id, model=self.model, replica=self.replica, staging=staging,
-            data=self.data, peers=self.peers, counters=self.counters, metrics=metrics, log=self.log,
-            leave_requested=self.leave_requested), cfg.pipeline.stages)
-        self.finish_rule = self.data_path.finish_rule(membership, max_steps if max_steps is not None else cfg.run.steps,
-                                                      upstream_lost_s=cfg.worker.upstream_lost_s,
-                                                      upstream_gone_s=cfg.worker.upstream_gone_s)
-        boundary = ExchangeBoundary(staging, quantize_codec=quantizes_on_device(
-            device.type, cfg.worker.snapshot_codec, faults_on=snapshot_faults_on(cfg)))
-        self.snapshots = SnapshotService(cfg, stage, self.worker_id, metrics=metrics, log=self.log,
-                                         blacklist=self.peers.blacklist, boundary=boundary,
-                                         expected_shapes=[tuple(t.shape) for t in self.replica.fast])
-        self.exchange_server = ExchangeServer(ctx, bind_host=cfg.network.bind_host, port=cfg.network.exchange_port,
-                                              advertise_host=cfg.network.advertise_host,
-                                              handler=self.snapshots.handle)
-        readiness = ReadinessPairing(PairingQueue(membership.client, membership.keys, stage), worker_id=self.worker_id,
-                                     exchange_addr=self.exchange_server.address, log=self.log)
-        self.timeouts = stage_timeouts(sum(t.numel() for t in self.replica.slow), cfg.worker)
-        self.exchanger = OuterExchanger(ctx, self.snapshots, self.peers, collect_s=self.timeouts.exchange_s,
-                                        log=self.log, readiness=readiness)
-        self.outer = OuterStep(cfg, exchanger=self.exchanger, service=self.snapshots, replica=self.replica,
-                               peers=self.peers, counters=self.counters, metrics=metrics, log=self.log)
+        self._open_data_path(staging, max_steps if max_steps is not None else cfg.run.steps)
+        self._open_exchange(staging)
         # checkpoint_fault: tests only, a disk that fills up (workers/faults/checkpoint_writes.py).
         writes = CheckpointWrites(checkpoint_path, keep=cfg.worker.checkpoint_keep, log=self.log,
                                   failures_metric=metrics.checkpoint_failures, fault=checkpoint_fault,
@@ -141,6 +118,41 @@ class StageWorker:
                                counters=self.counters, tokens=self.data_path.ctx.tokens, metrics=metrics,
                                log=self.log, slowdown=cfg.worker.fault_slowdown)
         self.outer.on_final = self._periodic_checkpoint
+
+    def _open_data_path(self, staging: HostStaging, steps: int) -> None:
+        """The data socket and the stage's data path (forwards in, gradients back), and when it is done."""
+        cfg, network = self.cfg, self.cfg.network
+        self.data = DataLink(DataSocket(self.ctx, bind_host=network.bind_host, port=network.data_port,
+                                        advertise_host=network.advertise_host, faults=self.data_faults),
+                             decode=decoder(cfg.run.run_id, staging))
+        self.data_path = data_path_for(DataContext(
+            cfg=cfg, stage=self.stage, worker_id=self.worker_id, model=self.model, replica=self.replica,
+            staging=staging, data=self.data, peers=self.peers, counters=self.counters, metrics=self.metrics,
+            log=self.log, leave_requested=self.leave_requested), cfg.pipeline.stages)
+        self.finish_rule = self.data_path.finish_rule(self.membership, steps,
+                                                      upstream_lost_s=cfg.worker.upstream_lost_s,
+                                                      upstream_gone_s=cfg.worker.upstream_gone_s)
+
+    def _open_exchange(self, staging: HostStaging) -> None:
+        """The outer step and all it talks through: the snapshot service and its server, the
+        exchanger with readiness pairing as its fallback, and the device boundary they cross."""
+        cfg, network = self.cfg, self.cfg.network
+        boundary = ExchangeBoundary(staging, quantize_codec=quantizes_on_device(
+            self.device.type, cfg.worker.snapshot_codec, faults_on=snapshot_faults_on(cfg)))
+        self.snapshots = SnapshotService(cfg, self.stage, self.worker_id, metrics=self.metrics, log=self.log,
+                                         blacklist=self.peers.blacklist, boundary=boundary,
+                                         expected_shapes=[tuple(t.shape) for t in self.replica.fast])
+        self.exchange_server = ExchangeServer(self.ctx, bind_host=network.bind_host, port=network.exchange_port,
+                                              advertise_host=network.advertise_host,
+                                              handler=self.snapshots.handle)
+        readiness = ReadinessPairing(PairingQueue(self.membership.client, self.membership.keys, self.stage),
+                                     worker_id=self.worker_id, exchange_addr=self.exchange_server.address,
+                                     log=self.log)
+        self.timeouts = stage_timeouts(sum(t.numel() for t in self.replica.slow), cfg.worker)
+        self.exchanger = OuterExchanger(self.ctx, self.snapshots, self.peers, collect_s=self.timeouts.exchange_s,
+                                        log=self.log, readiness=readiness)
+        self.outer = OuterStep(cfg, exchanger=self.exchanger, service=self.snapshots, replica=self.replica,
+                               peers=self.peers, counters=self.counters, metrics=self.metrics, log=self.log)
 
     def _stage_replica(self, memory: MemoryChoice) -> StageReplica:
         """Our stage's replica on our device, built as the memory plan chose, compiled if asked."""

@@ -18,13 +18,12 @@ from typing import Any
 
 from noloco_rt.checkpoint import CheckpointError, load_checkpoint
 from noloco_rt.config import Config
-from noloco_rt.logs import get_logger, read_json_lines
+from noloco_rt.logs import get_logger
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
 from noloco_rt.membership.redis_access import connect
 from workers.cluster.chaos_faults import FullDisk, HeldClusterFault, Partitions
+from workers.cluster.chaos_progress import WorkerLogFollower
 from workers.cluster.chaos_report import (
-    FOUND_RUN_FINISHED,
-    event_time,
     injected_network_faults,
     largest_progress_gap_s,
     mean_kept,
@@ -73,11 +72,7 @@ class ChaosDriver:
         self.log = get_logger(run=cfg.run.run_id, role="chaos")
         self.names = names_by_stage(cfg)
         self.checkpoint_dir = out / "checkpoints"
-        self.tails: dict[Path, int] = {}
-        self.reached: dict[str, int] = {}
-        self.online: set[tuple[str, int]] = set()
-        self.steps_done: set[tuple[str, int]] = set()
-        """Incarnations that logged their steps done: finishing, a fault there would not be seen."""
+        self.progress = WorkerLogFollower(out / "logs", target_steps)
         self.injected: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
         self.exits: list[dict[str, Any]] = []
@@ -88,13 +83,10 @@ class ChaosDriver:
         self.checkpoint_loads = 0
         self.checkpoint_failures: list[str] = []
         self.timed_out = False
-        self.train_started: float | None = None
         kinds = set(self.scheduled_kinds)
         self.partitions = Partitions(self.names) if "partition" in kinds else None
         self.disk = FullDisk(self.checkpoint_dir, CHECKPOINT_TMPFS_MB) if "disk_full" in kinds else None
         self.held = HeldClusterFault(self.names, self.partitions, self.disk, cfg.run.seed)
-        self.write_failed_at: float | None = None
-        """Wall time of the latest checkpoint write that failed with ENOSPC (a full disk met)."""
         self.flushed_at: float | None = None
         """Wall time of a FLUSHALL no worker has re-registered after yet (the run waits for one)."""
         self.with_coordinator = "coordinator_sigstop" in kinds
@@ -147,12 +139,12 @@ class ChaosDriver:
             while not self._done():
                 if time.monotonic() > deadline:
                     self.timed_out = True
-                    self.log.error("chaos_timed_out", timeout_s=self.timeout_s, reached=self.reached)
+                    self.log.error("chaos_timed_out", timeout_s=self.timeout_s, reached=self.progress.reached)
                     break
                 self._on_events(self.supervisor.poll())
                 self._read_logs()
-                if self.train_started is not None:
-                    self._apply_due(time.monotonic() - self.train_started)
+                if self.progress.train_started is not None:
+                    self._apply_due(time.monotonic() - self.progress.train_started)
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + CHECKPOINT_CHECK_EVERY_S
                     self.check_checkpoints()
@@ -182,14 +174,14 @@ class ChaosDriver:
             return False
         # The supervisor notices a SIGKILL only at its next poll: until then the killed
         # incarnation still looks running and online, and the run would end unrecovered.
-        if any((name, incarnation + 1) not in self.online for name, incarnation in self.caused):
+        if any((name, incarnation + 1) not in self.progress.online for name, incarnation in self.caused):
             return False
-        return all((s.name, s.incarnation) in self.online for s in self.supervisor.statuses()
+        return all((s.name, s.incarnation) in self.progress.online for s in self.supervisor.statuses()
                    if s.state == "running" and s.name in self.names)
 
     def _all_finishing(self) -> bool:
         """Every worker's current incarnation logged its steps done: no fault can land any more."""
-        return all((s.name, s.incarnation) in self.steps_done for s in self.supervisor.statuses()
+        return all((s.name, s.incarnation) in self.progress.steps_done for s in self.supervisor.statuses()
                    if s.name in self.names)
 
     def _faults_owed(self) -> bool:
@@ -199,32 +191,12 @@ class ChaosDriver:
         return set(self.scheduled_kinds) - {f["kind"] for f in self.injected}
 
     def _all_reached(self) -> bool:
-        return all(self.reached.get(name, 0) >= self.target_steps for name in self.names)
+        return self.progress.all_reached(list(self.names))
 
     def _read_logs(self) -> None:
-        for path in (self.out / "logs").glob("*.log"):
-            records, self.tails[path] = read_json_lines(path, self.tails.get(path, 0))
-            name, _, incarnation = path.name[:-len(".log")].rpartition(".")
-            for record in records:
-                event = record.get("event")
-                if event in ("member_online", FOUND_RUN_FINISHED):  # the latter: back, nothing to rejoin
-                    self.online.add((name, int(incarnation)))
-                if event == "member_reregistered" and self.flushed_at is not None and \
-                        (t := event_time(record)) is not None and t >= self.flushed_at:
-                    self.flushed_at = None
-                # The run's step the worker is at: a later stage's worker restarted a few times
-                # trains fewer inner steps than its data's clock has advanced.
-                step = record.get("clock_step", record.get("inner_step"))
-                if isinstance(step, int) and event in ("train_progress", "steps_done", "checkpoint_written"):
-                    self.reached[name] = max(self.reached.get(name, 0), step)
-                if event == "steps_done":  # done by its clock: a pulled stage-0 worker skipped inner steps
-                    self.reached[name] = max(self.reached.get(name, 0), self.target_steps)
-                    self.steps_done.add((name, int(incarnation)))
-                if event == "checkpoint_failed" and record.get("kind") == "ENOSPC" and \
-                        (t := event_time(record)) is not None:
-                    self.write_failed_at = max(t, self.write_failed_at or t)
-                if event == "train_progress" and self.train_started is None:
-                    self.train_started = time.monotonic()  # the schedule's clock starts with training
+        self.progress.read()
+        if self.flushed_at is not None and self.progress.reregistered_since(self.flushed_at):
+            self.flushed_at = None
 
     def _on_events(self, events: list[SupervisorEvent]) -> None:
         for event in events:
@@ -245,8 +217,8 @@ class ChaosDriver:
         if self.redis_down is not None and time.monotonic() >= self.redis_down[0]:
             self._redis_back()
         full_since = self.held.record.get("wall") if self.held.record is not None else None
-        self.held.undo_due(time.monotonic(), write_failed=full_since is not None and self.write_failed_at is not None
-                           and self.write_failed_at >= full_since)
+        self.held.undo_due(time.monotonic(),
+                           write_failed=full_since is not None and self.progress.write_failed_since(full_since))
         while self.pending and self.pending[0].at_s <= now_s:
             fault = self.pending.pop(0)
             # Once every worker is there only a kind not yet seen is injected (a fast run can
@@ -272,7 +244,7 @@ class ChaosDriver:
         statuses = {s.name: s for s in self.supervisor.statuses()}
         status = statuses[fault.target]
         # The schedule assumed recovery within --recover; re-check what is true now.
-        online = (fault.target, status.incarnation) in self.online or fault.target == COORDINATOR  # never a member
+        online = (fault.target, status.incarnation) in self.progress.online or fault.target == COORDINATOR  # never a member
         if status.state != "running" or status.pid is None or not online:
             self._skip(record, f"target {status.state}, not yet online" if status.state == "running"
                        else f"target {status.state}", fault)
@@ -283,12 +255,12 @@ class ChaosDriver:
         if fault.kind == "coordinator_sigstop":
             self._stop_process(fault, record, status)
             return
-        if (fault.target, status.incarnation) in self.steps_done:  # its exit, not the fault's effect, comes next
+        if (fault.target, status.incarnation) in self.progress.steps_done:  # its exit, not the fault's effect, comes next
             self._skip(record, "target finishing its steps", fault)
             return
         stage = self.names.get(fault.target)
         healthy = [s for n, s in statuses.items() if self.names.get(n) == stage and n != fault.target
-                   and s.state == "running" and (n, s.incarnation) in self.online and n not in self.stopped]
+                   and s.state == "running" and (n, s.incarnation) in self.progress.online and n not in self.stopped]
         if not healthy:
             self._skip(record, f"no other live worker in stage {stage}", fault)
             return
@@ -345,10 +317,10 @@ class ChaosDriver:
         return missing
 
     def _skip(self, record: dict[str, Any], reason: str, fault: Fault | None = None) -> None:
-        if fault is not None and self.train_started is not None and \
+        if fault is not None and self.progress.train_started is not None and \
                 not any(f["kind"] == fault.kind for f in self.injected):
             # A kind not seen yet is tried again shortly, so that a short run still sees every kind.
-            retry_at = time.monotonic() - self.train_started + RETRY_SKIPPED_S
+            retry_at = time.monotonic() - self.progress.train_started + RETRY_SKIPPED_S
             self.pending.append(dataclasses.replace(fault, at_s=round(retry_at, 3)))
             self.pending.sort(key=lambda f: f.at_s)
         record["skipped"] = reason
@@ -408,5 +380,5 @@ class ChaosDriver:
                 "mean_kept": mean_kept(logs),
                 "accounting": dataclasses.asdict(accounting),
                 "checkpoint_loads": self.checkpoint_loads, "checkpoint_failures": self.checkpoint_failures,
-                "timed_out": self.timed_out, "reached": self.reached,
+                "timed_out": self.timed_out, "reached": self.progress.reached,
                 "network_faults": injected_network_faults(logs)}
