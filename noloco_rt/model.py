@@ -107,7 +107,8 @@ class PipelineStage(nn.Module):
     """Layers `layer_range` of the model, plus the embedding (first stage) or the head (last).
 
     forward takes token ids (B, T) on the first stage and hidden states (B, T, C)
-    elsewhere; it returns hidden states, or logits (B, T, V) on the last stage.
+    elsewhere; it returns hidden states, or logits (B, T, V) on the last stage. Built on the
+    meta device for its shapes; build_stage gives it weights (init_parameters).
     """
 
     def __init__(self, shape: ModelShape, vocab_size: int, stage: int, num_stages: int) -> None:
@@ -119,7 +120,10 @@ class PipelineStage(nn.Module):
         self.layer_range = stage_layer_range(shape.n_layers, num_stages, stage)
         self.is_first = stage == 0
         self.is_last = stage == num_stages - 1
-        self.embed = nn.Embedding(vocab_size, shape.dim) if self.is_first else None
+        # Embedding's own normal_ init is skipped (its weight is given): build_stage initialises every
+        # parameter anyway, and on the meta device that normal_ imports torch._dynamo, ~2 s per process.
+        self.embed = nn.Embedding(vocab_size, shape.dim, _weight=torch.empty(vocab_size, shape.dim)) \
+            if self.is_first else None
         self.layers = nn.ModuleDict({str(i): Block(shape) for i in self.layer_range})
         self.norm = RMSNorm(shape.dim) if self.is_last else None
         self.head = nn.Linear(shape.dim, vocab_size, bias=False) if self.is_last else None

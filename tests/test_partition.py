@@ -103,8 +103,9 @@ def test_a_split_stage_and_a_worker_cut_from_redis_keep_training_and_pair_again_
 
     cluster.wait_for(paired_again, timeout_s=240, what="s0a and s0b pairing again, and s0c pairing, after the heal")
     assert _after(c, "member_reregistered", healed_at) or _after(c, "redis_recovered", healed_at)
-    for worker in workers.values():
-        assert cluster.stop(worker, signal.SIGTERM, timeout_s=60) == 0, worker.log_text()[-2000:]
+    codes = cluster.stop_all(list(workers.values()), signal.SIGTERM, timeout_s=60)
+    assert set(codes.values()) == {0}, (codes, *(w.log_text()[-2000:] for w in workers.values()
+                                                 if codes[w.name] != 0))
 
     print(f"partners' states used during the split: {during}")
     # The split pair never used each other's state in a round begun while split.

@@ -163,12 +163,24 @@ class LocalCluster:
     def stop(self, worker: WorkerProcess, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         if worker.process.poll() is None:
             worker.process.send_signal(sig)
+        return self._reap(worker, sig, timeout_s)
+
+    def _reap(self, worker: WorkerProcess, sig: int, timeout_s: float) -> int:
         try:
             return worker.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             worker.process.kill()
             worker.process.wait(5)
             raise AssertionError(f"{worker.name} did not exit within {timeout_s} s of signal {sig}") from None
+
+    def stop_all(self, workers: list[WorkerProcess], sig: int = signal.SIGTERM, timeout_s: float = 20.0
+                 ) -> dict[str, int]:
+        """Signal every worker at once, then wait for each: their graceful leaves overlap
+        (workers of a stage leaving one by one spent a test ~2 s each). Name -> exit code."""
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(sig)
+        return {worker.name: self._reap(worker, sig, timeout_s) for worker in workers}
 
     def error_events(self) -> list[Event]:
         """Error-level lines of every worker started (see `error_events`)."""
