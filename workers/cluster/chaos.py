@@ -59,7 +59,8 @@ CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_in
               help=f"Fault kinds, comma-separated, or 'all': {', '.join(ALL_KINDS)}. partition and disk_full need "
                    "root (network namespaces, a tmpfs).")
 @click.option("--hold", "hold_s", type=click.FloatRange(min=0.0), default=3.0, show_default=True,
-              help="SIGSTOP length and Redis outage length, seconds.")
+              help="SIGSTOP length, Redis outage, partition and full-disk length, seconds (a full disk "
+                   "stays full past it until a checkpoint write has failed on it, at most 60 s more).")
 @click.option("--recover", "recover_s", type=click.FloatRange(min=0.0), default=8.0, show_default=True,
               help="Seconds a killed or preempted worker counts as down when placing faults.")
 @click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True)
