@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from noloco_rt.deploy import k8s_pods, k8s_profile, k8s_services
 from noloco_rt.membership.embedded_redis import redis_server_binary
@@ -73,4 +75,4 @@ def test_redis_reads_its_password_from_a_private_file_not_argv(rendered_redis) -
     assert conf.stat().st_mode & 0o777 == 0o600
     assert redis.Redis(unix_socket_path=str(socket_path), password=password).ping()
     with pytest.raises(redis.exceptions.AuthenticationError):
-        redis.Redis(unix_socket_path=str(socket_path)).ping()
+        redis.Redis(unix_socket_path=str(socket_path), retry=Retry(NoBackoff(), 0)).ping()  # no ~4 s of retries

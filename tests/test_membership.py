@@ -7,6 +7,8 @@ import time
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.heartbeat import HeartbeatThread
@@ -122,7 +124,8 @@ def test_password_is_required_when_configured():
     with EmbeddedRedis(password="s3cret") as secured:
         assert "s3cret@" in secured.url
         assert connect(secured.url).ping()
-        anonymous = redis.Redis(host="127.0.0.1", port=secured.port, socket_timeout=1)
+        # No retries: redis-py retries an AuthenticationError (a ConnectionError) with backoff, ~4 s.
+        anonymous = redis.Redis(host="127.0.0.1", port=secured.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
         with pytest.raises(redis.AuthenticationError):
             anonymous.ping()
 
