@@ -123,7 +123,8 @@ class StageWorker:
         """The data socket and the stage's data path (forwards in, gradients back), and when it is done."""
         cfg, network = self.cfg, self.cfg.network
         self.data = DataLink(DataSocket(self.ctx, bind_host=network.bind_host, port=network.data_port,
-                                        advertise_host=network.advertise_host, faults=self.data_faults),
+                                        advertise_host=network.advertise_host,
+                                        advertise_port=network.advertise_data_port, faults=self.data_faults),
                              decode=decoder(cfg.run.run_id, staging))
         self.data_path = data_path_for(DataContext(
             cfg=cfg, stage=self.stage, worker_id=self.worker_id, model=self.model, replica=self.replica,
@@ -144,6 +145,7 @@ class StageWorker:
                                          expected_shapes=[tuple(t.shape) for t in self.replica.fast])
         self.exchange_server = ExchangeServer(self.ctx, bind_host=network.bind_host, port=network.exchange_port,
                                               advertise_host=network.advertise_host,
+                                              advertise_port=network.advertise_exchange_port,
                                               handler=self.snapshots.handle)
         readiness = ReadinessPairing(PairingQueue(self.membership.client, self.membership.keys, self.stage),
                                      worker_id=self.worker_id, exchange_addr=self.exchange_server.address,

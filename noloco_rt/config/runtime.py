@@ -19,8 +19,8 @@ class NetworkConfig:
     """Interface a worker's sockets (and the coordinator's /status) bind to; 0.0.0.0 for all.
     The default reaches only this machine: set it, and advertise_host, for several machines."""
     advertise_host: str = ""
-    """Address peers use to reach this worker (pod IP, the node's IP), published in Redis with
-    the bound ports; empty: bind_host. Peers connect to the same port number that was bound."""
+    """Address peers use to reach this worker (pod IP, the node's IP, a router's public IP),
+    published in Redis with its ports; empty: bind_host."""
     data_port: int = 0
     """TCP port of the worker's data socket (activations in, gradients in), which workers of
     the neighbouring stages connect to; 0: a free port in 20000-60000."""
@@ -28,6 +28,11 @@ class NetworkConfig:
     """TCP port of the worker's exchange socket (outer-step pushes, joiners' downloads,
     the coordinator's pulls), which workers of its own stage and the coordinator connect to;
     0: a free port in 20000-60000."""
+    advertise_data_port: int = 0
+    """Port peers reach the data socket at when it is not the bound one: a router or NAT that
+    forwards this public port to data_port (set data_port then); 0: the bound port."""
+    advertise_exchange_port: int = 0
+    """The same for the exchange socket (forwarded to exchange_port); 0: the bound port."""
     metrics_port: int = 0
     """Port of the worker's Prometheus /metrics; 0: a free port (logged as metrics_serving)."""
     redis_url: str = ""
@@ -53,9 +58,13 @@ class NetworkConfig:
                     "the redis_tls_* files need a rediss:// URL (TLS)")
         require(bool(self.redis_tls_cert_file) == bool(self.redis_tls_key_file), "network", "redis_tls_key_file",
                 self.redis_tls_key_file, "set redis_tls_cert_file and redis_tls_key_file together")
-        for name in ("data_port", "exchange_port", "metrics_port"):
+        for name in ("data_port", "exchange_port", "metrics_port", "advertise_data_port", "advertise_exchange_port"):
             value = getattr(self, name)
             require(0 <= value <= 65535, "network", name, value, "must be a port in [0, 65535]")
+        for kind in ("data", "exchange"):  # a forwarded port must know where it leads
+            require(not getattr(self, f"advertise_{kind}_port") or bool(getattr(self, f"{kind}_port")), "network",
+                    f"advertise_{kind}_port", getattr(self, f"advertise_{kind}_port"),
+                    f"needs a fixed {kind}_port: the port it forwards to (a free one is new at every start)")
         # Syntax only here; files are read and pairs checked where keys are used (noloco_rt.net.curve).
         require(not (self.curve_key_dir and self.curve_secret_key), "network", "curve_key_dir",
                  self.curve_key_dir, "set either curve_key_dir or curve_secret_key, not both")

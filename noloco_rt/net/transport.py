@@ -132,12 +132,18 @@ def bind_random_or_fixed(socket: zmq.Socket, host: str, port: int) -> int:
     return port
 
 
+def advertised_address(host: str, port: int) -> str:
+    """The address peers connect to, as published in Redis: the bound port, or the public port
+    a router forwards to it (network.advertise_*_port)."""
+    return f"tcp://{host}:{port}"
+
+
 class DataSocket:
     """Receives everything addressed to this worker (`inbound`); sends to peers by address.
     Used by one thread: the data link's."""
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
-                 high_water_mark: int = 64, curve: CurveKeys | None = None,
+                 advertise_port: int = 0, high_water_mark: int = 64, curve: CurveKeys | None = None,
                  faults: SendFaults | None = None) -> None:
         self.ctx = ctx
         self.faults = faults
@@ -148,7 +154,7 @@ class DataSocket:
         self.inbound.setsockopt(zmq.RCVHWM, high_water_mark)
         self.inbound.setsockopt(zmq.LINGER, 0)
         self.port = bind_random_or_fixed(self.inbound, bind_host, port)
-        self.address = f"tcp://{advertise_host or bind_host}:{self.port}"
+        self.address = advertised_address(advertise_host or bind_host, advertise_port or self.port)
         self._outbound: dict[str, zmq.Socket] = {}
 
     def _socket_to(self, address: str) -> zmq.Socket:
@@ -215,7 +221,7 @@ class ExchangeServer:
     """
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
-                 handler: Handler, curve: CurveKeys | None = None) -> None:
+                 handler: Handler, advertise_port: int = 0, curve: CurveKeys | None = None) -> None:
         self.curve = curve or curve_keys(ctx)
         self.socket = ctx.socket(zmq.ROUTER)
         apply_curve(self.socket, self.curve, server=True)
@@ -223,7 +229,7 @@ class ExchangeServer:
         self.socket.setsockopt(zmq.RCVHWM, 16)
         self.socket.setsockopt(zmq.SNDHWM, 16)
         self.port = bind_random_or_fixed(self.socket, bind_host, port)
-        self.address = f"tcp://{advertise_host or bind_host}:{self.port}"
+        self.address = advertised_address(advertise_host or bind_host, advertise_port or self.port)
         self.handler = handler
         self.requests_served = 0
         self.handler_errors = 0

@@ -84,6 +84,11 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
         if nproc > 1 and base is None and getattr(cfg.network, field):
             raise click.UsageError(f"network.{field} = {getattr(cfg.network, field)} would be the same port for "
                                    f"all {nproc} workers: give {flag} instead (worker i takes base + i)")
+        forwarded = f"advertise_{field}"
+        if nproc > 1 and getattr(cfg.network, forwarded):
+            raise click.UsageError(f"network.{forwarded} = {getattr(cfg.network, forwarded)} would be one public "
+                                   f"port for all {nproc} workers: start one worker per forwarded port "
+                                   f"(`noloco-rt worker`)")
     check_model(cfg)
     from workers.methods import worker_outer_error
 
