@@ -161,17 +161,7 @@ class LocalCluster:
                                  f"{worker.log_text()[-6000:]}") from None
 
     def stop(self, worker: WorkerProcess, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
-        if worker.process.poll() is None:
-            worker.process.send_signal(sig)
-        return self._reap(worker, sig, timeout_s)
-
-    def _reap(self, worker: WorkerProcess, sig: int, timeout_s: float) -> int:
-        try:
-            return worker.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            worker.process.kill()
-            worker.process.wait(5)
-            raise AssertionError(f"{worker.name} did not exit within {timeout_s} s of signal {sig}") from None
+        return self.stop_all([worker], sig, timeout_s)[worker.name]
 
     def stop_all(self, workers: list[WorkerProcess], sig: int = signal.SIGTERM, timeout_s: float = 20.0
                  ) -> dict[str, int]:
@@ -180,7 +170,15 @@ class LocalCluster:
         for worker in workers:
             if worker.process.poll() is None:
                 worker.process.send_signal(sig)
-        return {worker.name: self._reap(worker, sig, timeout_s) for worker in workers}
+        codes = {}
+        for worker in workers:
+            try:
+                codes[worker.name] = worker.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait(5)
+                raise AssertionError(f"{worker.name} did not exit within {timeout_s} s of signal {sig}") from None
+        return codes
 
     def error_events(self) -> list[Event]:
         """Error-level lines of every worker started (see `error_events`)."""
