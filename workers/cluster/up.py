@@ -27,7 +27,7 @@ from noloco_rt.config import Config
 from noloco_rt.logs import get_logger
 from noloco_rt.tb_log import ScalarLogUnavailable, check_available, usage_error
 from workers.cluster.run_dir import RunDirError, prepare_run_dir
-from workers.cluster.up_run import UpRun
+from workers.cluster.up_run import CurvesSettings, UpRun
 from workers.methods import worker_outer_error
 
 # torch (through the supervisor, the export and the learning-rate schedule), matplotlib,
@@ -99,12 +99,6 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
         code = UpRun(cfg, out, config_file, with_coordinator=with_coordinator, max_restarts=max_restarts,
                      interval_s=interval, curves=curves).run()
     sys.exit(code)
-
-
-@dataclasses.dataclass(frozen=True)
-class CurvesSettings:
-    tensorboard: Path | None
-    wandb: bool
 
 
 def _curves_settings(out: Path, tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool) -> CurvesSettings:

@@ -5,6 +5,7 @@ curves), shut everything down on the last step or a signal, and build the consen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import socket
@@ -30,7 +31,6 @@ from workers.cluster.run_view import RunSample, WorkerRow, build_sample, log_fie
 
 if TYPE_CHECKING:
     from noloco_rt.membership.table import Membership
-    from workers.cluster.up import CurvesSettings
     from workers.supervise.supervisor import ProcessSpec, ProcessStatus, Supervisor
 
 # torch (through the supervisor, the export and the learning-rate schedule), matplotlib,
@@ -38,6 +38,14 @@ if TYPE_CHECKING:
 
 COORDINATOR = "coordinator"
 EXIT_INTERRUPTED = 130
+
+
+@dataclasses.dataclass(frozen=True)
+class CurvesSettings:
+    """Where the run's scalars go (workers/cluster/up.py settles it from the options)."""
+
+    tensorboard: Path | None
+    wandb: bool
 
 
 def _schedule(cfg: Config) -> Callable[[int], float]:
