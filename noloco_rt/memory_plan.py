@@ -38,6 +38,7 @@ peak is checked within 15 % by tests/test_memory_plan.py.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from noloco_rt.config.presets import PRESETS, ModelShape
@@ -51,7 +52,7 @@ WIRE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0}
 CODEC_BYTES = {"raw": 4.0, "zstd": 4.0, "shuffle-zstd": 4.0, "bf16-shuffle-zstd": 2.0, "int8-zstd": 1.05,
                "int4-zstd": 0.55, "int2-zstd": 0.31}
 PRECISION_BYTES = {"float32": FP32, "bfloat16": BF16}
-OPTIMIZER_STEP_TENSORS = 1  # foreach AdamW's temporary (the denominator), a float32 copy of the parameters
+OPTIMIZER_STEP_TENSORS = 1  # AdamW's temporary (foreach: the denominator), at most a float32 copy of the parameters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,12 +306,21 @@ def wire_copy_bytes(s: PlanSettings, stage: int) -> int:
 
 def held_microbatches(s: PlanSettings, stage: int) -> int:
     """The last stage (and a one-stage pipeline) computes each backward at once."""
-    return 1 if stage == s.stages - 1 else s.max_inflight
+    return 1 if stage == s.stages - 1 else s.max_inflight  # one stage: one batch (as_computed)
+
+
+def as_computed(s: PlanSettings) -> PlanSettings:
+    """The settings as the worker computes: a one-stage pipeline takes its step's microbatches
+    as one batch (workers/data_path/roles.py, Alone), so it holds one batch of them all."""
+    if s.stages > 1 or s.max_inflight == 1:
+        return s
+    return dataclasses.replace(s, micro_batch=s.micro_batch * s.max_inflight, max_inflight=1)
 
 
 def stage_memory(s: PlanSettings, stage: int) -> StageMemory:
     if not 0 <= stage < s.stages:
         raise ValueError(f"stage must be in [0, {s.stages}), got {stage}")
+    s = as_computed(s)
     params = stage_params(s.shape, s.vocab_size, s.stages, stage)
     held = held_microbatches(s, stage)
     activations = microbatch_activation_bytes(s, stage)

@@ -96,8 +96,10 @@ def preset_model(cfg: Config) -> StagedModel:
     batch, seq = cfg.data.batch_size, cfg.model.seq_len
 
     def targets_ok(targets: torch.Tensor) -> bool:  # (B, T) token ids inside the vocabulary
-        return tuple(targets.shape) == (batch, seq) and (
-            targets.numel() == 0 or (int(targets.min()) >= 0 and int(targets.max()) < vocab))
+        # Received targets are host memory: read through numpy, no tensor op (and on a GPU
+        # worker no device read) on the training thread.
+        ids = targets.numpy(force=True)
+        return tuple(targets.shape) == (batch, seq) and (ids.size == 0 or (ids.min() >= 0 and ids.max() < vocab))
 
     return StagedModel(num_stages=stages, build_stage=stage, loss=lm_loss,
                        input_shape=lambda k: (batch, seq, shape.dim), targets_ok=targets_ok)

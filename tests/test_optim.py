@@ -200,8 +200,33 @@ def test_inner_optimizer_refuses_non_finite_gradients():
     param.grad = torch.tensor([1.0, float("nan"), 0.0])
     inner.step()
     assert torch.equal(param.detach(), torch.ones(3))
-    assert inner.skipped_nonfinite == 1 and inner.steps_taken == 0 and param.grad is None
-    assert not inner.optimizer.state  # Adam's moments untouched
+    # Skipped on the device: the schedule moves on (as with a gradient scaler), nothing else does.
+    assert inner.skipped_nonfinite == 1 and inner.steps_taken == 1 and param.grad is None
+    state = inner.optimizer.state[param]
+    assert float(state["step"]) == 0.0  # Adam's step count and moments untouched
+    assert not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    param.grad = torch.ones(3)  # the next finite step is Adam's first
+    inner.step()
+    assert inner.skipped_nonfinite == 1 and float(state["step"]) == 1.0
+    assert (param.detach() < 1.0).all()
+
+
+def test_inner_step_reads_nothing_back_from_the_device():
+    """The norm stays a tensor and the non-finite check runs on the device: no .item() per step."""
+    from noloco_rt.host_reads import HostReadCounter
+
+    param = torch.nn.Parameter(torch.ones(3))
+    inner = InnerOptimizer([param], OptimConfig(grad_clip=1.0), total_steps=10)
+    with HostReadCounter() as reads:
+        for grad in (torch.ones(3), torch.tensor([float("inf"), 0.0, 0.0]), torch.ones(3)):
+            param.grad = grad.clone()
+            norm = inner.step()
+    assert reads.count == 0, reads.ops
+    assert isinstance(norm, torch.Tensor)
+    with HostReadCounter() as reads:  # the counter does see a read
+        float(norm)
+    assert reads.count == 1
+    assert inner.skipped_nonfinite == 1
 
 
 def test_warmup_fraction_replaces_warmup_steps():
@@ -213,8 +238,9 @@ def test_warmup_fraction_replaces_warmup_steps():
     assert InnerOptimizer([param], OptimConfig(warmup_steps=50), total_steps=200).warmup_steps == 50
 
 
-def test_adamw_is_fused_on_cuda_and_foreach_elsewhere():
+def test_adamw_is_fused_on_cuda_and_the_cpu_and_foreach_elsewhere():
     assert adamw_kernel(torch.device("cuda")) == {"fused": True}
-    assert adamw_kernel(torch.device("cpu")) == {"foreach": True}
+    assert adamw_kernel(torch.device("cpu")) == {"fused": True}
+    assert adamw_kernel(torch.device("meta")) == {"foreach": True}
     inner = InnerOptimizer([torch.nn.Parameter(torch.ones(3))], OptimConfig(), total_steps=10)
-    assert inner.optimizer.defaults["foreach"] is True and not inner.optimizer.defaults["fused"]
+    assert inner.optimizer.defaults["fused"] is True

@@ -6,7 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from noloco_rt.algo.replica import StageReplica
+from noloco_rt.host_reads import HostReadCounter
 from workers.counters import Counters, TokenRate
 from workers.data_path.role import Role
 from workers.device import memory_fields
@@ -18,7 +21,7 @@ PROGRESS_LOG_EVERY = 10
 
 class InnerStep:
     def __init__(self, *, data_path: Role, replica: StageReplica, outer: OuterStep, counters: Counters,
-                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, slowdown: float = 1.0) -> None:
+                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, slowdown: float = 1.0, count_host_reads: bool = False) -> None:
         self.data_path = data_path
         self.replica = replica
         self.outer = outer
@@ -30,7 +33,11 @@ class InnerStep:
         """FAULT INJECTION (worker.fault_slowdown): idle this factor - 1 of each step's time."""
         self._step_started: float | None = None
         self.last_loss: float | None = None
-        """Mean training loss of the last inner step (stages that compute the loss)."""
+        """Mean training loss of the inner step at the last progress line (stages that compute
+        the loss): read from the device at that cadence only."""
+        self._unread_loss: torch.Tensor | None = None
+        self.host_reads = HostReadCounter() if count_host_reads else None
+        """worker.count_host_reads: the training thread's reads of device values, per progress line."""
 
     def maybe_step(self) -> None:
         """Step if the data path is ready: no optimizer step touches weights an in-flight
@@ -52,19 +59,37 @@ class InnerStep:
         self.counters.inner_steps += 1
         self.metrics.inner_steps.inc()
         step = self.counters.inner_steps
-        losses = self.data_path.take_losses()
-        if losses:
-            self.last_loss = sum(losses) / len(losses)
+        if (loss := self.data_path.take_step_loss()) is not None:
+            self._unread_loss = loss
         self.outer.after_inner_step()  # an overlapped outer step's correction, if its partners' states are in
         if step % PROGRESS_LOG_EVERY == 0 or step == 1:
-            fields = {"loss": round(self.last_loss, 4)} if losses and self.last_loss is not None else {}
-            fields |= memory_fields(self.replica.parameters[0].device)
-            # clock_step: the run's step this worker is at (stage 0: its clock; later stages: their
-            # data's), ahead of inner_step after pulls or, downstream, after a restart's gap.
-            self.log.info("train_progress", inner_step=step, clock_step=self.data_path.data_step(),
-                          tokens_per_s=round(self.tokens.per_s(), 1),
-                          lr=self.replica.inner.current_lr(), **fields)
+            self._log_progress(step)
         if self.outer.due(self.data_path.data_step()):
             self.outer.take()
         elif (pulled_to := self.outer.pulled_to()) is not None:
             self.outer.take(pulled_to=pulled_to)
+
+    def _log_progress(self, step: int) -> None:
+        """The train_progress line: the one place an inner step reads values back from the device."""
+        fields: dict[str, Any] = {}
+        if self.host_reads is not None:  # counted before this line's own reads
+            fields["host_reads"] = self.host_reads.take()
+        if (loss := self.read_loss()) is not None:
+            fields["loss"] = round(loss, 4)
+        fields |= memory_fields(self.replica.parameters[0].device)
+        # clock_step: the run's step this worker is at (stage 0: its clock; later stages: their
+        # data's), ahead of inner_step after pulls or, downstream, after a restart's gap.
+        self.log.info("train_progress", inner_step=step, clock_step=self.data_path.data_step(),
+                      tokens_per_s=round(self.tokens.per_s(), 1),
+                      lr=self.replica.inner.current_lr(), **fields)
+        if self.host_reads is not None:
+            self.host_reads.take()  # this line's reads are not the next window's
+
+    def read_loss(self) -> float | None:
+        """The newest inner step's loss, read from the device (None: no loss here since the last read)."""
+        if self._unread_loss is None:
+            return None
+        self.last_loss = float(self._unread_loss)
+        self._unread_loss = None
+        self.metrics.loss.set(self.last_loss)
+        return self.last_loss

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -116,7 +117,8 @@ class StageWorker:
                                          membership=membership, staging=staging)
         self.inner = InnerStep(data_path=self.data_path, replica=self.replica, outer=self.outer,
                                counters=self.counters, tokens=self.data_path.ctx.tokens, metrics=metrics,
-                               log=self.log, slowdown=cfg.worker.fault_slowdown)
+                               log=self.log, slowdown=cfg.worker.fault_slowdown,
+                               count_host_reads=cfg.worker.count_host_reads)
         self.outer.on_final = self._periodic_checkpoint
 
     def _open_data_path(self, staging: HostStaging, steps: int) -> None:
@@ -193,8 +195,9 @@ class StageWorker:
             self.close()
             raise
         try:
-            while not self.finish_rule.finished() and not self.leave_requested.is_set():
-                self.tick()
+            with self.inner.host_reads or contextlib.nullcontext():  # counts this thread only
+                while not self.finish_rule.finished() and not self.leave_requested.is_set():
+                    self.tick()
             if self.leave_requested.is_set():
                 self.leave()
                 return self.cfg.worker.left_exit_code  # not done: an orchestrator may replace us

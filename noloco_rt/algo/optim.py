@@ -23,8 +23,9 @@ def lr_at(step: int, *, lr: float, lr_min: float, warmup_steps: int, total_steps
 
 def adamw_kernel(device: torch.device) -> dict[str, bool]:
     """AdamW's implementation for parameters on `device`: fused (one kernel for all the
-    parameters, no per-tensor launches) on CUDA; elsewhere foreach, as before."""
-    return {"fused": True} if device.type == "cuda" else {"foreach": True}
+    parameters, no per-tensor launches) on CUDA and the CPU, the only kernel that skips a step
+    on the device's own word (`found_inf`); elsewhere foreach."""
+    return {"fused": True} if device.type in ("cuda", "cpu") else {"foreach": True}
 
 
 class InnerOptimizer:
@@ -39,35 +40,52 @@ class InnerOptimizer:
         self.total_steps = total_steps
         self.warmup_steps = cfg.warmup_steps_for(total_steps)
         self.steps_taken = 0
-        self.skipped_nonfinite = 0
+        """Inner steps taken or skipped: the schedule's position."""
         device = self.params[0].device if self.params else torch.device("cpu")
+        kernel = adamw_kernel(device)
+        self._skips_on_device = kernel.get("fused", False)
+        self._skipped = torch.zeros((), dtype=torch.float32, device=device)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay, **adamw_kernel(device))
+                                           weight_decay=cfg.weight_decay, **kernel)
 
     def current_lr(self) -> float:
         return lr_at(self.steps_taken, lr=self.cfg.lr, lr_min=self.cfg.lr_min,
                      warmup_steps=self.warmup_steps, total_steps=self.total_steps)
 
-    def step(self) -> float:
-        """Clip, step and clear gradients; returns the grad norm before clipping.
+    def step(self) -> torch.Tensor:
+        """Clip, step and clear gradients; returns the grad norm before clipping, still on the
+        device: nothing here waits for the device (reading the norm would).
 
-        A non-finite gradient (a poisoned or broken microbatch) is discarded without
-        touching weights or optimizer state; it is counted in skipped_nonfinite."""
+        A non-finite gradient (a poisoned or broken microbatch) changes neither weights nor
+        optimizer state: the fused kernel skips the step itself when told by `found_inf`, a
+        flag computed on the device, and the skip is counted there too (skipped_nonfinite
+        reads it). The schedule moves on regardless, as it would with a gradient scaler."""
         if self.cfg.grad_clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=True))
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=True)
         else:
-            norm = float(torch.linalg.vector_norm(torch.stack(
-                [p.grad.norm() for p in self.params if p.grad is not None])))
-        if not math.isfinite(norm):
-            self.skipped_nonfinite += 1
-            self.optimizer.zero_grad(set_to_none=True)
-            return norm
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], foreach=True)
+        nonfinite = torch.logical_not(torch.isfinite(norm)).to(torch.float32)
+        if self._skips_on_device:
+            self.optimizer.found_inf = nonfinite  # read by the fused kernel
+        else:  # foreach (an accelerator without a fused AdamW): the flag must be read here
+            if not math.isfinite(float(norm)):
+                self._skipped.add_(1.0)
+                self.optimizer.zero_grad(set_to_none=True)
+                self.steps_taken += 1
+                return norm
         for group in self.optimizer.param_groups:
             group["lr"] = self.current_lr()
         self.optimizer.step()
+        if self._skips_on_device:
+            self._skipped.add_(nonfinite.to(self._skipped.device))
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_taken += 1
         return norm
+
+    @property
+    def skipped_nonfinite(self) -> int:
+        """Inner steps skipped for a non-finite gradient (reading it waits for the device)."""
+        return int(self._skipped.item())
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "steps_taken": self.steps_taken}

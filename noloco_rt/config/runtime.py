@@ -186,6 +186,11 @@ class WorkerConfig:
     fault_slowdown: float = 1.0
     """FAULT INJECTION, for tests and chaos runs only: a slower GPU. After each inner step
     the worker idles (factor - 1) times that step's duration (1.0: off)."""
+    count_host_reads: bool = False
+    """DIAGNOSTIC: count the training thread's reads of device values (each a host
+    synchronisation on a GPU) and log them as host_reads on every train_progress line, the
+    reads of the line itself excluded. It slows every tensor operation: for tests and for
+    finding a stall, not for training."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval_s", "exchange_timeout_s", "deadline_floor_s", "bootstrap_timeout_s",

@@ -31,8 +31,8 @@ class Role:
         self.ctx = ctx
         self.accepted_this_step = 0
         self._losses: list[torch.Tensor] = []
-        """Detached losses on the stage's device: read once per inner step, not per microbatch
-        (each read waits for the device)."""
+        """Detached losses on the stage's device, never read one by one (each read waits for
+        the device)."""
         self.receiver = Receiver(ctx, on_gradient=self._on_gradient, intake=self.intake)
 
     def tick(self) -> None:
@@ -64,14 +64,15 @@ class Role:
     def idle(self) -> bool:
         return self.queue_depth() == 0
 
-    def take_losses(self) -> list[float]:
-        """Training losses since the last call (stages that compute the loss)."""
+    def take_step_loss(self) -> torch.Tensor | None:
+        """The mean training loss of the microbatches since the last call, still on the device
+        (stages that compute the loss; None otherwise). Reading it waits for the device: the
+        inner step does so at the progress cadence only."""
         if not self._losses:
-            return []
-        losses = torch.stack(self._losses).tolist()  # the one wait for the device per inner step
+            return None
+        loss = torch.stack(self._losses).mean()
         self._losses = []
-        self.ctx.metrics.loss.set(losses[-1])
-        return losses
+        return loss
 
     def finish_rule(self, membership: Membership, max_steps: int, *, upstream_lost_s: float,
                     upstream_gone_s: float) -> FinishRule:
@@ -97,7 +98,7 @@ class Role:
         """The model's loss of `output` against `targets` (a preset: (B, T, vocab) logits and
         (B, T) ids), backward at once."""
         ctx = self.ctx
-        loss = ctx.model.loss(output.float(), targets.to(ctx.staging.device))  # float32 loss under autocast too
+        loss = ctx.model.loss(output.float(), ctx.staging.to_device(targets))  # float32 loss under autocast too
         loss.backward()
         ctx.replica.record_microbatch()
         self._losses.append(loss.detach())

@@ -72,10 +72,26 @@ class SendsDownstream(Role):
 
 
 class Alone(ReadsData):
+    """One stage holds the whole model: nothing to pipeline, so a preset's step goes through
+    as one batch of all its microbatches (fewer, larger launches; the mean token loss, and so
+    the gradient, is that of the microbatches averaged, as they hold equal token counts). The
+    memory plan sizes a one-stage worker for that batch. Your own model's batches go one by
+    one: its loss need not be a mean over the batch."""
+
     def tick(self) -> None:
-        inputs, targets = self.next_batch()
-        self.accepted_this_step += 1
-        self._train_on(self.ctx.run_stage(inputs.to(self.ctx.staging.device)), targets)
+        ctx = self.ctx
+        merged = ctx.model.train_batches is None
+        count = ctx.budget - self.accepted_this_step if merged else 1
+        inputs, targets = self.next_batches(count)
+        self.accepted_this_step += count
+        self._train_on(ctx.run_stage(ctx.staging.to_device(inputs)), targets)
+
+    def next_batches(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`count` microbatches of the stream, in order, as one batch."""
+        if count == 1:
+            return self.next_batch()
+        pairs = [self.next_batch() for _ in range(count)]
+        return torch.cat([inputs for inputs, _ in pairs]), torch.cat([targets for _, targets in pairs])
 
 
 class First(ReadsData, SendsDownstream):
@@ -98,7 +114,7 @@ class First(ReadsData, SendsDownstream):
             self.ctx.peers.refresh_soon()
             return
         inputs, targets = self.next_batch()
-        output = self.ctx.run_stage(inputs.to(self.ctx.staging.device))  # (B, T, C) with its graph
+        output = self.ctx.run_stage(self.ctx.staging.to_device(inputs))  # (B, T, C) with its graph
         self.sent_this_step += 1
         self.downstream.forward(output, targets, SentForward(output), peer, origin_step=origin_step)
 
