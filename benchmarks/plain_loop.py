@@ -2,13 +2,18 @@
 training loop of the whole model, eager or torch.compile'd, on random tokens.
 
     python -m benchmarks.plain_loop [--preset 125m] [--mode eager|compiled] [--sequences 32]
-        [--seq-len 1024] [--steps 30] [--warmup-steps 10] [--device cuda]
+        [--seq-len 1024] [--steps 30] [--warmup-steps 10] [--device cuda] [--microbatches 1]
 
 It trains as a worker does, with one batch per step: the same model (noloco_rt.model), bfloat16
 autocast on CUDA (float32 on CPU, as model.precision = auto), the runtime's inner AdamW
 (optim section: lr schedule, betas, weight decay, grad clipping; fused on CUDA). It prints one
 JSON line: tokens/s over the steps after warm-up (compiling happens in warm-up), peak memory
 (torch.cuda.max_memory_allocated; 0 on CPU) and the last loss.
+
+--microbatches M splits each step's batch into M microbatches of sequences / M, each one's loss
+backwarded at once (scaled by 1 / M, so the gradient is the batch's mean), then one optimizer
+step: the gradient accumulation a worker alone does over its in-flight microbatches
+(benchmarks/overhead.py). The JSON line then also says "microbatches".
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class PlainLoopResult:
     """Peak memory allocated on the GPU; 0 on CPU."""
     loss: float
     """The last step's loss."""
+    microbatches: int = 1
+    """Microbatches each step's batch is split into, their gradients accumulated."""
 
 
 def compile_skip_reason(device: torch.device) -> str | None:
@@ -60,7 +67,11 @@ def random_batches(*, sequences: int, seq_len: int, vocab_size: int, device: tor
 class PlainTrainer:
     """The model, its AdamW and one training step, as a worker holding every layer runs them."""
 
-    def __init__(self, model: PipelineStage, optim: OptimConfig, *, total_steps: int, compiled: bool) -> None:
+    def __init__(self, model: PipelineStage, optim: OptimConfig, *, total_steps: int, compiled: bool,
+                 microbatches: int = 1) -> None:
+        if microbatches < 1:
+            raise ValueError(f"need microbatches >= 1, got {microbatches}")
+        self.microbatches = microbatches
         self.device = next(model.parameters()).device
         self.params = list(model.parameters())
         self.forward = torch.compile(model) if compiled else model
@@ -73,13 +84,30 @@ class PlainTrainer:
         # bfloat16 matmuls on CUDA, float32 on CPU: what model.precision = auto gives a worker
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else contextlib.nullcontext()
 
+    def _backward(self, batch: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """Forward and backward of one (b, T + 1) batch, its loss times `scale` when given."""
+        inputs, targets = batch[:, :-1], batch[:, 1:]  # (b, T) each
+        with self.autocast:
+            logits = self.forward(inputs)  # (b, T, V)
+        loss = lm_loss(logits.float(), targets)
+        (loss if scale is None else loss * scale).backward()
+        return loss.detach()
+
+    def accumulate_gradients(self, batch: torch.Tensor) -> torch.Tensor:
+        """The gradients of a (B, T + 1) batch's mean loss, in self.microbatches pieces of B / M
+        sequences (each backwarded at once, so only one piece's activations are held); returns
+        the mean loss, still on the device (no sync)."""
+        if self.microbatches == 1:
+            return self._backward(batch, None)  # unscaled: exactly the one-batch step
+        if batch.shape[0] % self.microbatches:
+            raise ValueError(f"{batch.shape[0]} sequences do not split into {self.microbatches} microbatches")
+        # equal pieces, each loss / M: the sum of their gradients is the whole batch's mean
+        losses = [self._backward(piece, 1.0 / self.microbatches) for piece in batch.chunk(self.microbatches)]
+        return torch.stack(losses).mean()
+
     def step(self, batch: torch.Tensor) -> torch.Tensor:
         """One step on a (B, T + 1) batch; returns the loss, still on the device (no sync)."""
-        inputs, targets = batch[:, :-1], batch[:, 1:]  # (B, T) each
-        with self.autocast:
-            logits = self.forward(inputs)  # (B, T, V)
-        loss = lm_loss(logits.float(), targets)
-        loss.backward()
+        loss = self.accumulate_gradients(batch)
         if self.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.optim.grad_clip, foreach=True)
         for group in self.optimizer.param_groups:
@@ -89,7 +117,7 @@ class PlainTrainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_taken += 1
-        return loss.detach()
+        return loss
 
 
 def _synchronize(device: torch.device) -> None:
@@ -99,15 +127,17 @@ def _synchronize(device: torch.device) -> None:
 
 def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int, steps: int, warmup_steps: int,
                    device: torch.device | str, compiled: bool = False,
-                   optim: OptimConfig | None = None) -> PlainLoopResult:
-    """Warm up, then time `steps` training steps of the whole model; steps must be >= 1."""
+                   optim: OptimConfig | None = None, microbatches: int = 1) -> PlainLoopResult:
+    """Warm up, then time `steps` training steps of the whole model; steps must be >= 1.
+    `microbatches`: each step's `sequences` in that many pieces, gradients accumulated."""
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"need steps >= 1 and warmup_steps >= 0, got {steps} and {warmup_steps}")
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model = build_stage(preset, vocab_size=vocab_size, stage=0, num_stages=1, seed=0, device=device)
-    trainer = PlainTrainer(model, optim or OptimConfig(), total_steps=warmup_steps + steps, compiled=compiled)
+    trainer = PlainTrainer(model, optim or OptimConfig(), total_steps=warmup_steps + steps, compiled=compiled,
+                           microbatches=microbatches)
     batches = random_batches(sequences=sequences, seq_len=seq_len, vocab_size=vocab_size, device=device)
     for index in range(warmup_steps):
         trainer.step(batches[index % DISTINCT_BATCHES])
@@ -120,7 +150,17 @@ def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int
     peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     tokens_per_step = sequences * seq_len
     return PlainLoopResult(mode="compiled" if compiled else "eager", tokens_per_step=tokens_per_step,
-                           tokens_per_s=steps * tokens_per_step / elapsed_s, peak_mib=peak_mib, loss=float(loss))
+                           tokens_per_s=steps * tokens_per_step / elapsed_s, peak_mib=peak_mib, loss=float(loss),
+                           microbatches=microbatches)
+
+
+def result_json(result: PlainLoopResult) -> str:
+    """The result's JSON line; "microbatches" only where there are several, so that the line of a
+    one-batch loop stays what it was."""
+    fields = asdict(result)
+    if result.microbatches == 1:
+        del fields["microbatches"]
+    return json.dumps(fields)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,17 +173,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--microbatches", type=int, default=1,
+                        help="split each step's sequences into this many, gradients accumulated")
     args = parser.parse_args(argv)
+    if args.microbatches < 1 or args.sequences % args.microbatches:
+        parser.error(f"--microbatches must be >= 1 and divide --sequences ({args.sequences})")
     device = torch.device(args.device)
     compiled = args.mode == "compiled"
     if compiled and (reason := compile_skip_reason(device)):
         print(f"plain-loop: compiled skipped: {reason}", file=sys.stderr)
         raise SystemExit(0)
     result = run_plain_loop(args.preset, sequences=args.sequences, seq_len=args.seq_len, vocab_size=args.vocab_size,
-                            steps=args.steps, warmup_steps=args.warmup_steps, device=device, compiled=compiled)
+                            steps=args.steps, warmup_steps=args.warmup_steps, device=device, compiled=compiled,
+                            microbatches=args.microbatches)
     if not math.isfinite(result.loss):
         print(f"plain-loop: the loss is not finite ({result.loss})", file=sys.stderr)
-    print(json.dumps(asdict(result)))
+    print(result_json(result))
 
 
 if __name__ == "__main__":

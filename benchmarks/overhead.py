@@ -1,0 +1,512 @@
+"""The runtime's host overhead on this machine: `noloco-rt up` against benchmarks/plain_loop.py run
+in the same invocation, as ratios of tokens/s (CPU here, CUDA elsewhere).
+
+    python -m benchmarks.overhead [--device cpu|cuda] [--runs 3] [--shapes launch,compute,pipeline]
+        [--steps N] [--out benchmarks/results/overhead.md]
+
+Three shapes, each measured --runs times (runs interleaved: run 1 of every shape, then run 2 ...);
+the table shows the median and [min–max] of tokens/s and of each ratio, a ratio taken within
+one run (the runtime over the plain loop measured just before it):
+
+- launch (launch-bound): preset tiny, model.seq_len 32, data.batch_size 8,
+  pipeline.max_inflight 4: 4 microbatches of 8 sequences, 32 x 32 tokens per inner step. Rows:
+  the plain loop on one batch of 32 sequences per step; the plain loop accumulating the same 4
+  microbatches of 8 (--microbatches 4); `up --stages 1 --replicas 1`. Ratios: the runtime over
+  each plain loop, and the accumulating loop over the one-batch loop.
+- compute (compute-bound): preset small, seq_len 256, otherwise as launch; the same rows.
+- pipeline: `up --stages 2 --replicas 1` on the launch shape, against the schedule's ideal
+  B / (B + S - 1) x (tokens per microbatch / t_slowest): t_slowest is the slowest stage's own
+  forward + backward of one microbatch, timed alone here with a worker's share of the cores.
+  The ideal leaves out the optimizer step and the wire between the stages: the runtime pays both.
+
+What is measured: the runtime's tokens/s come from its stage-0 worker's `train_progress` lines
+(at step 1, then every 10th), between the line of step 10 (so start-up and 9 warm-up steps are
+left out) and the last one: (steps between them) x (tokens per inner step) / (seconds between
+their timestamps). The plain loops time the same number of steps (N - 10) after their own
+warm-up. The runtime runs with its defaults otherwise (outer steps every h inner steps, local
+with one replica; a checkpoint per outer step, written off the training thread; the stdlib
+corpus, where the plain loop cycles random tokens), and model.compile = off, so that both sides
+are eager. `up` gives each worker cores // workers torch threads; the plain loops and the stage
+timings get the same (the table's notes say how many).
+
+Duration on this project's 2-core CPU machine (idle otherwise): one step of the compute shape
+(small, 32 x 256 tokens, 2 threads) took 3.1 s in the plain loop and 3.0 s in the runtime, a
+launch-shape step (tiny, 32 x 32) 0.04-0.07 s, and each `up` adds about 15 s of start-up, final
+checkpoint and consensus scoring. A smoke run, `--runs 1 --steps 20`, took 189 s. The defaults
+(launch and pipeline 200 inner steps; compute 20, its runtime measuring 10 steps after 10 of
+warm-up and its plain loops 10 after 2) add about 50 s a run to that: about 4 minutes a run,
+12-13 minutes for the default 3 runs. Another process on the cores slows either side several
+times over (a smoke run beside another `up` measured the plain loop at 0.7k tokens/s instead of
+23k); the notes give the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks.gpu_check import read_worker_events
+from benchmarks.plain_loop import run_plain_loop
+from benchmarks.table import emit, markdown_table
+from noloco_rt.config import Config, load_config, parse_assignment
+from noloco_rt.logs import LogRecord, record_seconds
+from noloco_rt.model import build_stage, lm_loss
+from workers.cluster.processes import threads_per_worker
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# threads_per_worker(cores, workers): the torch threads `up` gives each of its workers
+# (OMP_NUM_THREADS, commit f315739); the plain loops and the stage timings get the same.
+RUNTIME_WARMUP_STEP = 10
+"""The runtime's rate is measured from this step's progress line: workers log train_progress at
+step 1 (after start-up) and at every 10th step."""
+STAGE_TIMING_WARMUP = 5
+STAGE_TIMING_REPEATS = 40
+"""Microbatches timed per stage for t_slowest (tiny: ~10 ms each on one CPU thread)."""
+
+PLAIN, ACCUMULATED, RUNTIME, IDEAL = "plain", "accumulated", "runtime", "ideal"
+RATIO_COLUMNS = ((PLAIN, "× plain one batch"), (ACCUMULATED, "× plain accumulated"), (IDEAL, "× schedule's ideal"))
+"""The table's ratio columns: the row each divides by, and its header."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeSpec:
+    """One benchmark shape: the model, the runtime's pipeline and how long each side trains."""
+
+    name: str
+    preset: str
+    seq_len: int
+    batch_size: int
+    max_inflight: int
+    stages: int
+    """1: two plain loops and `up` 1 x 1; more: `up` S x 1 against the schedule's ideal."""
+    steps: int
+    """The runtime's inner steps; the plain loops time steps - RUNTIME_WARMUP_STEP of theirs."""
+    plain_warmup_steps: int
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.max_inflight * self.tokens_per_microbatch
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.max_inflight * self.batch_size
+
+    @property
+    def timed_steps(self) -> int:
+        return self.steps - RUNTIME_WARMUP_STEP
+
+    def settings(self) -> list[str]:
+        """The runtime's --set flags (compile off: the plain loop is eager too)."""
+        return [f"model.seq_len={self.seq_len}", f"data.batch_size={self.batch_size}",
+                f"pipeline.max_inflight={self.max_inflight}", "model.compile=off"]
+
+
+SHAPES = {
+    "launch": ShapeSpec("launch", "tiny", seq_len=32, batch_size=8, max_inflight=4, stages=1, steps=200,
+                        plain_warmup_steps=10),
+    "compute": ShapeSpec("compute", "small", seq_len=256, batch_size=8, max_inflight=4, stages=1, steps=20,
+                         plain_warmup_steps=2),
+    "pipeline": ShapeSpec("pipeline", "tiny", seq_len=32, batch_size=8, max_inflight=4, stages=2, steps=200,
+                          plain_warmup_steps=10),
+}
+
+
+# --- pure parts: the ideal, medians and ranges, ratios, the table ---------------------------------
+
+
+def ideal_pipeline_tokens_per_s(*, microbatches: int, stages: int, tokens_per_microbatch: int,
+                                slowest_stage_s: float) -> float:
+    """Tokens/s of a synchronous pipeline schedule (B microbatches through S stages per step, each
+    stage taking slowest_stage_s per microbatch forward + backward): a step lasts (B + S - 1)
+    slots of the slowest stage and trains B microbatches."""
+    if microbatches < 1 or stages < 1 or slowest_stage_s <= 0:
+        raise ValueError(f"need B, S >= 1 and t > 0, got {microbatches}, {stages}, {slowest_stage_s}")
+    return microbatches / (microbatches + stages - 1) * tokens_per_microbatch / slowest_stage_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+
+
+def spread(values: Sequence[float | None]) -> Spread | None:
+    """Median, min and max of the values measured (None: a run that gave none); None if none."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return Spread(statistics.median(present), min(present), max(present))
+
+
+def paired_ratios(numerators: Sequence[float | None], denominators: Sequence[float | None]) -> list[float | None]:
+    """Run i's numerator over run i's denominator (measured minutes apart, on the same machine
+    state); None where either is missing."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"{len(numerators)} numerators against {len(denominators)} denominators")
+    return [n / d if n is not None and d else None for n, d in zip(numerators, denominators, strict=True)]
+
+
+def format_spread(value: Spread | None, spec: str, unit: str = "") -> str:
+    """'1.02× [0.98–1.05]'; just the value when min = max (one run); 'failed' when none."""
+    if value is None:
+        return "failed"
+    text = f"{value.median:{spec}}{unit}"
+    if value.low != value.high:
+        text += f" [{value.low:{spec}}–{value.high:{spec}}]"
+    return text
+
+
+def runtime_tokens_per_s(progress: Sequence[LogRecord], *, tokens_per_step: int,
+                         warmup_step: int = RUNTIME_WARMUP_STEP) -> float | None:
+    """A worker's tokens/s from its train_progress records (inner_step, timestamp): from the first
+    at or past `warmup_step` to the last; None when there are not two such records."""
+    measured = [r for r in progress if r.get("event") == "train_progress" and r["inner_step"] >= warmup_step]
+    if len(measured) < 2:
+        return None
+    first, last = measured[0], measured[-1]
+    seconds = record_seconds(last["timestamp"]) - record_seconds(first["timestamp"])
+    steps = last["inner_step"] - first["inner_step"]
+    return steps * tokens_per_step / seconds if steps > 0 and seconds > 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of the table: tokens/s of each run (None: that run failed)."""
+
+    shape: str
+    kind: str
+    """PLAIN, ACCUMULATED, RUNTIME or IDEAL: which ratios it gets and which rows divide by it."""
+    name: str
+    tokens_per_s: list[float | None]
+    references: tuple[str, ...] = ()
+    """The kinds of row of its shape it is divided by, one ratio column each."""
+
+
+def references_of(kind: str, stages: int) -> tuple[str, ...]:
+    """The runtime 1 x 1 against both plain loops, S x 1 against the schedule's ideal; the
+    accumulating loop against the one-batch loop (what accumulation alone costs)."""
+    if kind == RUNTIME:
+        return (PLAIN, ACCUMULATED) if stages == 1 else (IDEAL,)
+    return (PLAIN,) if kind == ACCUMULATED else ()
+
+
+def ratio_cells(row: Row, rows: Sequence[Row]) -> list[str]:
+    """The row's ratio columns: its tokens/s over each reference row of its shape, run by run."""
+    by_kind = {r.kind: r for r in rows if r.shape == row.shape}
+    cells = []
+    for kind, _ in RATIO_COLUMNS:
+        reference = by_kind.get(kind)
+        if kind not in row.references or reference is None:
+            cells.append("–")
+            continue
+        cells.append(format_spread(spread(paired_ratios(row.tokens_per_s, reference.tokens_per_s)), ".2f", "×"))
+    return cells
+
+
+def table_rows(rows: Sequence[Row]) -> list[list[str]]:
+    return [[row.shape, row.name, format_spread(spread(row.tokens_per_s), ",.0f"), *ratio_cells(row, rows)]
+            for row in rows]
+
+
+def render_table(title: str, rows: Sequence[Row], notes: Sequence[str]) -> str:
+    header = ["shape", "run", "tokens/s", *(label for _, label in RATIO_COLUMNS)]
+    return markdown_table(title, header, table_rows(rows)) + "".join(f"\n{note}\n" for note in notes)
+
+
+# --- measuring: plain loops and stage timings in this process, `up` as a child --------------------
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block with this many intra-op threads (what OMP_NUM_THREADS gives a worker)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain_tokens_per_s(spec: ShapeSpec, cfg: Config, *, microbatches: int, device: torch.device) -> float:
+    result = run_plain_loop(spec.preset, sequences=spec.sequences_per_step, seq_len=spec.seq_len,
+                            vocab_size=cfg.model.vocab_size, steps=spec.timed_steps,
+                            warmup_steps=spec.plain_warmup_steps, device=device, optim=cfg.optim,
+                            microbatches=microbatches)
+    return result.tokens_per_s
+
+
+def stage_seconds_per_microbatch(spec: ShapeSpec, cfg: Config, *, stage: int, device: torch.device) -> float:
+    """One stage's forward + backward of one microbatch, alone: token ids into stage 0, random
+    hidden states (B, T, C) needing a gradient into later ones; the loss on the last stage, a
+    random output gradient elsewhere. Gradients accumulate across microbatches, as in a worker."""
+    model = build_stage(spec.preset, vocab_size=cfg.model.vocab_size, stage=stage, num_stages=spec.stages,
+                        seed=0, device=device)
+    generator = torch.Generator().manual_seed(stage)
+    micro = (spec.batch_size, spec.seq_len)
+    hidden = (*micro, model.shape.dim)
+    if model.is_first:
+        inputs = torch.randint(cfg.model.vocab_size, micro, generator=generator).to(device)
+    else:
+        inputs = torch.randn(hidden, generator=generator).to(device).requires_grad_()
+    targets = torch.randint(cfg.model.vocab_size, micro, generator=generator).to(device)
+    output_gradient = torch.randn(hidden, generator=generator).to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+    def forward_backward() -> None:
+        with autocast:
+            output = model(inputs)
+        if model.is_last:
+            lm_loss(output.float(), targets).backward()
+        else:
+            output.backward(output_gradient.to(output.dtype))
+
+    for _ in range(STAGE_TIMING_WARMUP):
+        forward_backward()
+    _synchronize(device)
+    started = time.perf_counter()
+    for _ in range(STAGE_TIMING_REPEATS):
+        forward_backward()
+    _synchronize(device)
+    return (time.perf_counter() - started) / STAGE_TIMING_REPEATS
+
+
+def _up_env(device: torch.device) -> dict[str, str]:
+    """This checkout's packages without an install; no GPU for the workers when measuring the CPU."""
+    path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path}
+    if device.type == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run_up(spec: ShapeSpec, out: Path, *, device: torch.device, timeout_s: float) -> int:
+    """`up --stages S --replicas 1` of the shape into `out` (its output in out/up.out); its exit
+    code, 124 after ending its whole process group on timeout."""
+    command = [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(spec.stages), "--replicas", "1",
+               "--steps", str(spec.steps), "--preset", spec.preset, "--out", str(out), "--no-coordinator",
+               "--no-tensorboard", *(flag for s in spec.settings() for flag in ("--set", s))]
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "up.out").open("w") as log, subprocess.Popen(
+            command, env=_up_env(device), start_new_session=True, stdout=log, stderr=subprocess.STDOUT) as child:
+        try:
+            return child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return 124
+        except BaseException:  # Ctrl-C: leave no workers behind
+            os.killpg(child.pid, signal.SIGKILL)
+            raise
+
+
+def stage0_progress(out: Path) -> list[LogRecord]:
+    """The train_progress records of the run's stage-0 worker (its first incarnation)."""
+    events = read_worker_events(out / "logs")
+    stage0 = [records for name, records in events.items() if name.startswith("s0-")]
+    return [r for r in stage0[0] if r.get("event") == "train_progress"] if stage0 else []
+
+
+@dataclasses.dataclass
+class Measurements:
+    """Every row's tokens/s, run by run, and what went wrong."""
+
+    values: dict[tuple[str, str], list[float | None]]
+    failures: list[str]
+    slowest_stage_s: dict[str, list[float]]
+
+    def add(self, shape: str, kind: str, value: float | None) -> None:
+        self.values.setdefault((shape, kind), []).append(value)
+
+
+def measure_runtime(spec: ShapeSpec, run_out: Path, args: argparse.Namespace, results: Measurements,
+                    label: str) -> None:
+    code = run_up(spec, run_out, device=args.device, timeout_s=args.timeout_s)
+    rate = runtime_tokens_per_s(stage0_progress(run_out), tokens_per_step=spec.tokens_per_step)
+    if code != 0 or rate is None:
+        results.failures.append(f"{label}: `up` exited with code {code}, rate {rate} (see {run_out / 'up.out'})")
+    results.add(spec.name, RUNTIME, rate if code == 0 else None)
+
+
+def measure_shape_once(spec: ShapeSpec, args: argparse.Namespace, run_out: Path, results: Measurements,
+                       label: str) -> None:
+    """One run of a shape: its references, then the runtime."""
+    cfg = load_config(environ={}, overrides=[parse_assignment(s) for s in spec.settings()])
+    device = args.device
+    if spec.stages == 1:
+        with torch_threads(threads_per_worker(args.cores, 1)):
+            results.add(spec.name, PLAIN, plain_tokens_per_s(spec, cfg, microbatches=1, device=device))
+            results.add(spec.name, ACCUMULATED,
+                        plain_tokens_per_s(spec, cfg, microbatches=spec.max_inflight, device=device))
+    else:
+        with torch_threads(threads_per_worker(args.cores, spec.stages)):
+            slowest = max(stage_seconds_per_microbatch(spec, cfg, stage=k, device=device) for k in range(spec.stages))
+        results.slowest_stage_s.setdefault(spec.name, []).append(slowest)
+        results.add(spec.name, IDEAL, ideal_pipeline_tokens_per_s(
+            microbatches=spec.max_inflight, stages=spec.stages, tokens_per_microbatch=spec.tokens_per_microbatch,
+            slowest_stage_s=slowest))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the workers share this GPU
+    measure_runtime(spec, run_out, args, results, label)
+
+
+def row_names(spec: ShapeSpec) -> dict[str, str]:
+    micro = f"{spec.batch_size} x {spec.seq_len}"
+    return {PLAIN: f"plain, one batch of {spec.sequences_per_step} x {spec.seq_len}",
+            ACCUMULATED: f"plain, {spec.max_inflight} microbatches of {micro} accumulated",
+            IDEAL: f"schedule's ideal, B = {spec.max_inflight}, S = {spec.stages}",
+            RUNTIME: f"noloco-rt {spec.stages} x 1"}
+
+
+def collect_rows(specs: Sequence[ShapeSpec], results: Measurements) -> list[Row]:
+    rows = []
+    for spec in specs:
+        for kind, name in row_names(spec).items():
+            if (spec.name, kind) in results.values:
+                rows.append(Row(spec.name, kind, name, results.values[(spec.name, kind)],
+                                references_of(kind, spec.stages)))
+    return rows
+
+
+# --- the invocation: arguments, provenance, notes -------------------------------------------------
+
+
+def git_commit() -> str:
+    """HEAD's short hash, and whether the tree differs from it (benchmarks of uncommitted code)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + (" with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def device_description(device: torch.device, cores: int) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({cores} CPU cores)"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU, {cores} cores ({line.split(':', 1)[1].strip()})"
+    return f"CPU, {cores} cores ({platform.processor() or platform.machine()})"
+
+
+def load_note(before: float, after: float, cores: int) -> str:
+    """The 1-minute load average before and after: a busy machine (another process on the cores)
+    can slow either side several-fold, and the table cannot tell otherwise."""
+    return (f"load average (1 min; it trails by about a minute) {before:.1f} before the runs, {after:.1f} after, "
+            f"on {cores} cores")
+
+
+def notes(specs: Sequence[ShapeSpec], results: Measurements, cores: int, elapsed_s: float) -> list[str]:
+    lines = []
+    for spec in specs:
+        threads = threads_per_worker(cores, spec.stages)
+        what = (f"{spec.name}: preset {spec.preset}, {spec.max_inflight} microbatches of {spec.batch_size} x "
+                f"{spec.seq_len} tokens per inner step; the runtime trains {spec.steps} steps, its tokens/s from "
+                f"its stage-0 worker's progress lines of steps {RUNTIME_WARMUP_STEP} to {spec.steps}; ")
+        if spec.stages == 1:
+            what += (f"the plain loops time {spec.timed_steps} steps after {spec.plain_warmup_steps} of warm-up; "
+                     f"torch threads: {threads} for the runtime's worker and {threads} for the plain loops")
+        else:
+            slowest = ", ".join(f"{s * 1e3:.1f}" for s in results.slowest_stage_s.get(spec.name, []))
+            what += (f"{spec.stages} workers with {threads} torch thread(s) each; t_slowest per microbatch "
+                     f"(ms, run by run; each stage timed alone with {threads} thread(s)): {slowest}")
+        lines.append(what)
+    lines.append(f"runtime settings beyond the shape: the defaults, and model.compile = off; this invocation took "
+                 f"{elapsed_s:.0f} s")
+    return lines
+
+
+def parse_shape_names(text: str) -> list[ShapeSpec]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in SHAPES for n in names):
+        raise argparse.ArgumentTypeError(f"shapes are {', '.join(SHAPES)}, comma-separated, not {text!r}")
+    return [SHAPES[n] for n in names]
+
+
+def parse_device(text: str) -> torch.device:
+    if text not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"--device is cpu or cuda, not {text!r}")
+    return torch.device(text)
+
+
+def with_steps(specs: list[ShapeSpec], steps: int | None) -> list[ShapeSpec]:
+    """The shapes with --steps for the runtime's inner steps, where given."""
+    if steps is None:
+        return specs
+    return [dataclasses.replace(spec, steps=steps) for spec in specs]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", type=parse_device, default=torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                        help="cpu or cuda (default: cuda where there is one)")
+    parser.add_argument("--runs", type=int, default=3, help="measurements of every row")
+    parser.add_argument("--shapes", type=parse_shape_names, default=list(SHAPES.values()),
+                        help="comma-separated: " + ",".join(SHAPES))
+    parser.add_argument("--steps", type=int, default=None,
+                        help="the runtime's inner steps for every shape, a multiple of 10 above 10 (default: "
+                             + ", ".join(f"{s.name} {s.steps}" for s in SHAPES.values()) + ")")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="per `up` run")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="keep the runs' folders (logs) here, an empty or new folder; default: deleted")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    if args.steps is not None and (args.steps <= RUNTIME_WARMUP_STEP or args.steps % 10):
+        parser.error(f"--steps must be a multiple of 10 above {RUNTIME_WARMUP_STEP}: workers log progress every "
+                     "10 steps, and the rate is measured from step 10")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    if args.runs_dir is not None and args.runs_dir.is_dir() and any(args.runs_dir.iterdir()):
+        parser.error(f"{args.runs_dir} is not empty: `up` would resume the runs there instead of training")
+    args.shapes = with_steps(args.shapes, args.steps)
+    args.cores = os.cpu_count() or 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    results = Measurements({}, [], {})
+    with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
+        runs_dir = args.runs_dir or Path(tmp)
+        for run in range(args.runs):
+            for spec in args.shapes:
+                label = f"run {run + 1}/{args.runs} {spec.name}"
+                print(f"overhead: {label}", file=sys.stderr, flush=True)
+                measure_shape_once(spec, args, runs_dir / f"{spec.name}-{run + 1}", results, label)
+    title = (f"noloco-rt's host overhead against a plain PyTorch loop on {device_description(args.device, args.cores)}, "
+             f"commit {git_commit()}; {args.runs} run(s) of each row: median [min–max]")
+    table = render_table(title, collect_rows(args.shapes, results),
+                         [*notes(args.shapes, results, args.cores, time.monotonic() - started),
+                          load_note(load_before, os.getloadavg()[0], args.cores)])
+    failures = "".join(f"\noverhead: FAIL {line}\n" for line in results.failures)
+    emit(table + failures, args.out)
+    raise SystemExit(1 if results.failures else 0)
+
+
+if __name__ == "__main__":
+    main()
