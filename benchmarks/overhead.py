@@ -6,7 +6,8 @@ in the same invocation, as ratios of tokens/s (CPU here, CUDA elsewhere).
 
 Three shapes, each measured --runs times (runs interleaved: run 1 of every shape, then run 2 ...);
 the table shows the median and [min–max] of tokens/s and of each ratio, a ratio taken within
-one run (the runtime over the plain loop measured just before it):
+one run (the runtime over the mean of its reference measured just before and just after it:
+this machine's speed drifts by half over minutes, and bracketing shifts both sides alike):
 
 - launch (launch-bound): preset tiny, model.seq_len 32, data.batch_size 8,
   pipeline.max_inflight 4: 4 microbatches of 8 sequences, 32 x 32 tokens per inner step. Rows:
@@ -30,14 +31,11 @@ are eager. `up` gives each worker cores // workers torch threads; the plain loop
 timings get the same (the table's notes say how many).
 
 Duration on this project's 2-core CPU machine (idle otherwise): one step of the compute shape
-(small, 32 x 256 tokens, 2 threads) took 3.1 s in the plain loop and 3.0 s in the runtime, a
-launch-shape step (tiny, 32 x 32) 0.04-0.07 s, and each `up` adds about 15 s of start-up, final
-checkpoint and consensus scoring. A smoke run, `--runs 1 --steps 20`, took 189 s. The defaults
-(launch and pipeline 200 inner steps; compute 20, its runtime measuring 10 steps after 10 of
-warm-up and its plain loops 10 after 2) add about 50 s a run to that: about 4 minutes a run,
-12-13 minutes for the default 3 runs. Another process on the cores slows either side several
-times over (a smoke run beside another `up` measured the plain loop at 0.7k tokens/s instead of
-23k); the notes give the load average.
+(small, 32 x 256 tokens, 2 threads) takes about 3 s on either side, a launch-shape step (tiny,
+32 x 32) 0.04-0.07 s, and each `up` adds about 15 s of start-up, final checkpoint and consensus
+scoring. With the references bracketing each runtime run, the default 3 runs take about 16
+minutes. Another process on the cores slows either side several times over: run it alone (the
+notes give the load average).
 """
 
 from __future__ import annotations
@@ -77,6 +75,8 @@ STAGE_TIMING_REPEATS = 40
 """Microbatches timed per stage for t_slowest (tiny: ~10 ms each on one CPU thread)."""
 
 PLAIN, ACCUMULATED, RUNTIME, IDEAL = "plain", "accumulated", "runtime", "ideal"
+SLOWEST = "slowest"
+"""Not a row: the slowest stage's seconds per microbatch behind an IDEAL row."""
 RATIO_COLUMNS = ((PLAIN, "× plain one batch"), (ACCUMULATED, "× plain accumulated"), (IDEAL, "× schedule's ideal"))
 """The table's ratio columns: the row each divides by, and its header."""
 
@@ -350,26 +350,36 @@ def measure_runtime(spec: ShapeSpec, run_out: Path, args: argparse.Namespace, re
     results.add(spec.name, RUNTIME, rate if code == 0 else None)
 
 
+def reference_rates(spec: ShapeSpec, cfg: Config, device: torch.device, cores: int) -> dict[str, float]:
+    """The shape's references, tokens/s by kind (and the ideal's t_slowest under SLOWEST)."""
+    if spec.stages == 1:
+        with torch_threads(threads_per_worker(cores, 1)):
+            return {PLAIN: plain_tokens_per_s(spec, cfg, microbatches=1, device=device),
+                    ACCUMULATED: plain_tokens_per_s(spec, cfg, microbatches=spec.max_inflight, device=device)}
+    with torch_threads(threads_per_worker(cores, spec.stages)):
+        slowest = max(stage_seconds_per_microbatch(spec, cfg, stage=k, device=device) for k in range(spec.stages))
+    return {SLOWEST: slowest, IDEAL: ideal_pipeline_tokens_per_s(
+        microbatches=spec.max_inflight, stages=spec.stages, tokens_per_microbatch=spec.tokens_per_microbatch,
+        slowest_stage_s=slowest)}
+
+
 def measure_shape_once(spec: ShapeSpec, args: argparse.Namespace, run_out: Path, results: Measurements,
                        label: str) -> None:
-    """One run of a shape: its references, then the runtime."""
+    """One run of a shape: its references just before and just after the runtime, averaged, so
+    that a machine whose speed drifts over minutes (a shared host) shifts both sides alike."""
     cfg = load_config(environ={}, overrides=[parse_assignment(s) for s in spec.settings()])
     device = args.device
-    if spec.stages == 1:
-        with torch_threads(threads_per_worker(args.cores, 1)):
-            results.add(spec.name, PLAIN, plain_tokens_per_s(spec, cfg, microbatches=1, device=device))
-            results.add(spec.name, ACCUMULATED,
-                        plain_tokens_per_s(spec, cfg, microbatches=spec.max_inflight, device=device))
-    else:
-        with torch_threads(threads_per_worker(args.cores, spec.stages)):
-            slowest = max(stage_seconds_per_microbatch(spec, cfg, stage=k, device=device) for k in range(spec.stages))
-        results.slowest_stage_s.setdefault(spec.name, []).append(slowest)
-        results.add(spec.name, IDEAL, ideal_pipeline_tokens_per_s(
-            microbatches=spec.max_inflight, stages=spec.stages, tokens_per_microbatch=spec.tokens_per_microbatch,
-            slowest_stage_s=slowest))
+    before = reference_rates(spec, cfg, device, args.cores)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the workers share this GPU
     measure_runtime(spec, run_out, args, results, label)
+    after = reference_rates(spec, cfg, device, args.cores)
+    for kind, value in before.items():
+        mean = (value + after[kind]) / 2
+        if kind == SLOWEST:
+            results.slowest_stage_s.setdefault(spec.name, []).append(mean)
+        else:
+            results.add(spec.name, kind, mean)
 
 
 def row_names(spec: ShapeSpec) -> dict[str, str]:

@@ -6,7 +6,7 @@ training loop of the whole model, eager or torch.compile'd, on random tokens.
 
 It trains as a worker does, with one batch per step: the same model (noloco_rt.model), bfloat16
 autocast on CUDA (float32 on CPU, as model.precision = auto), the runtime's inner AdamW
-(optim section: lr schedule, betas, weight decay, grad clipping; fused on CUDA). It prints one
+(optim section: lr schedule, betas, weight decay, grad clipping; the same kernel: fused). It prints one
 JSON line: tokens/s over the steps after warm-up (compiling happens in warm-up), peak memory
 (torch.cuda.max_memory_allocated; 0 on CPU) and the last loss.
 
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from noloco_rt.algo.optim import lr_at
+from noloco_rt.algo.optim import adamw_kernel, lr_at
 from noloco_rt.config import OptimConfig
 from noloco_rt.model import PipelineStage, build_stage, lm_loss
 
@@ -80,7 +80,7 @@ class PlainTrainer:
         self.steps_taken = 0
         on_cuda = self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
-                                           weight_decay=optim.weight_decay, fused=on_cuda, foreach=not on_cuda)
+                                           weight_decay=optim.weight_decay, **adamw_kernel(self.device))
         # bfloat16 matmuls on CUDA, float32 on CPU: what model.precision = auto gives a worker
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else contextlib.nullcontext()
 

@@ -426,7 +426,8 @@ def test_launch_bad_input_is_one_clear_line(capsys, monkeypatch, args, fragment)
 
 
 
-SETTINGS = {"pipeline.stages": 2, "outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_interval_s": 0.25,
+SETTINGS = {"pipeline.stages": 2, "outer.h": 5, "pipeline.max_inflight": 2, "worker.checkpoint_every": 1,
+            "worker.heartbeat_interval_s": 0.25,
             "worker.deadline_floor_s": 1.0, "worker.deadline_ceiling_s": 5.0, "worker.exchange_timeout_s": 3.0,
             "worker.leave_grace_s": 10.0, "run.log_format": "json"}
 

@@ -24,6 +24,9 @@ from noloco_rt.memory_fit import (
 )
 from noloco_rt.memory_plan import StageMemory, plan
 
+GPUS = (("H100 80 GB", 78 * 2**30), ("H200 141 GB", 139 * 2**30))
+"""Device memory torch reports as the total of each (about 78 and 139 GiB), what a worker
+alone on the GPU sizes itself for."""
 COLUMNS = ("stage", "layers", "params", "weights", "grads", "inner opt", "outer φ δ", "activations",
            "wire", "exchange", "peak", "peak at", "host")
 
@@ -43,6 +46,21 @@ def render_table(stages: list[StageMemory], unit: tuple[str, int]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
+
+
+def gpu_fits(cfg: Config) -> list[str]:
+    """One line per common GPU: whether one worker of each stage alone on it fits, and with
+    what in flight and checkpointing (what a worker would choose there)."""
+    lines = []
+    for name, total in GPUS:
+        budget = budget_bytes(cfg.worker.memory_budget_gb, device_type="cuda", device_total_bytes=total,
+                              workers_sharing=1)
+        choice = choose(cfg, device_type="cuda", budget_bytes=budget)
+        verdict = "fits" if choice.fits else "does not fit"
+        lines.append(f"{name}: {verdict}, {choice.max_inflight} in flight, activation checkpointing "
+                     f"{'on' if choice.activation_checkpointing else 'off'}, peak {choice.peak_bytes / GB:,.1f} GB "
+                     f"of {total / GB:,.1f}")
+    return lines
 
 
 def unit_for(stages: list[StageMemory]) -> tuple[str, int]:
@@ -106,6 +124,9 @@ def plan_command(config_path: str | None, assignments: tuple[str, ...], device: 
         return
     budget = budget_bytes(cfg.worker.memory_budget_gb, device_type=device, device_total_bytes=None, workers_sharing=1)
     print_plan(cfg, device, choose(cfg, device_type=device, budget_bytes=budget))
+    if device == "cuda":
+        click.echo("\none worker a GPU (pipeline.max_inflight = 0 and checkpointing auto choose as the worker would):")
+        click.echo("\n".join(gpu_fits(cfg)))
 
 
 def fit_config(cfg: Config, stages: int) -> Config:

@@ -154,15 +154,16 @@ class WorkerConfig:
     for this long: a margin for an upstream worker that restarts and trains on."""
     leave_grace_s: float = 20.0
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
-    checkpoint_every: int = 1
-    """Outer steps between the worker's checkpoints (0: none counted in steps). They are
-    written off the training thread; one due while the previous write still runs is skipped."""
-    checkpoint_interval_s: float = 600.0
-    """A checkpoint is also due at the first outer step this long after the last completed
-    write (0: off), so a worker with rare outer steps or a large checkpoint_every loses at
-    most about ten minutes of work to a crash; at that pace even a 1b stage's state (about
-    12 GB with its optimizer) asks some 20 MB/s of a disk. The final checkpoint (finished,
-    or leaving on SIGTERM) is always written."""
+    checkpoint_every: int = 0
+    """Outer steps between the worker's checkpoints (0, the default: none counted in steps,
+    only checkpoint_interval_s). Peers and the durable store already hold a stage's state, so
+    a checkpoint at every outer step is housekeeping on the hot path that buys little. They
+    are written off the training thread; one due while the previous write still runs is skipped."""
+    checkpoint_interval_s: float = 300.0
+    """A checkpoint is due at the first outer step this long after the last completed write
+    (0: off), so a worker that crashes with no live peer loses at most about five minutes of
+    work; at that pace even a 1b stage's state (about 12 GB with its optimizer) asks some
+    40 MB/s of a disk. The final checkpoint (finished, or leaving on SIGTERM) is always written."""
     checkpoint_keep: int = 1
     """Checkpoints a worker keeps: <name>.pt, the newest, then <name>.pt.1 ... older ones
     (each a full copy of the state: mind the disk). A resume that cannot read the newest

@@ -43,7 +43,9 @@ from workers.cluster.run_dir import prepare_run_dir
 from workers.faults.data_path import data_faults_env
 
 # Fast failure detection and recovery, so that a short run sees every fault recovered.
-CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.heartbeat_interval_s": 0.25,
+# A checkpoint at every outer step: restarts resume, and a full disk meets writes, within the faults' seconds.
+CHAOS_SETTINGS = {"outer.h": 5, "pipeline.max_inflight": 2, "worker.checkpoint_every": 1,
+                  "worker.heartbeat_interval_s": 0.25,
                   "worker.deadline_floor_s": 1.0, "worker.deadline_ceiling_s": 5.0,
                   "worker.exchange_timeout_s": 3.0, "worker.leave_grace_s": 6.0, "run.eval_batches": 4,
                   "run.log_format": "json"}
