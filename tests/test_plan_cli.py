@@ -22,6 +22,17 @@ def test_plan_prints_a_row_per_stage_with_the_chosen_settings(capsys, monkeypatc
     assert rows[0][8:10] == ["×", "4"] and rows[1][8:10] == ["×", "1"]  # the last stage holds one microbatch
 
 
+def test_plan_says_what_fits_an_h100_and_an_h200(capsys, monkeypatch) -> None:
+    code, out, err = run_cli_in_process(capsys, monkeypatch, "plan", "--preset", "1b", "--stages", "2")
+    assert code == 0, err
+    h100, h200 = out.splitlines()[-2:]
+    assert h100.startswith("H100 80 GB: fits, 4 in flight") and "of 83.8" in h100, h100
+    assert h200.startswith("H200 141 GB: fits, 4 in flight") and "of 149.3" in h200, h200
+    code, out, err = run_cli_in_process(capsys, monkeypatch, "plan", "--preset", "7b", "--stages", "1")
+    assert code == 0, err
+    assert [line.split(":")[1].split(",")[0].strip() for line in out.splitlines()[-2:]] == ["does not fit"] * 2
+
+
 def test_plan_takes_a_config_and_set_like_other_commands(tmp_path, capsys, monkeypatch) -> None:
     path = tmp_path / "run.toml"
     path.write_text('[model]\npreset = "small"\n[pipeline]\nstages = 3\n')

@@ -50,11 +50,11 @@ def render_table(stages: list[StageMemory], unit: tuple[str, int]) -> str:
 
 def gpu_fits(cfg: Config) -> list[str]:
     """One line per common GPU: whether one worker of each stage alone on it fits, and with
-    what in flight and checkpointing (what a worker would choose there)."""
+    what in flight and checkpointing (what a worker with no worker.memory_budget_gb would
+    choose there, for pipeline.max_inflight = 0)."""
     lines = []
     for name, total in GPUS:
-        budget = budget_bytes(cfg.worker.memory_budget_gb, device_type="cuda", device_total_bytes=total,
-                              workers_sharing=1)
+        budget = budget_bytes(0, device_type="cuda", device_total_bytes=total, workers_sharing=1)
         choice = choose(cfg, device_type="cuda", budget_bytes=budget)
         verdict = "fits" if choice.fits else "does not fit"
         lines.append(f"{name}: {verdict}, {choice.max_inflight} in flight, activation checkpointing "
