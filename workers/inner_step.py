@@ -21,7 +21,8 @@ PROGRESS_LOG_EVERY = 10
 
 class InnerStep:
     def __init__(self, *, data_path: Role, replica: StageReplica, outer: OuterStep, counters: Counters,
-                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, slowdown: float = 1.0, count_host_reads: bool = False) -> None:
+                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, slowdown: float = 1.0,
+                 count_host_reads: bool = False) -> None:
         self.data_path = data_path
         self.replica = replica
         self.outer = outer
