@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import multiprocessing
 import os
 import platform
 import signal
@@ -53,6 +54,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,9 +77,13 @@ STAGE_TIMING_REPEATS = 40
 """Microbatches timed per stage for t_slowest (tiny: ~10 ms each on one CPU thread)."""
 
 PLAIN, ACCUMULATED, RUNTIME, IDEAL = "plain", "accumulated", "runtime", "ideal"
-SLOWEST = "slowest"
-"""Not a row: the slowest stage's seconds per microbatch behind an IDEAL row."""
-RATIO_COLUMNS = ((PLAIN, "× plain one batch"), (ACCUMULATED, "× plain accumulated"), (IDEAL, "× schedule's ideal"))
+IDEAL_SHARED = "ideal_shared"
+"""The ideal with every stage timed side by side, each in its own process, as a pipeline's
+workers share the machine (its cores, its memory bandwidth)."""
+SLOWEST, SLOWEST_SHARED = "slowest", "slowest_shared"
+"""Not rows: the slowest stage's seconds per microbatch behind IDEAL and IDEAL_SHARED."""
+RATIO_COLUMNS = ((PLAIN, "× plain one batch"), (ACCUMULATED, "× plain accumulated"), (IDEAL, "× schedule's ideal"),
+                 (IDEAL_SHARED, "× ideal, side by side"))
 """The table's ratio columns: the row each divides by, and its header."""
 
 
@@ -204,7 +210,7 @@ def references_of(kind: str, stages: int) -> tuple[str, ...]:
     """The runtime 1 x 1 against both plain loops, S x 1 against the schedule's ideal; the
     accumulating loop against the one-batch loop (what accumulation alone costs)."""
     if kind == RUNTIME:
-        return (PLAIN, ACCUMULATED) if stages == 1 else (IDEAL,)
+        return (PLAIN, ACCUMULATED) if stages == 1 else (IDEAL, IDEAL_SHARED)
     return (PLAIN,) if kind == ACCUMULATED else ()
 
 
@@ -258,7 +264,8 @@ def plain_tokens_per_s(spec: ShapeSpec, cfg: Config, *, microbatches: int, devic
     return result.tokens_per_s
 
 
-def stage_seconds_per_microbatch(spec: ShapeSpec, cfg: Config, *, stage: int, device: torch.device) -> float:
+def stage_seconds_per_microbatch(spec: ShapeSpec, cfg: Config, *, stage: int, device: torch.device,
+                                 start_together: Any = None) -> float:
     """One stage's forward + backward of one microbatch, alone: token ids into stage 0, random
     hidden states (B, T, C) needing a gradient into later ones; the loss on the last stage, a
     random output gradient elsewhere. Gradients accumulate across microbatches, as in a worker."""
@@ -286,11 +293,37 @@ def stage_seconds_per_microbatch(spec: ShapeSpec, cfg: Config, *, stage: int, de
     for _ in range(STAGE_TIMING_WARMUP):
         forward_backward()
     _synchronize(device)
+    if start_together is not None:  # side by side: every stage's process times at once
+        start_together.wait()
     started = time.perf_counter()
     for _ in range(STAGE_TIMING_REPEATS):
         forward_backward()
     _synchronize(device)
     return (time.perf_counter() - started) / STAGE_TIMING_REPEATS
+
+
+def _time_stage_in_child(spec: ShapeSpec, cfg: Config, stage: int, threads: int, device: str,
+                         start_together: Any, results: Any) -> None:
+    torch.set_num_threads(threads)
+    results.put((stage, stage_seconds_per_microbatch(spec, cfg, stage=stage, device=torch.device(device),
+                                                     start_together=start_together)))
+
+
+def stage_seconds_side_by_side(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int) -> list[float]:
+    """Every stage's seconds per microbatch, each in its own process, all timing at the same
+    moment: the machine shared as the pipeline's workers share it (cores, memory bandwidth),
+    without anything of the runtime's."""
+    context = multiprocessing.get_context("spawn")
+    start_together, results = context.Barrier(spec.stages), context.Queue()
+    children = [context.Process(target=_time_stage_in_child, args=(spec, cfg, k, threads, str(device),
+                                                                   start_together, results))
+                for k in range(spec.stages)]
+    for child in children:
+        child.start()
+    timings = dict(results.get(timeout=300) for _ in children)
+    for child in children:
+        child.join()
+    return [timings[k] for k in range(spec.stages)]
 
 
 def _up_env(device: torch.device) -> dict[str, str]:
@@ -356,11 +389,16 @@ def reference_rates(spec: ShapeSpec, cfg: Config, device: torch.device, cores: i
         with torch_threads(threads_per_worker(cores, 1)):
             return {PLAIN: plain_tokens_per_s(spec, cfg, microbatches=1, device=device),
                     ACCUMULATED: plain_tokens_per_s(spec, cfg, microbatches=spec.max_inflight, device=device)}
-    with torch_threads(threads_per_worker(cores, spec.stages)):
+    threads = threads_per_worker(cores, spec.stages)
+    with torch_threads(threads):
         slowest = max(stage_seconds_per_microbatch(spec, cfg, stage=k, device=device) for k in range(spec.stages))
-    return {SLOWEST: slowest, IDEAL: ideal_pipeline_tokens_per_s(
-        microbatches=spec.max_inflight, stages=spec.stages, tokens_per_microbatch=spec.tokens_per_microbatch,
-        slowest_stage_s=slowest)}
+    shared = max(stage_seconds_side_by_side(spec, cfg, device=device, threads=threads))
+
+    def ideal(seconds: float) -> float:
+        return ideal_pipeline_tokens_per_s(microbatches=spec.max_inflight, stages=spec.stages,
+                                           tokens_per_microbatch=spec.tokens_per_microbatch, slowest_stage_s=seconds)
+
+    return {SLOWEST: slowest, SLOWEST_SHARED: shared, IDEAL: ideal(slowest), IDEAL_SHARED: ideal(shared)}
 
 
 def measure_shape_once(spec: ShapeSpec, args: argparse.Namespace, run_out: Path, results: Measurements,
@@ -376,8 +414,8 @@ def measure_shape_once(spec: ShapeSpec, args: argparse.Namespace, run_out: Path,
     after = reference_rates(spec, cfg, device, args.cores)
     for kind, value in before.items():
         mean = (value + after[kind]) / 2
-        if kind == SLOWEST:
-            results.slowest_stage_s.setdefault(spec.name, []).append(mean)
+        if kind in (SLOWEST, SLOWEST_SHARED):
+            results.slowest_stage_s.setdefault(f"{spec.name} {kind}", []).append(mean)
         else:
             results.add(spec.name, kind, mean)
 
@@ -387,6 +425,7 @@ def row_names(spec: ShapeSpec) -> dict[str, str]:
     return {PLAIN: f"plain, one batch of {spec.sequences_per_step} x {spec.seq_len}",
             ACCUMULATED: f"plain, {spec.max_inflight} microbatches of {micro} accumulated",
             IDEAL: f"schedule's ideal, B = {spec.max_inflight}, S = {spec.stages}",
+            IDEAL_SHARED: "schedule's ideal, stages timed side by side",
             RUNTIME: f"noloco-rt {spec.stages} x 1"}
 
 
@@ -439,9 +478,11 @@ def notes(specs: Sequence[ShapeSpec], results: Measurements, cores: int, elapsed
             what += (f"the plain loops time {spec.timed_steps} steps after {spec.plain_warmup_steps} of warm-up; "
                      f"torch threads: {threads} for the runtime's worker and {threads} for the plain loops")
         else:
-            slowest = ", ".join(f"{s * 1e3:.1f}" for s in results.slowest_stage_s.get(spec.name, []))
+            alone, shared = (", ".join(f"{s * 1e3:.1f}" for s in results.slowest_stage_s.get(f"{spec.name} {kind}", []))
+                             for kind in (SLOWEST, SLOWEST_SHARED))
             what += (f"{spec.stages} workers with {threads} torch thread(s) each; t_slowest per microbatch "
-                     f"(ms, run by run; each stage timed alone with {threads} thread(s)): {slowest}")
+                     f"(ms, run by run, {threads} thread(s) a stage): {alone} with each stage timed alone, "
+                     f"{shared} with the stages timed side by side")
         lines.append(what)
     lines.append(f"runtime settings beyond the shape: the defaults, and model.compile = off; this invocation took "
                  f"{elapsed_s:.0f} s")

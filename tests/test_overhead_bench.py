@@ -10,6 +10,7 @@ import torch
 from benchmarks.overhead import (
     ACCUMULATED,
     IDEAL,
+    IDEAL_SHARED,
     PLAIN,
     RUNTIME,
     SHAPES,
@@ -75,14 +76,16 @@ def test_the_table_divides_each_row_by_its_references_of_the_same_run():
             Row("launch", ACCUMULATED, "accumulated", [50.0, 200.0], references_of(ACCUMULATED, 1)),
             Row("launch", RUNTIME, "noloco-rt 1 x 1", [50.0, 100.0], references_of(RUNTIME, 1)),
             Row("pipeline", IDEAL, "ideal", [1000.0, 1000.0], references_of(IDEAL, 2)),
+            Row("pipeline", IDEAL_SHARED, "ideal side by side", [900.0, 800.0], references_of(IDEAL_SHARED, 2)),
             Row("pipeline", RUNTIME, "noloco-rt 2 x 1", [800.0, None], references_of(RUNTIME, 2))]
     table = table_rows(rows)
-    assert table[0] == ["launch", "plain", "150 [100–200]", "–", "–", "–"]
-    assert table[1][3:] == ["0.75× [0.50–1.00]", "–", "–"]
+    assert table[0] == ["launch", "plain", "150 [100–200]", "–", "–", "–", "–"]
+    assert table[1][3:] == ["0.75× [0.50–1.00]", "–", "–", "–"]
     # runtime over one batch: 0.5 and 0.5; over the accumulating loop: 1.0 and 0.5
-    assert table[2][3:] == ["0.50×", "0.75× [0.50–1.00]", "–"]
-    assert table[3][3:] == ["–", "–", "–"]
-    assert table[4][2:] == ["800", "–", "–", "0.80×"]
+    assert table[2][3:] == ["0.50×", "0.75× [0.50–1.00]", "–", "–"]
+    assert table[3][3:] == ["–", "–", "–", "–"]
+    assert table[4][3:] == ["–", "–", "–", "–"]
+    assert table[5][2:] == ["800", "–", "–", "0.80×", "0.89×"]  # run 2 failed: run 1's ratios alone
 
 
 def test_steps_apply_to_every_shape_and_keep_the_rest():
