@@ -17,7 +17,9 @@ this machine's speed drifts by half over minutes, and bracketing shifts both sid
 - compute (compute-bound): preset small, seq_len 256, otherwise as launch; the same rows.
 - pipeline: `up --stages 2 --replicas 1` on the launch shape, against the schedule's ideal
   B / (B + S - 1) x (tokens per microbatch / t_slowest): t_slowest is the slowest stage's own
-  forward + backward of one microbatch, timed alone here with a worker's share of the cores.
+  forward + backward of one microbatch, timed with a worker's share of the cores in a fresh
+  process: each stage alone, and (a second ideal) all stages side by side at the same moment,
+  sharing the machine as the workers do but without anything of the runtime.
   The ideal leaves out the optimizer step and the wire between the stages: the runtime pays both.
 
 What is measured: the runtime's tokens/s come from its stage-0 worker's `train_progress` lines
@@ -52,7 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -237,18 +240,7 @@ def render_table(title: str, rows: Sequence[Row], notes: Sequence[str]) -> str:
     return markdown_table(title, header, table_rows(rows)) + "".join(f"\n{note}\n" for note in notes)
 
 
-# --- measuring: plain loops and stage timings in this process, `up` as a child --------------------
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """Run the block with this many intra-op threads (what OMP_NUM_THREADS gives a worker)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+# --- measuring: plain loops and stage timings in fresh processes, `up` as a child -----------------
 
 
 def _synchronize(device: torch.device) -> None:
@@ -256,12 +248,21 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain_tokens_per_s(spec: ShapeSpec, cfg: Config, *, microbatches: int, device: torch.device) -> float:
+def _plain_in_child(spec: ShapeSpec, cfg: Config, microbatches: int, device: str, threads: int) -> float:
+    torch.set_num_threads(threads)
     result = run_plain_loop(spec.preset, sequences=spec.sequences_per_step, seq_len=spec.seq_len,
                             vocab_size=cfg.model.vocab_size, steps=spec.timed_steps,
-                            warmup_steps=spec.plain_warmup_steps, device=device, optim=cfg.optim,
+                            warmup_steps=spec.plain_warmup_steps, device=torch.device(device), optim=cfg.optim,
                             microbatches=microbatches)
     return result.tokens_per_s
+
+
+def plain_tokens_per_s(spec: ShapeSpec, cfg: Config, *, microbatches: int, device: torch.device,
+                       threads: int) -> float:
+    """The plain loop's tokens/s, in a fresh process as a worker is (nothing this process did
+    before, its threads or its allocations, weighs on one side only)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_plain_in_child, spec, cfg, microbatches, str(device), threads).result()
 
 
 def stage_seconds_per_microbatch(spec: ShapeSpec, cfg: Config, *, stage: int, device: torch.device,
@@ -309,20 +310,26 @@ def _time_stage_in_child(spec: ShapeSpec, cfg: Config, stage: int, threads: int,
                                                      start_together=start_together)))
 
 
-def stage_seconds_side_by_side(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int) -> list[float]:
-    """Every stage's seconds per microbatch, each in its own process, all timing at the same
-    moment: the machine shared as the pipeline's workers share it (cores, memory bandwidth),
-    without anything of the runtime's."""
+def stage_seconds_in_processes(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int,
+                               side_by_side: bool) -> list[float]:
+    """Every stage's seconds per microbatch, each in a fresh process as a worker is: one after
+    another (alone), or
+    all timing at the same moment (side by side: the machine shared as the pipeline's workers
+    share it, its cores and memory bandwidth, without anything of the runtime's)."""
     context = multiprocessing.get_context("spawn")
-    start_together, results = context.Barrier(spec.stages), context.Queue()
-    children = [context.Process(target=_time_stage_in_child, args=(spec, cfg, k, threads, str(device),
-                                                                   start_together, results))
-                for k in range(spec.stages)]
-    for child in children:
-        child.start()
-    timings = dict(results.get(timeout=300) for _ in children)
-    for child in children:
-        child.join()
+    results = context.Queue()
+    timings: dict[int, float] = {}
+    batches = [list(range(spec.stages))] if side_by_side else [[k] for k in range(spec.stages)]
+    for stages in batches:
+        start_together = context.Barrier(len(stages))
+        children = [context.Process(target=_time_stage_in_child, args=(spec, cfg, k, threads, str(device),
+                                                                       start_together, results))
+                    for k in stages]
+        for child in children:
+            child.start()
+        timings.update(results.get(timeout=300) for _ in children)
+        for child in children:
+            child.join()
     return [timings[k] for k in range(spec.stages)]
 
 
@@ -386,13 +393,13 @@ def measure_runtime(spec: ShapeSpec, run_out: Path, args: argparse.Namespace, re
 def reference_rates(spec: ShapeSpec, cfg: Config, device: torch.device, cores: int) -> dict[str, float]:
     """The shape's references, tokens/s by kind (and the ideal's t_slowest under SLOWEST)."""
     if spec.stages == 1:
-        with torch_threads(threads_per_worker(cores, 1)):
-            return {PLAIN: plain_tokens_per_s(spec, cfg, microbatches=1, device=device),
-                    ACCUMULATED: plain_tokens_per_s(spec, cfg, microbatches=spec.max_inflight, device=device)}
+        threads = threads_per_worker(cores, 1)
+        return {PLAIN: plain_tokens_per_s(spec, cfg, microbatches=1, device=device, threads=threads),
+                ACCUMULATED: plain_tokens_per_s(spec, cfg, microbatches=spec.max_inflight, device=device,
+                                                threads=threads)}
     threads = threads_per_worker(cores, spec.stages)
-    with torch_threads(threads):
-        slowest = max(stage_seconds_per_microbatch(spec, cfg, stage=k, device=device) for k in range(spec.stages))
-    shared = max(stage_seconds_side_by_side(spec, cfg, device=device, threads=threads))
+    slowest = max(stage_seconds_in_processes(spec, cfg, device=device, threads=threads, side_by_side=False))
+    shared = max(stage_seconds_in_processes(spec, cfg, device=device, threads=threads, side_by_side=True))
 
     def ideal(seconds: float) -> float:
         return ideal_pipeline_tokens_per_s(microbatches=spec.max_inflight, stages=spec.stages,
