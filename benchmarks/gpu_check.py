@@ -228,7 +228,7 @@ def render_table(title: str, rows_by_preset: dict[str, list[Measured]], notes: l
     return markdown_table(title, header, table) + "".join(f"\n{note}\n" for note in notes)
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """Children find this checkout's packages without an install (the GPU machine has no venv)."""
     root = str(Path(__file__).resolve().parent.parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
@@ -238,7 +238,7 @@ def run_bounded(command: list[str], timeout_s: float, *, capture: bool = False) 
     """Run a command in its own process group (`up` starts workers); on timeout end the whole
     group and return 124. Returns the exit code and, when captured, stdout."""
     print(f"gpu-check: {' '.join(command[2:])}", flush=True)
-    with subprocess.Popen(command, env=_child_env(), start_new_session=True, text=True,
+    with subprocess.Popen(command, env=child_env(), start_new_session=True, text=True,
                           stdout=subprocess.PIPE if capture else None) as child:
         try:
             stdout, _ = child.communicate(timeout=timeout_s)

@@ -61,8 +61,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_check import read_worker_events
-from benchmarks.plain_loop import run_plain_loop
+from benchmarks.gpu_check import child_env, read_worker_events
+from benchmarks.plain_loop import run_plain_loop, synchronize
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import Config, load_config, parse_assignment
 from noloco_rt.logs import LogRecord, record_seconds
@@ -243,11 +243,6 @@ def render_table(title: str, rows: Sequence[Row], notes: Sequence[str]) -> str:
 # --- measuring: plain loops and stage timings in fresh processes, `up` as a child -----------------
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _plain_in_child(spec: ShapeSpec, cfg: Config, microbatches: int, device: str, threads: int) -> float:
     torch.set_num_threads(threads)
     result = run_plain_loop(spec.preset, sequences=spec.sequences_per_step, seq_len=spec.seq_len,
@@ -293,13 +288,13 @@ def stage_seconds_per_microbatch(spec: ShapeSpec, cfg: Config, *, stage: int, de
 
     for _ in range(STAGE_TIMING_WARMUP):
         forward_backward()
-    _synchronize(device)
+    synchronize(device)
     if start_together is not None:  # side by side: every stage's process times at once
         start_together.wait()
     started = time.perf_counter()
     for _ in range(STAGE_TIMING_REPEATS):
         forward_backward()
-    _synchronize(device)
+    synchronize(device)
     return (time.perf_counter() - started) / STAGE_TIMING_REPEATS
 
 
@@ -313,9 +308,8 @@ def _time_stage_in_child(spec: ShapeSpec, cfg: Config, stage: int, threads: int,
 def stage_seconds_in_processes(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int,
                                side_by_side: bool) -> list[float]:
     """Every stage's seconds per microbatch, each in a fresh process as a worker is: one after
-    another (alone), or
-    all timing at the same moment (side by side: the machine shared as the pipeline's workers
-    share it, its cores and memory bandwidth, without anything of the runtime's)."""
+    another (alone), or all timing at the same moment (side by side: the machine shared as the
+    pipeline's workers share it, its cores and memory bandwidth, without anything of the runtime's)."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     timings: dict[int, float] = {}
@@ -335,8 +329,7 @@ def stage_seconds_in_processes(spec: ShapeSpec, cfg: Config, *, device: torch.de
 
 def _up_env(device: torch.device) -> dict[str, str]:
     """This checkout's packages without an install; no GPU for the workers when measuring the CPU."""
-    path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": path}
+    env = child_env()
     if device.type == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env

@@ -120,7 +120,7 @@ class PlainTrainer:
         return loss
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -141,11 +141,11 @@ def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int
     batches = random_batches(sequences=sequences, seq_len=seq_len, vocab_size=vocab_size, device=device)
     for index in range(warmup_steps):
         trainer.step(batches[index % DISTINCT_BATCHES])
-    _synchronize(device)
+    synchronize(device)
     started = time.perf_counter()
     for index in range(steps):
         loss = trainer.step(batches[index % DISTINCT_BATCHES])
-    _synchronize(device)
+    synchronize(device)
     elapsed_s = time.perf_counter() - started
     peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     tokens_per_step = sequences * seq_len
