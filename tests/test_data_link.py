@@ -157,3 +157,29 @@ def test_sigterm_flushes_every_accepted_message_before_the_process_exits():
     assert waiting_at_sigterm > 0
     assert received == list(range(count))  # none lost, none reordered
     assert (stats["sent"], stats["failed"], stats["unsent_at_close"]) == (count, 0, 0)
+
+
+def test_ready_sends_go_out_on_the_callers_thread_and_queue_in_order_behind_a_full_connection():
+    """A message with nothing to wait for goes to ZeroMQ before `send` returns; once the peer's
+    connection is full (the peer stopped reading), later ones queue for the link thread, and
+    the peer still gets every one, in order. A message with a copy to wait for always queues."""
+    ctx = zmq.Context()
+    a, b = _link(ctx, send_timeout_s=30.0), _link(ctx, inbox_limit=2)
+    payload = b"x" * 200_000
+    count = 300  # 60 MB: more than the socket buffers and both high-water marks hold
+    try:
+        a.send(b.address, [b"hello"])  # the first queues: no connection is up yet to take it
+        assert _receive(b)[0].bytes == b"hello"
+        a.send(b.address, [b"0", payload])
+        assert a.stats.sent == 2 and a.stats.sent_directly == 1  # before any turn of the link thread
+        for i in range(1, count):
+            a.send(b.address, [str(i).encode(), payload])
+        a.send(b.address, [str(count).encode(), payload], ready=lambda: None)
+        received = [_receive(b)[0].bytes for _ in range(count + 1)]
+        assert received == [str(i).encode() for i in range(count + 1)]
+        assert 1 <= a.stats.sent_directly < count  # some went at once, the rest behind the full connection
+    finally:
+        stats = a.close()
+        b.close()
+        ctx.term()
+    assert (stats.sent, stats.failed) == (count + 2, 0)

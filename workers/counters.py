@@ -100,16 +100,22 @@ class TokenRate:
 
     def __init__(self, metrics: Any) -> None:
         self.metrics = metrics
-        self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=TOKEN_WINDOW)
+        self._window: collections.deque[tuple[float, int]] = collections.deque()
+        self._in_window = 0
+        """The counts in the window, kept as it moves (a sum per addition was a cost per microbatch)."""
 
     def add(self, count: int) -> None:
         self.metrics.tokens.inc(count)
+        if len(self._window) == TOKEN_WINDOW:
+            self._in_window -= self._window.popleft()[1]
         self._window.append((time.monotonic(), count))
+        self._in_window += count
         self.metrics.tokens_per_s.set(self.per_s())
 
     def per_s(self) -> float:
+        """Tokens per second between the window's first addition and its last (the first's own
+        count came before that span began)."""
         if len(self._window) < 2:
             return 0.0
         span = self._window[-1][0] - self._window[0][0]
-        total = sum(count for _, count in list(self._window)[1:])
-        return total / span if span > 0 else 0.0
+        return (self._in_window - self._window[0][1]) / span if span > 0 else 0.0
