@@ -22,11 +22,12 @@ this machine's speed drifts by half over minutes, and bracketing shifts both sid
   sharing the machine as the workers do but without anything of the runtime.
   The ideal leaves out the optimizer step and the wire between the stages: the runtime pays both.
 
-What is measured: the runtime's tokens/s come from its stage-0 worker's `train_progress` lines
-(at step 1, then every 10th), between the line of step 10 (so start-up and 9 warm-up steps are
-left out) and the last one: (steps between them) x (tokens per inner step) / (seconds between
-their timestamps). The plain loops time the same number of steps (N - 10) after their own
-warm-up. The runtime runs with its defaults otherwise (outer steps every h inner steps, local
+What is measured: every rate is the median over windows of 10 steps (WINDOW). The runtime's
+come from its stage-0 worker's `train_progress` lines (at step 1, then every 10th), from the
+line of step 10 on (so start-up and 9 warm-up steps are left out): (10 steps x tokens per inner
+step) / (seconds between consecutive lines). The plain loops time the same number of steps
+(N - 10) after their own warm-up, in windows of 10; the stage timings 4 windows of 10
+microbatches each. The runtime runs with its defaults otherwise (outer steps every h inner steps, local
 with one replica; a checkpoint per outer step, written off the training thread; the stdlib
 corpus, where the plain loop cycles random tokens), and model.compile = off, so that both sides
 are eager. `up` gives each worker cores // workers torch threads; the plain loops and the stage
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import platform
@@ -78,6 +80,12 @@ step 1 (after start-up) and at every 10th step."""
 STAGE_TIMING_WARMUP = 5
 STAGE_TIMING_REPEATS = 40
 """Microbatches timed per stage for t_slowest (tiny: ~10 ms each on one CPU thread)."""
+WINDOW = 10
+"""Every side's rate is the median of its windows of this many steps (the runtime: between its
+progress lines, 10 inner steps apart; the stage timings: of this many microbatches). This
+machine has stretches of half a second or more where everything runs 2-3 times slower (load
+from outside: seen in a plain loop alone too), and a long measurement meets more of them
+than a short one: the median of equal windows weighs every side alike."""
 
 PLAIN, ACCUMULATED, RUNTIME, IDEAL = "plain", "accumulated", "runtime", "ideal"
 IDEAL_SHARED = "ideal_shared"
@@ -185,15 +193,17 @@ def format_spread(value: Spread | None, spec: str, unit: str = "") -> str:
 
 def runtime_tokens_per_s(progress: Sequence[LogRecord], *, tokens_per_step: int,
                          warmup_step: int = RUNTIME_WARMUP_STEP) -> float | None:
-    """A worker's tokens/s from its train_progress records (inner_step, timestamp): from the first
-    at or past `warmup_step` to the last; None when there are not two such records."""
+    """A worker's tokens/s from its train_progress records (inner_step, timestamp): the median
+    rate between consecutive records from the first at or past `warmup_step` on (WINDOW); None
+    when there are not two such records."""
     measured = [r for r in progress if r.get("event") == "train_progress" and r["inner_step"] >= warmup_step]
-    if len(measured) < 2:
-        return None
-    first, last = measured[0], measured[-1]
-    seconds = record_seconds(last["timestamp"]) - record_seconds(first["timestamp"])
-    steps = last["inner_step"] - first["inner_step"]
-    return steps * tokens_per_step / seconds if steps > 0 and seconds > 0 else None
+    rates = []
+    for first, last in itertools.pairwise(measured):
+        seconds = record_seconds(last["timestamp"]) - record_seconds(first["timestamp"])
+        steps = last["inner_step"] - first["inner_step"]
+        if steps > 0 and seconds > 0:
+            rates.append(steps * tokens_per_step / seconds)
+    return statistics.median(rates) if rates else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,8 +258,8 @@ def _plain_in_child(spec: ShapeSpec, cfg: Config, microbatches: int, device: str
     result = run_plain_loop(spec.preset, sequences=spec.sequences_per_step, seq_len=spec.seq_len,
                             vocab_size=cfg.model.vocab_size, steps=spec.timed_steps,
                             warmup_steps=spec.plain_warmup_steps, device=torch.device(device), optim=cfg.optim,
-                            microbatches=microbatches)
-    return result.tokens_per_s
+                            microbatches=microbatches, window_steps=WINDOW)
+    return statistics.median(result.window_tokens_per_s)
 
 
 def plain_tokens_per_s(spec: ShapeSpec, cfg: Config, *, microbatches: int, device: torch.device,
@@ -291,11 +301,14 @@ def stage_seconds_per_microbatch(spec: ShapeSpec, cfg: Config, *, stage: int, de
     synchronize(device)
     if start_together is not None:  # side by side: every stage's process times at once
         start_together.wait()
-    started = time.perf_counter()
-    for _ in range(STAGE_TIMING_REPEATS):
-        forward_backward()
-    synchronize(device)
-    return (time.perf_counter() - started) / STAGE_TIMING_REPEATS
+    windows = []
+    for _ in range(STAGE_TIMING_REPEATS // WINDOW):
+        started = time.perf_counter()
+        for _ in range(WINDOW):
+            forward_backward()
+        synchronize(device)
+        windows.append((time.perf_counter() - started) / WINDOW)
+    return statistics.median(windows)
 
 
 def _time_stage_in_child(spec: ShapeSpec, cfg: Config, stage: int, threads: int, device: str,

@@ -48,6 +48,8 @@ class PlainLoopResult:
     """The last step's loss."""
     microbatches: int = 1
     """Microbatches each step's batch is split into, their gradients accumulated."""
+    window_tokens_per_s: tuple[float, ...] = ()
+    """With window_steps: the rate of each window of that many timed steps, in order."""
 
 
 def compile_skip_reason(device: torch.device) -> str | None:
@@ -127,9 +129,12 @@ def synchronize(device: torch.device) -> None:
 
 def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int, steps: int, warmup_steps: int,
                    device: torch.device | str, compiled: bool = False,
-                   optim: OptimConfig | None = None, microbatches: int = 1) -> PlainLoopResult:
+                   optim: OptimConfig | None = None, microbatches: int = 1,
+                   window_steps: int | None = None) -> PlainLoopResult:
     """Warm up, then time `steps` training steps of the whole model; steps must be >= 1.
-    `microbatches`: each step's `sequences` in that many pieces, gradients accumulated."""
+    `microbatches`: each step's `sequences` in that many pieces, gradients accumulated.
+    `window_steps`: also the rate of each window of that many steps (the device synchronised
+    at each window's end)."""
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"need steps >= 1 and warmup_steps >= 0, got {steps} and {warmup_steps}")
     device = torch.device(device)
@@ -142,24 +147,32 @@ def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int
     for index in range(warmup_steps):
         trainer.step(batches[index % DISTINCT_BATCHES])
     synchronize(device)
-    started = time.perf_counter()
+    tokens_per_step = sequences * seq_len
+    windows: list[float] = []
+    started = window_started = time.perf_counter()
     for index in range(steps):
         loss = trainer.step(batches[index % DISTINCT_BATCHES])
+        if window_steps and (index + 1) % window_steps == 0:
+            synchronize(device)
+            now = time.perf_counter()
+            windows.append(window_steps * tokens_per_step / (now - window_started))
+            window_started = now
     synchronize(device)
     elapsed_s = time.perf_counter() - started
     peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-    tokens_per_step = sequences * seq_len
     return PlainLoopResult(mode="compiled" if compiled else "eager", tokens_per_step=tokens_per_step,
                            tokens_per_s=steps * tokens_per_step / elapsed_s, peak_mib=peak_mib, loss=float(loss),
-                           microbatches=microbatches)
+                           microbatches=microbatches, window_tokens_per_s=tuple(windows))
 
 
 def result_json(result: PlainLoopResult) -> str:
-    """The result's JSON line; "microbatches" only where there are several, so that the line of a
-    one-batch loop stays what it was."""
+    """The result's JSON line; "microbatches" only where there are several and the window rates
+    only where they were asked for, so that the line of a plain run stays what it was."""
     fields = asdict(result)
     if result.microbatches == 1:
         del fields["microbatches"]
+    if not result.window_tokens_per_s:
+        del fields["window_tokens_per_s"]
     return json.dumps(fields)
 
 

@@ -25,7 +25,13 @@ from benchmarks.overhead import (
     table_rows,
     with_steps,
 )
-from benchmarks.plain_loop import PlainLoopResult, PlainTrainer, random_batches, result_json
+from benchmarks.plain_loop import (
+    PlainLoopResult,
+    PlainTrainer,
+    random_batches,
+    result_json,
+    run_plain_loop,
+)
 from noloco_rt.config import OptimConfig
 from noloco_rt.model import build_stage
 
@@ -69,6 +75,13 @@ def test_the_runtimes_rate_leaves_out_start_up_and_warm_up():
                {"event": "steps_done", "inner_step": 30, "timestamp": "2026-11-28T04:06:00.000Z"}]
     assert runtime_tokens_per_s(records, tokens_per_step=1024) == pytest.approx(20 * 1024 / 2.0)
     assert runtime_tokens_per_s(records[:2], tokens_per_step=1024) is None  # nothing after warm-up
+
+
+def test_a_slow_stretch_does_not_decide_the_runtimes_rate():
+    """The median of the windows between progress lines: one window three times slower (load
+    from outside) leaves the rate where the others put it."""
+    records = [progress(10, 0.0), progress(20, 1.0), progress(30, 4.0), progress(40, 5.0), progress(50, 6.0)]
+    assert runtime_tokens_per_s(records, tokens_per_step=1024) == pytest.approx(10 * 1024 / 1.0)
 
 
 def test_the_table_divides_each_row_by_its_references_of_the_same_run():
@@ -135,3 +148,12 @@ def test_the_one_batch_json_line_is_unchanged():
     one = PlainLoopResult(mode="eager", tokens_per_step=1024, tokens_per_s=1.0, peak_mib=0.0, loss=2.0)
     assert "microbatches" not in result_json(one)
     assert '"microbatches": 4' in result_json(PlainLoopResult("eager", 1024, 1.0, 0.0, 2.0, microbatches=4))
+    assert "window_tokens_per_s" not in result_json(one)
+
+
+def test_the_plain_loop_rates_each_window_of_steps():
+    result = run_plain_loop("tiny", sequences=2, seq_len=16, vocab_size=256, steps=7, warmup_steps=1, device="cpu",
+                            window_steps=3)
+    assert len(result.window_tokens_per_s) == 2  # the 7th step ends no window
+    assert all(rate > 0 for rate in result.window_tokens_per_s)
+    assert '"window_tokens_per_s"' in result_json(result)
