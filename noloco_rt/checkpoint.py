@@ -19,6 +19,9 @@ import torch
 
 CHECKPOINT_VERSION = 1
 
+FileWriter = Callable[[Path], None]
+"""Writes a whole file at the path it is given (a temporary, renamed into place once complete)."""
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be used (corrupt, other run or stage, other version)."""
@@ -48,23 +51,36 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     return removed
 
 
-def write_temporary(path: Path, data: bytes, *, fault: Callable[[], None] | None = None) -> Path:
-    """`data` in a fsynced temporary next to `path`, for the caller to rename onto it. A write
-    that fails (a full disk: OSError ENOSPC) removes its temporary and raises. `fault` is for
-    tests only: called once the data is written, it stands in for a write call that raises."""
+def write_temporary(path: Path, content: bytes | FileWriter, *, fault: Callable[[], None] | None = None) -> Path:
+    """`content` (bytes, or a writer that writes the file itself) in a fsynced temporary next to
+    `path`, for the caller to rename onto it. A write that fails (a full disk: OSError ENOSPC)
+    removes its temporary and raises. `fault` is for tests only: called once the content is
+    written, it stands in for a write call that raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            if fault is not None:
-                fault()
-            handle.flush()
-            os.fsync(handle.fileno())
+        if isinstance(content, bytes):
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(content)
+        else:
+            os.close(fd)
+            content(tmp)
+        if fault is not None:
+            fault()
+        fsync_file(tmp)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return Path(tmp_name)
+    return tmp
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def publish_temporary(tmp: Path, path: Path, *, before: Callable[[], None] = lambda: None) -> None:
@@ -100,8 +116,55 @@ def checkpoint_bytes(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+class _UnbufferedFile(io.RawIOBase):
+    """A file torch.save writes each record of straight to the disk (no copy in between; the
+    GIL is let go for each write call while the bytes move), keeping the OSError of a failed
+    write: torch reports it as a RuntimeError without its errno (a full disk must still count
+    as ENOSPC)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        self.error: OSError | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = 0
+        try:
+            while written < len(view):
+                written += self._file.write(view[written:]) or 0
+        except OSError as exc:
+            self.error = exc
+            raise
+        return written
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def checkpoint_writer(state: dict[str, Any]) -> FileWriter:
+    """What checkpoint_bytes holds, written by torch.save straight into the file: no copy of
+    the whole state in memory first (a BytesIO held one, and took the bytes through Python
+    with the GIL held, piece by piece)."""
+
+    def write(tmp: Path) -> None:
+        with _UnbufferedFile(tmp) as handle:
+            try:
+                torch.save({"version": CHECKPOINT_VERSION, **state}, handle)
+            except RuntimeError:
+                if handle.error is not None:
+                    raise handle.error from None
+                raise
+
+    return write
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    atomic_write_bytes(path, checkpoint_bytes(state))
+    publish_temporary(write_temporary(path, checkpoint_writer(state)), path)
 
 
 def checkpoint_from_bytes(data: bytes, *, origin: str, run_id: str, stage: int) -> dict[str, Any]:

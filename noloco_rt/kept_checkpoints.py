@@ -21,6 +21,7 @@ from typing import Any
 
 from noloco_rt.checkpoint import (
     CheckpointError,
+    FileWriter,
     load_checkpoint,
     publish_temporary,
     write_temporary,
@@ -62,11 +63,11 @@ def _shift_older(path: Path, keep: int) -> None:
             os.replace(newer, older)
 
 
-def write_kept(path: Path, data: bytes, *, keep: int, fault: Callable[[], None] | None = None) -> None:
-    """`data` becomes `path`, the file it replaces `<name>.pt.1` and so on, `keep` files in
+def write_kept(path: Path, content: bytes | FileWriter, *, keep: int, fault: Callable[[], None] | None = None) -> None:
+    """`content` (bytes, or a writer of the file) becomes `path`, the file it replaces `<name>.pt.1` and so on, `keep` files in
     all. Raises OSError when the write fails (the kept files are then as they were, save
     for a rename that failed midway: each file is still a complete checkpoint)."""
-    tmp = write_temporary(path, data, fault=fault)
+    tmp = write_temporary(path, content, fault=fault)
     publish_temporary(tmp, path, before=(lambda: _shift_older(path, keep)) if keep > 1 else (lambda: None))
     remove_beyond(path, keep)
 

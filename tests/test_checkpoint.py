@@ -1,14 +1,23 @@
 from __future__ import annotations
 
+import errno
+import io
+from pathlib import Path
+
 import pytest
 import torch
 
 from noloco_rt.checkpoint import (
     CheckpointError,
     atomic_write_bytes,
+    checkpoint_bytes,
+    checkpoint_writer,
     load_checkpoint,
     save_checkpoint,
 )
+
+FULL_DEVICE = Path("/dev/full")
+"""Linux's always-full device: every write to it fails with ENOSPC."""
 
 
 def test_round_trip(tmp_path):
@@ -36,3 +45,26 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     atomic_write_bytes(path, b"a" * 1000)
     atomic_write_bytes(path, b"b")
     assert path.read_bytes() == b"b"
+
+
+def test_the_file_writer_writes_what_checkpoint_bytes_holds(tmp_path):
+    """Written by torch.save straight into the file, the checkpoint reads back as the bytes
+    (what the durable store uploads) do."""
+    state = {"run_id": "r", "stage": 0, "fast": [torch.randn(4, 3), torch.randn(7)], "cursor": {"epoch": 2}}
+    path = tmp_path / "w.pt"
+    checkpoint_writer(state)(path)
+    from_file = load_checkpoint(path, run_id="r", stage=0)
+    from_bytes = torch.load(io.BytesIO(checkpoint_bytes(state)), weights_only=True)
+    assert from_file.keys() == from_bytes.keys() and from_file["cursor"] == {"epoch": 2}
+    for written, expected in zip(from_file["fast"], state["fast"], strict=True):
+        assert torch.equal(written, expected)
+
+
+def test_a_full_disk_is_an_oserror_with_its_errno():
+    """torch.save reports a failed write as a RuntimeError without errno; the writer raises the
+    OSError itself, so a full disk is counted as ENOSPC (workers/checkpoint_writes.py)."""
+    if not FULL_DEVICE.exists():
+        pytest.skip(f"{FULL_DEVICE} is not on this machine (Linux only)")
+    with pytest.raises(OSError) as raised:
+        checkpoint_writer({"run_id": "r", "stage": 0, "fast": [torch.randn(100_000)]})(FULL_DEVICE)
+    assert raised.value.errno == errno.ENOSPC

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.checkpoint import checkpoint_bytes
+from noloco_rt.checkpoint import checkpoint_writer
 from noloco_rt.kept_checkpoints import write_kept
 from workers.background_writer import PINNED_STATE_LIMIT_BYTES, BackgroundWriter, state_to_host
 from workers.device import HostStaging, PinnedArena
@@ -110,13 +110,13 @@ class CheckpointWrites:
         return self._write(state, reason=reason, outer_step=outer_step, inner_step=inner_step)
 
     def _write(self, state: dict[str, Any], *, reason: str, outer_step: int, inner_step: int) -> bool:
-        data = checkpoint_bytes(state)
         with self._write_lock:
             if self.last_written is not None and (outer_step, inner_step) < self.last_written:
                 self.log.info("checkpoint_superseded", outer_step=outer_step, inner_step=inner_step)
                 return False
             try:
-                write_kept(self.path, data, keep=self.keep, fault=self.fault)
+                write_kept(self.path, checkpoint_writer(state), keep=self.keep, fault=self.fault)
+                size = self.path.stat().st_size  # ours: writes of this file hold the lock
             except OSError as exc:
                 self._count_failure(exc, reason=reason, outer_step=outer_step)
                 return False
@@ -126,7 +126,7 @@ class CheckpointWrites:
                 self._last_write_at = self.clock()
             # Logged under the write lock: the log's order is the order of the writes.
             self.log.info("checkpoint_written", reason=reason, path=str(self.path), inner_step=inner_step,
-                          outer_step=outer_step, bytes=len(data))
+                          outer_step=outer_step, bytes=size)
         return True
 
     def _count_failure(self, exc: BaseException, *, reason: str, outer_step: int | None) -> None:
