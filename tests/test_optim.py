@@ -194,6 +194,37 @@ def test_inner_optimizer_clips_and_follows_schedule():
     torch.testing.assert_close(param.detach(), torch.full((4,), -0.05), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("gradient_size", [0.01, 100.0])  # the clip idle, then active
+def test_the_mean_and_the_clip_folded_into_the_fused_step_equal_dividing_and_clipping_first(gradient_size):
+    """Summed gradients of 4 microbatches stepped with grad_divisor=4: the fused kernel scales
+    each gradient as it reads it; the same as dividing, clipping (clip_grad_norm_) and then
+    stepping AdamW, as the foreach kernel still does."""
+    cfg = OptimConfig(lr=0.01, grad_clip=1.0)
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(5, 3, generator=generator), torch.randn(7, generator=generator)]
+    summed = [[gradient_size * torch.randn(t.shape, generator=generator) for t in start] for _ in range(3)]
+    fused = [torch.nn.Parameter(t.clone()) for t in start]
+    reference = [torch.nn.Parameter(t.clone()) for t in start]
+    inner = InnerOptimizer(fused, cfg, total_steps=10)
+    plain = torch.optim.AdamW(reference, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                              weight_decay=cfg.weight_decay, foreach=True)
+    for step, grads in enumerate(summed):
+        for param, grad in zip(fused, grads, strict=True):
+            param.grad = grad.clone()
+        norm = inner.step(grad_divisor=4.0)
+        for param, grad in zip(reference, grads, strict=True):
+            param.grad = grad / 4.0
+        want = torch.nn.utils.clip_grad_norm_(reference, cfg.grad_clip, foreach=True)
+        for group in plain.param_groups:
+            group["lr"] = lr_at(step, lr=cfg.lr, lr_min=cfg.lr_min, warmup_steps=inner.warmup_steps,
+                                total_steps=10)
+        plain.step()
+        assert float(norm) == pytest.approx(float(want), rel=1e-6)
+    for got, want in zip(fused, reference, strict=True):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-7)
+    assert not torch.equal(fused[0].detach(), start[0])  # it did step
+
+
 def test_inner_optimizer_refuses_non_finite_gradients():
     param = torch.nn.Parameter(torch.ones(3))
     inner = InnerOptimizer([param], OptimConfig(), total_steps=10)

@@ -71,13 +71,11 @@ class StageReplica:
 
     @torch.no_grad()
     def finish_inner_step(self, *, grads_are_means: bool = False) -> float:
-        """Turn the summed gradients of the microbatches seen since the last step into
-        their mean (unless already averaged) and take one inner step; returns the grad norm."""
-        if not grads_are_means and self.pending_microbatches > 1:
-            torch._foreach_div_([p.grad for p in self.parameters if p.grad is not None],
-                                float(self.pending_microbatches))
+        """One inner step with the mean of the gradients summed over the microbatches seen since
+        the last step (unless already averaged); returns the mean gradient's norm."""
+        divisor = 1.0 if grads_are_means else float(max(1, self.pending_microbatches))
         self.pending_microbatches = 0
-        return self.inner.step()
+        return self.inner.step(grad_divisor=divisor)
 
     def outer_state(self, *, theta_only: bool) -> PeerOuterState:
         """A detached copy of what this replica contributes to a group's outer step."""
