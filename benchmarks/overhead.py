@@ -28,7 +28,7 @@ line of step 10 on (so start-up and 9 warm-up steps are left out): (10 steps x t
 step) / (seconds between consecutive lines). The plain loops time the same number of steps
 (N - 10) after their own warm-up, in windows of 10; the stage timings 4 windows of 10
 microbatches each. The runtime runs with its defaults otherwise (outer steps every h inner steps, local
-with one replica; a checkpoint per outer step, written off the training thread; the stdlib
+with one replica; a checkpoint every 300 s, so none inside the timed steps; the stdlib
 corpus, where the plain loop cycles random tokens), and model.compile = off, so that both sides
 are eager. `up` gives each worker cores // workers torch threads; the plain loops and the stage
 timings get the same (the table's notes say how many).

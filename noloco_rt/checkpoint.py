@@ -76,6 +76,7 @@ def write_temporary(path: Path, content: bytes | FileWriter, *, fault: Callable[
 
 
 def fsync_file(path: Path) -> None:
+    """Make the bytes written to `path` durable (whoever wrote them, through whatever handle)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -58,7 +58,7 @@ class InnerOptimizer:
         before clipping, still on the device: nothing here waits for the device (reading the
         norm would). With the fused kernel the division and the clipping are one scale it
         applies as it reads each gradient (`grad_scale`), not two passes over the gradients
-        before it (a fifth of the step's time on a tiny stage on the CPU).
+        before it (benchmarks/inner_step.py).
 
         A non-finite gradient (a poisoned or broken microbatch) changes neither weights nor
         optimizer state: the fused kernel skips the step itself when told by `found_inf`, a
