@@ -68,20 +68,11 @@ def write_temporary(path: Path, content: bytes | FileWriter, *, fault: Callable[
             content(tmp)
         if fault is not None:
             fault()
-        fsync_file(tmp)
+        fsync_path(tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
-
-
-def fsync_file(path: Path) -> None:
-    """Make the bytes written to `path` durable (whoever wrote them, through whatever handle)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def publish_temporary(tmp: Path, path: Path, *, before: Callable[[], None] = lambda: None) -> None:
@@ -93,17 +84,18 @@ def publish_temporary(tmp: Path, path: Path, *, before: Callable[[], None] = lam
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_folder(path.parent)
+    fsync_path(path.parent)
     remove_stale_temporaries(path)
 
 
-def fsync_folder(folder: Path) -> None:
-    """Make renames in `folder` durable."""
-    dir_fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Make what was written to `path` durable: a file's bytes (whoever wrote them, through
+    whatever handle), or the renames in a folder."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, fault: Callable[[], None] | None = None) -> None:
