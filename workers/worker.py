@@ -222,7 +222,7 @@ class StageWorker:
         self.log.info("worker_started", data_addr=self.data.address, exchange_addr=self.exchange_server.address,
                       device=str(self.device), method=self.outer.settings.method, h=self.outer.settings.h)
         self.data_path.open_data(self.name, self._resume_or_bootstrap())
-        self.snapshots.publish_bootstrap(self.replica, self.counters.clock_steps, self.counters.outer_steps)
+        self.snapshots.state_final(self.replica, self.counters.clock_steps, self.counters.outer_steps)
         self.membership.set_state(WorkerState.ONLINE)
         self.log.info("member_online")
 

@@ -197,6 +197,16 @@ def max_decompressed_bytes(shapes: Sequence[Sequence[int]]) -> int:
     return 2 * 4 * sum(math.prod(int(d) for d in s) for s in shapes) + DECOMPRESSED_SLACK_BYTES
 
 
+BOOTSTRAP_PREPARING = "preparing"
+"""The `extra` flag of a BOOTSTRAP_REPLY without a snapshot: the donor copies one for us, ask again."""
+
+
+def bootstrap_preparing(decoded: DecodedMessage) -> bool:
+    """Whether a reply says the donor is copying its state for us (no snapshot yet)."""
+    return MessageKind(decoded.header.kind) == MessageKind.BOOTSTRAP_REPLY and \
+        decoded.header.extra.get(BOOTSTRAP_PREPARING) is True and not decoded.tensors
+
+
 def require_kind(decoded: DecodedMessage, kind: MessageKind) -> None:
     """A reply of another kind (an ERROR, say) holds no snapshot."""
     if MessageKind(decoded.header.kind) != kind:

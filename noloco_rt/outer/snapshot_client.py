@@ -2,11 +2,14 @@
 
 A joiner downloads slow weights, momentum and counters from a live peer of its stage;
 the coordinator pulls the same snapshot read-only (`observer=True`, which the donor does
-not log). Both validate it in full (noloco_rt.outer.snapshot) before using it.
+not log). Both validate it in full (noloco_rt.outer.snapshot) before using it. A donor copies
+its state when asked: until the copy is made (its next inner-step boundary) it answers
+"preparing", and we ask again within the same timeout.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +22,13 @@ from noloco_rt.net.wire import MessageKind
 from noloco_rt.outer.snapshot import (
     SnapshotReader,
     SnapshotRejected,
+    bootstrap_preparing,
     require_kind,
     snapshot_message,
 )
+
+ASK_AGAIN_S = 0.05
+"""The pause before asking a donor that is preparing our copy again (doubling, at most 1 s)."""
 
 
 @dataclass(frozen=True)
@@ -41,17 +48,27 @@ def pull_bootstrap(ctx: zmq.Context, donor_id: str, address: str, reader: Snapsh
     """The donor's bootstrap state, or None: a timeout is logged, a refusal passed to on_reject."""
     frames = snapshot_message(MessageKind.BOOTSTRAP_REQUEST, run_id=reader.run_id, stage=stage, sender=sender,
                               outer_step=0, extra={"observer": True} if observer else {})
-    reply = request(ctx, address, frames, timeout_s=timeout_s)
-    if reply is None:
-        log.warning("bootstrap_timeout", donor=donor_id[:8], timeout_s=timeout_s)
-        return None
-    try:
-        decoded = reader.message(reply)
-        require_kind(decoded, MessageKind.BOOTSTRAP_REPLY)
-        snapshot, tensors = reader.bootstrap(decoded)
-    except SnapshotRejected as rejected:
-        on_reject(rejected.reason)
-        return None
+    deadline = time.monotonic() + timeout_s
+    pause = ASK_AGAIN_S
+    while True:
+        reply = request(ctx, address, frames, timeout_s=max(0.0, deadline - time.monotonic()))
+        if reply is None:
+            log.warning("bootstrap_timeout", donor=donor_id[:8], timeout_s=timeout_s)
+            return None
+        try:
+            decoded = reader.message(reply)
+            if not bootstrap_preparing(decoded):
+                require_kind(decoded, MessageKind.BOOTSTRAP_REPLY)
+                snapshot, tensors = reader.bootstrap(decoded)
+                break
+        except SnapshotRejected as rejected:
+            on_reject(rejected.reason)
+            return None
+        if time.monotonic() + pause >= deadline:
+            log.warning("bootstrap_timeout", donor=donor_id[:8], timeout_s=timeout_s, note="the donor was still preparing it")
+            return None
+        time.sleep(pause)
+        pause = min(1.0, 2 * pause)
     half = len(tensors) // 2
     return BootstrapState(slow=tensors[:half], momentum=tensors[half:],
                           inner_steps=snapshot.counters.get("inner_steps", 0),

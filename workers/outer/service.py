@@ -4,13 +4,17 @@ Partners push their outer-step contributions (docs/architecture.md §4); the exc
 validates each in full (a zstd bomb or NaN payload is refused at once with an ERROR),
 keeps it in the inbox for our own step of that number and acknowledges it, so receiving
 never touches the training thread. Joiners and the coordinator pull our slow weights,
-momentum and counters: the training thread only copies them after each outer step, and
-the first request for them compresses them (once per step, on the server thread).
+momentum and counters, copied when someone asks: a request that finds no copy is answered
+"preparing" and the training thread copies them at its next inner-step boundary where they
+are final (after an overlapped step's correction); while requests keep coming (for
+BOOTSTRAP_DEMAND_S after the last), each final outer step copies them at once, and the
+first request for a copy compresses it (once per step, on the server thread).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -26,6 +30,7 @@ from noloco_rt.outer.codecs.quantized import QuantizedTensor
 from noloco_rt.outer.codecs.sparse import CHUNK as SPARSE_CHUNK
 from noloco_rt.outer.formula import PeerOuterState
 from noloco_rt.outer.snapshot import (
+    BOOTSTRAP_PREPARING,
     PartsKind,
     Snapshot,
     SnapshotReader,
@@ -46,6 +51,11 @@ from workers.outer.assembly import PushAssemblies
 from workers.outer.device_boundary import ExchangeBoundary
 from workers.outer.inbox import SnapshotInbox
 from workers.outer.verdicts import PairVerdicts, Verdict
+
+BOOTSTRAP_DEMAND_S = 600.0
+"""After a bootstrap request, each final outer step copies φ and δ for this long: a coordinator
+pulls every few minutes and joiners come in waves. Past it, the copy is dropped at the next
+final step (no host copy, no memory held while nobody joins)."""
 
 
 class SnapshotService:
@@ -73,8 +83,14 @@ class SnapshotService:
         self.blacklist = blacklist or Blacklist()
         """Senders of refused contributions (shared with the worker's peer view)."""
         self._bootstrap_parts: tuple[HostCopy, dict[str, int]] | None = None
+        """None, or the copy of φ and δ at our latest final state (never an older one)."""
         self._bootstrap: Snapshot | None = None
         self._bootstrap_lock = threading.Lock()
+        self._final: tuple[StageReplica, dict[str, int]] | None = None
+        """The replica and the counters of our latest final state (training thread only)."""
+        self._bootstrap_wanted = threading.Event()
+        """Set by a request that found no copy; the training thread makes one and clears it."""
+        self._demand_until = float("-inf")
 
     def count_reject(self, reason: Any) -> None:
         self.rejected.count(reason)
@@ -126,18 +142,45 @@ class SnapshotService:
         acknowledgement of ours never came: does it use ours? (workers/outer/verdicts.py)"""
         return self._message_at(MessageKind.OUTER_CONFIRM, partner_step, {})
 
-    def publish_bootstrap(self, replica: StageReplica, inner_steps: int, outer_steps: int) -> None:
-        """Start copying our slow weights and momentum to the host for joiners (training thread:
-        the copy is not waited for, nothing is encoded)."""
+    def state_final(self, replica: StageReplica, inner_steps: int, outer_steps: int) -> None:
+        """Training thread: φ and δ are final (start-up, an outer step settled). Copied for
+        joiners at once while requests came in the last BOOTSTRAP_DEMAND_S; otherwise only
+        noted, and an older copy dropped (it no longer is our state)."""
+        self._final = (replica, {"inner_steps": inner_steps, "outer_steps": outer_steps})
+        if time.monotonic() < self._demand_until:
+            self.publish_bootstrap()
+            return
+        with self._bootstrap_lock:
+            self._bootstrap_parts = None
+            self._bootstrap = None
+
+    def publish_bootstrap_if_wanted(self) -> None:
+        """Training thread, at an inner-step boundary where φ and δ are final: the copy a
+        request is waiting for (one Event read when nobody asked)."""
+        if self._bootstrap_wanted.is_set():
+            self._bootstrap_wanted.clear()
+            self.publish_bootstrap()
+
+    def publish_bootstrap(self) -> None:
+        """Start copying our latest final slow weights and momentum to the host for joiners
+        (training thread: the copy is not waited for, nothing is encoded)."""
+        if self._final is None:
+            return
+        replica, counters = self._final
         parts = self.boundary.weights_to_host([*replica.slow, *replica.momentum])
         with self._bootstrap_lock:
-            self._bootstrap_parts = (parts, {"inner_steps": inner_steps, "outer_steps": outer_steps})
+            self._bootstrap_parts = (parts, counters)
             self._bootstrap = None
 
     def bootstrap_snapshot(self) -> Snapshot | None:
         """The latest published bootstrap, compressed on first use (lossless: a joiner must
-        start from exactly the donor's slow weights)."""
+        start from exactly the donor's slow weights); None while there is no copy (one is then
+        asked of the training thread)."""
+        self._demand_until = time.monotonic() + BOOTSTRAP_DEMAND_S
         with self._bootstrap_lock:
+            if self._bootstrap_parts is None:
+                self._bootstrap_wanted.set()
+                return None
             if self._bootstrap is None and self._bootstrap_parts is not None:
                 parts, counters = self._bootstrap_parts
                 if parts.ready is not None:
@@ -235,6 +278,8 @@ class SnapshotService:
 
     def _serve_bootstrap(self, header: Header) -> list[Any]:
         snapshot = self.bootstrap_snapshot()
+        if snapshot is None:  # the requester asks again shortly (snapshot_client.pull_bootstrap)
+            return self._message_at(MessageKind.BOOTSTRAP_REPLY, -1, {BOOTSTRAP_PREPARING: True})
         # The coordinator pulls the same snapshot read-only, often: not worth a log line.
         if snapshot is not None and not header.extra.get("observer"):
             self.log.info("bootstrap_served", to=header.sender[:8], checksum=snapshot.digest,

@@ -169,10 +169,13 @@ class OuterStep:
 
     def after_inner_step(self) -> None:
         """Each inner-step boundary: time it, and apply a pending correction that is due (and
-        what follows a final step: the checkpoint's copy), timed as blocked like the outer step."""
+        what follows a final step: the checkpoint's copy; a joiner's copy when one was asked
+        for), timed as blocked like the outer step."""
         self.step_seconds.tick()
         started = time.monotonic()
         self.settle()
+        if self.pending is None:  # φ and δ are final: a joiner's copy, if one was asked for
+            self.service.publish_bootstrap_if_wanted()
         blocked = time.monotonic() - started
         self.counters.outer_blocked_s += blocked
         self.metrics.outer_blocked_seconds.inc(blocked)
@@ -188,6 +191,7 @@ class OuterStep:
         """Training is over: waiting costs nothing now, so the last correction is not dropped;
         then the last round's partners learn what we decided (we will not answer questions)."""
         self.settle(final=True, wait_s=self.round_wait_s)
+        self.service.publish_bootstrap()  # our final state, for whoever asks while we wind down
         self.exchanger.tell_last_round()
 
     def settle(self, *, final: bool = False, wait_s: float = 0.0) -> None:
@@ -255,7 +259,7 @@ class OuterStep:
                       **fields)
         # The step is final now (corrected, or local): what joiners download (our clock: where the
         # stage is), and what a checkpoint keeps.
-        self.service.publish_bootstrap(self.replica, self.counters.clock_steps, self.counters.outer_steps)
+        self.service.state_final(self.replica, self.counters.clock_steps, self.counters.outer_steps)
         self.on_final()
 
     def partners(self, outer_step: int) -> list[MemberRecord]:
