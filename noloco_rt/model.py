@@ -132,7 +132,8 @@ class PipelineStage(nn.Module):
         """Keep only each block's input for backward and recompute the block then: about one
         more forward of compute for a block's activations in memory (noloco_rt.memory_plan)."""
 
-    def _rotary(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables (cos, sin) for `seq_len` positions on `device`, made on first use."""
         key = (seq_len, device)
         if key not in self._rotary_cache:
             self._rotary_cache[key] = rotary_tables(seq_len, self.shape.dim // self.shape.n_heads, device)
@@ -141,7 +142,7 @@ class PipelineStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)  # (B, T) -> (B, T, C)
-        cos, sin = self._rotary(x.shape[1], x.device)
+        cos, sin = self.rotary(x.shape[1], x.device)
         checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.layers.values():
             # Non-reentrant: gradients identical to the plain forward, autocast state replayed.

@@ -1,10 +1,12 @@
-"""torch.compile for a worker's stage (model.compile): each transformer block on its own.
+"""torch.compile for a worker's stage (model.compile), per model.compile_scope.
 
-Blocks, not the whole stage: every block runs the same code, so one compiled graph serves
-them all and compiling costs one block's time whatever the depth; the embedding, the
-head and the rotary tables (a cache filled on first use, which a whole-stage graph would
-recompile for) stay eager. `nn.Module.compile` compiles in place, so parameter names,
-checkpoints and the outer step see the same module as without it.
+block (the default): each transformer block on its own. Every block runs the same code, so
+one compiled graph serves them all and compiling costs one block's time whatever the depth;
+the embedding, the head and the rotary tables stay eager. stage: the whole stage as one
+graph (fewer, fused launches; a compile that grows with depth); its rotary tables for the
+run's sequence length are made before compiling, since the graph guards on that cache and a
+first call that fills it would compile the stage a second time. `nn.Module.compile` compiles
+in place, so parameter names, checkpoints and the outer step see the same module as without it.
 """
 
 from __future__ import annotations
@@ -32,3 +34,16 @@ def compile_blocks(module: PipelineStage | nn.Module, *, backend: str = "inducto
     for block in blocks:
         block.compile(backend=backend)
     return len(blocks)
+
+
+def compile_stage(module: PipelineStage | nn.Module, *, scope: str, seq_len: int, backend: str = "inductor") -> int:
+    """Compile `module` in place as model.compile_scope says (block or stage); returns how many
+    compiled callables it now holds. Your own model is compiled whole whatever the scope."""
+    if scope not in ("block", "stage"):
+        raise ValueError(f"model.compile_scope = {scope!r}: expected block or stage")
+    if scope == "block" or not isinstance(module, PipelineStage):
+        return compile_blocks(module, backend=backend)
+    device = next(module.parameters()).device  # the inputs' device: the cache's key
+    module.rotary(seq_len, device)  # filled before the graph is traced: no second compile
+    module.compile(backend=backend)
+    return 1

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from noloco_rt.model import build_stage, lm_loss
-from noloco_rt.stage_compile import compile_blocks, compile_wanted
+from noloco_rt.stage_compile import compile_blocks, compile_stage, compile_wanted
 
 
 def test_auto_compiles_on_cuda_only_and_bad_values_are_refused():
@@ -45,3 +45,33 @@ def test_a_compiled_stage_matches_eager_and_compiles_once(checkpointed):
     with torch._dynamo.config.patch(error_on_recompile=True):
         again, _ = _forward_backward(compiled, tokens)
     torch.testing.assert_close(again, want_loss, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "activation-checkpointing"])
+def test_a_stage_compiled_whole_matches_eager_and_compiles_once(checkpointed):
+    # aot_eager traces the forward and the backward as inductor would, without its C++ code
+    # generation (the per-block test above runs that): what is under test is one graph for
+    # the stage and no second compile once the rotary tables exist.
+    eager = build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=3)
+    compiled = build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=3)
+    eager.activation_checkpointing = compiled.activation_checkpointing = checkpointed
+    names = [name for name, _ in compiled.named_parameters()]
+    torch._dynamo.reset()
+    assert compile_stage(compiled, scope="stage", seq_len=32, backend="aot_eager") == 1
+    assert [name for name, _ in compiled.named_parameters()] == names
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    loss, grads = _forward_backward(compiled, tokens)
+    want_loss, want_grads = _forward_backward(eager, tokens)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again, _ = _forward_backward(compiled, tokens)
+    torch.testing.assert_close(again, want_loss, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_scope_block_compiles_each_block_and_a_bad_scope_is_refused():
+    stage = build_stage("tiny", vocab_size=256, stage=0, num_stages=2, seed=3)
+    assert compile_stage(stage, scope="block", seq_len=32) == len(stage.layers)
+    with pytest.raises(ValueError, match="model.compile_scope = 'graph'"):
+        compile_stage(stage, scope="graph", seq_len=32)

@@ -43,7 +43,7 @@ from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
-from noloco_rt.stage_compile import compile_blocks, compile_wanted
+from noloco_rt.stage_compile import compile_stage, compile_wanted
 from noloco_rt.staged_model import staged_model
 from noloco_rt.transfer_time import stage_timeouts
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due
@@ -165,8 +165,10 @@ class StageWorker:
             planned_peak_gb=round(memory.peak_bytes / 1e9, 2), reason=memory.reason)
         replica = initial_replica(self.cfg, self.stage, device=self.device, model=self.model)
         if compile_wanted(self.cfg.model.compile, self.device):
-            self.log.info("stage_compiled", blocks=compile_blocks(replica.module),
-                          note="each block compiles at its first forward")
+            model_cfg = self.cfg.model
+            compiled = compile_stage(replica.module, scope=model_cfg.compile_scope, seq_len=model_cfg.seq_len)
+            self.log.info("stage_compiled", scope=model_cfg.compile_scope, compiled=compiled,
+                          note="compiles at its first forward")
         return replica
 
     # -- what the membership table shows -------------------------------------------------

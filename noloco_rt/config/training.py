@@ -11,6 +11,7 @@ from noloco_rt.config.presets import PRESETS
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 COMPILE_MODES = ("auto", "on", "off")
+COMPILE_SCOPES = ("block", "stage")
 ACTIVATION_CHECKPOINTING = ("auto", "on", "off")
 DEFAULT_MAX_INFLIGHT = 4
 """The in-flight count a worker uses where memory allows (pipeline.max_inflight = 0)."""
@@ -77,6 +78,14 @@ class ModelConfig:
     loop of the 125m preset ran at 2.2x its eager tokens/s; off on the CPU, where compiling
     takes tens of seconds per worker and gains little at these sizes), on, or off. Blocks are
     compiled one by one (the same code for every block, weights' names unchanged)."""
+    compile_scope: str = "block"
+    """What model.compile compiles: block (each transformer block on its own: one graph serves
+    every block, so compiling costs one block's time whatever the depth) or stage (the whole
+    stage as one graph, embedding and head included: fewer, fused launches, and a compile that
+    grows with the stage's depth). On the CPU, stage ran 1.1-1.4x faster than block on
+    launch-bound tiny stages, no faster on a whole 125m (and compiled for 65 s against 37 s;
+    benchmarks/README.md, "Compiling a stage"); not yet measured on a GPU, so block stays the
+    default. A model of your own is always compiled whole."""
     init_from: str = ""
     """Empty: weights from run.seed. Else a consensus .safetensors file or a Hugging Face
     Llama folder of this model's shape that every stage starts from (a worker's own
@@ -104,6 +113,7 @@ class ModelConfig:
                 "applies to the built-in presets only, not with model.factory")
         require_choice("model", "precision", self.precision, PRECISIONS)
         require_choice("model", "compile", self.compile, COMPILE_MODES)
+        require_choice("model", "compile_scope", self.compile_scope, COMPILE_SCOPES)
         require_choice("model", "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         require_choice("model", "preset", self.preset, tuple(PRESETS))
         require(2 <= self.seq_len <= MAX_SEQ_LEN, "model", "seq_len", self.seq_len, f"must be between 2 and {MAX_SEQ_LEN}")
