@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.checkpoint import CheckpointError, load_checkpoint
@@ -22,6 +23,7 @@ from noloco_rt.kept_checkpoints import kept_paths, load_newest_usable, older_ind
 from noloco_rt.store.backend import RunStore
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due, failure_kind
 from workers.counters import Counters
+from workers.device import arena_bytes
 from workers.durable_state import DurableStageState
 from workers.faults.checkpoint_writes import DiskFullAfter, disk_full_from_env
 from workers.lifecycle import WorkerCheckpoint
@@ -299,4 +301,26 @@ def test_what_sparse_rounds_left_unsent_is_checkpointed_and_restored_by_its_own_
     mine = restored_residual("w")
     assert mine is not None and all(torch.equal(r, torch.full_like(r, 0.25)) for r in mine)
     assert restored_residual("another") is None  # a replica resuming the stage's store copy starts empty
+    checkpoint.writes.close()
+
+
+def test_the_pinned_bytes_counted_at_start_up_are_those_of_the_state_after_the_first_inner_step(tmp_path):
+    # Reserved before training (on CUDA), the arena must already fit the state the first
+    # checkpoint copies, AdamW's moments and step counts included, or it is pinned again then.
+    cfg = load_config(environ={}, overrides=[{"pipeline": {"stages": 2}}])
+    log = RecordingLog()
+    replica = StageReplica.create(cfg, 1)
+    checkpoint = WorkerCheckpoint(tmp_path / "w.pt", run_id="default", stage=1, name="w", replica=replica,
+                                  counters=Counters(), cursor_state=lambda: None, h=5, log=log,
+                                  writes=CheckpointWrites(tmp_path / "w.pt", keep=1, log=log))
+    at_start = checkpoint.pinned_state_bytes()
+    hidden = torch.randn(2, 8, replica.module.shape.dim)
+    replica.module(hidden).square().mean().backward()
+    replica.inner.step()
+    leaves, _ = tree_flatten(checkpoint.state_dict())
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    assert len(tensors) > 5 * len(replica.inner.params)  # θ, φ, δ, two moments and a step each
+    assert at_start == arena_bytes(t.numel() * t.element_size() for t in tensors)
+    assert checkpoint.pinned_state_bytes() == at_start  # the moments now exist: counted once
+    assert not checkpoint.writes.reserve_pinned(at_start)  # the CPU pins nothing
     checkpoint.writes.close()

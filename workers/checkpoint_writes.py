@@ -85,6 +85,14 @@ class CheckpointWrites:
 
     # -- writes ---------------------------------------------------------------------------
 
+    def reserve_pinned(self, nbytes: int) -> bool:
+        """Start-up, on CUDA: pin the buffer the state's copies go through now (pinning
+        gigabytes takes seconds), not at the first checkpoint, when the training thread would
+        wait for it. False where nothing is pinned (not CUDA, or over the pinned limit)."""
+        if self.staging is None or self.staging.device.type != "cuda":
+            return False
+        return self._arena.reserve(nbytes)
+
     def in_background(self, state: Callable[[], dict[str, Any]], *, reason: str, outer_step: int,
                       inner_step: int) -> bool:
         """On the training thread, between inner steps: copy the state and hand it to the

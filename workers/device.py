@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -54,11 +54,17 @@ def memory_fields(device: torch.device) -> dict[str, float]:
     return {"gpu_peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)}
 
 
+def arena_bytes(sizes: Iterable[int]) -> int:
+    """The bytes a PinnedArena takes for tensors of these byte sizes, each start aligned (pure)."""
+    return sum(-(-size // PinnedArena.ALIGN) * PinnedArena.ALIGN for size in sizes)
+
+
 class PinnedArena:
     """One pinned host buffer, reused by each whole-state copy of one writer (one copy in use at
     a time: a busy writer skips the next): pinned once, instead of a pinned block per tensor
-    that torch's caching host allocator would round up and keep. Grows to fit; a state over
-    `limit_bytes` is not pinned at all (host memory is shared by the machine's workers)."""
+    that torch's caching host allocator would round up and keep. Reserved at start-up (pinning
+    gigabytes takes seconds), grown to fit; a state over `limit_bytes` is not pinned at all
+    (host memory is shared by the machine's workers)."""
 
     ALIGN = 64
 
@@ -66,19 +72,31 @@ class PinnedArena:
         self.limit_bytes = limit_bytes
         self._buffer: torch.Tensor | None = None
 
+    @property
+    def reserved_bytes(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel()
+
+    def reserve(self, nbytes: int) -> bool:
+        """Pin at least `nbytes` now, so that the first copy finds its buffer; False (nothing
+        pinned) over limit_bytes. Needs CUDA."""
+        if nbytes > self.limit_bytes:
+            return False
+        if self.reserved_bytes < nbytes:
+            self._buffer = None  # the old one goes first: never both
+            self._buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        return True
+
     def views(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """Contiguous host tensors shaped and typed as `tensors`, in the buffer; None when they
         need more than limit_bytes."""
         offsets, total = [], 0
         for tensor in tensors:
             offsets.append(total)
-            total += -(-tensor.numel() * tensor.element_size() // self.ALIGN) * self.ALIGN
-        if total > self.limit_bytes:
+            total += arena_bytes([tensor.numel() * tensor.element_size()])
+        if not self.reserve(total):
             return None
-        if self._buffer is None or self._buffer.numel() < total:
-            self._buffer = None  # the old one goes first: never both
-            self._buffer = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
         buffer = self._buffer
+        assert buffer is not None
         return [buffer[o:o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
                 for o, t in zip(offsets, tensors, strict=True)]
 

@@ -10,12 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_flatten
+
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.data import DataCursor
 from noloco_rt.kept_checkpoints import load_newest_usable
 from workers.background_writer import detached_copy
 from workers.checkpoint_writes import CheckpointWrites
 from workers.counters import Counters
+from workers.device import arena_bytes
 
 
 class WorkerCheckpoint:
@@ -51,6 +55,19 @@ class WorkerCheckpoint:
             # this worker (its name), never into another replica resuming from the store.
             "error_feedback": replica.error_feedback.state_dict(),
         }
+
+    def pinned_state_bytes(self) -> int:
+        """The pinned bytes a copy of our whole state takes (PinnedArena), counted before the
+        first inner step too: the state's tensors now, plus AdamW's two moments and step count
+        for each parameter that has none yet (they appear at its first step)."""
+        leaves, _ = tree_flatten(self.state_dict())
+        sizes = [leaf.numel() * leaf.element_size() for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        optimizer = self.replica.inner.optimizer
+        for param in self.replica.inner.params:
+            if not optimizer.state.get(param):
+                size = param.numel() * param.element_size()
+                sizes += [size, size, torch.tensor(0.0).element_size()]  # exp_avg, exp_avg_sq, step
+        return arena_bytes(sizes)
 
     def snapshot(self) -> dict[str, Any]:
         """The state copied to the CPU, independent of training from here on."""

@@ -225,8 +225,17 @@ class StageWorker:
                       device=str(self.device), method=self.outer.settings.method, h=self.outer.settings.h)
         self.data_path.open_data(self.name, self._resume_or_bootstrap())
         self.snapshots.state_final(self.replica, self.counters.clock_steps, self.counters.outer_steps)
+        self._reserve_pinned()
         self.membership.set_state(WorkerState.ONLINE)
         self.log.info("member_online")
+
+    def _reserve_pinned(self) -> None:
+        """On CUDA, the checkpoint's pinned buffer before training starts (the durable store's
+        stays at first use: only the stage's elected writer needs one)."""
+        started = time.monotonic()
+        nbytes = self.checkpoint.pinned_state_bytes()
+        if self.checkpoint.writes.reserve_pinned(nbytes):
+            self.log.info("pinned_reserved", bytes=nbytes, seconds=round(time.monotonic() - started, 2))
 
     def _resume_or_bootstrap(self) -> DataCursor | None:
         """Our checkpoint if there is one (returns its data cursor), else a live peer's state,
