@@ -18,7 +18,7 @@ from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.run_mark import RunFinishedMark
-from workers.finish import UPSTREAM_GONE_S, UpstreamFinished
+from workers.finish import UPSTREAM_CHECK_S, UPSTREAM_GONE_S, UpstreamFinished
 from workers.run_finished import run_is_over
 
 LOST_S = 60.0
@@ -100,6 +100,27 @@ def test_a_finish_mark_stops_counting_once_the_upstream_stage_trains_again():
         with capture_logs() as logs:
             assert _finished_after(rule, clock, LOST_S)
         assert [e for e in logs if e["event"] == "upstream_lost" and e["stage"] == 0]
+
+
+def test_a_forward_heard_from_upstream_shows_it_live_without_a_redis_round_trip():
+    # The training thread polls the rule whenever it is idle, between microbatches: while
+    # forwards flow it must not wait on Redis (milliseconds on a loaded machine, a second or
+    # more with Redis unreachable). Redis is gone here: any read would mark it unavailable.
+    clock = Clock()
+    heard_at: list[float | None] = [None]
+    with EmbeddedRedis() as server:
+        membership = Membership(connect(server.url), run_id="default")
+        rule = UpstreamFinished(membership, 1, idle=lambda: True, received_from_upstream=lambda: True,
+                                lost_s=LOST_S, log=get_logger(test="finish"), clock=clock,
+                                heard_from_upstream_at=lambda: heard_at[0])
+    heard_at[0] = clock.now
+    for _ in range(4):
+        clock.now += UPSTREAM_CHECK_S / 5
+        assert not rule.finished()
+    assert membership.redis_available, "the rule asked Redis although upstream had just sent a forward"
+    clock.now += UPSTREAM_CHECK_S  # upstream silent: now the rule asks, and finds Redis gone
+    assert not rule.finished()
+    assert not membership.redis_available
 
 
 def test_the_run_finished_mark_lives_in_redis_and_in_the_store(tmp_path):

@@ -46,15 +46,23 @@ class UpstreamFinished:
     vanished without that mark (all its machines reclaimed at once) is waited for: its
     replacements resume from their checkpoints or the durable store and need a downstream.
     Only after `lost_s` without a live upstream or a mark (the mark itself lost with Redis'
-    data) do we finish anyway, with a warning."""
+    data) do we finish anyway, with a warning.
+
+    A forward from upstream heard within UPSTREAM_CHECK_S shows it live without asking Redis:
+    the training thread, idle between microbatches, makes no round trip to Redis while
+    forwards flow (one took milliseconds on a loaded machine, and a second or more with Redis
+    unreachable)."""
 
     def __init__(self, membership: Membership, stage: int, *, idle: Callable[[], bool],
                  received_from_upstream: Callable[[], bool], lost_s: float, log: Any,
-                 gone_s: float = UPSTREAM_GONE_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 gone_s: float = UPSTREAM_GONE_S, clock: Callable[[], float] = time.monotonic,
+                 heard_from_upstream_at: Callable[[], float | None] = lambda: None) -> None:
         self.membership = membership
         self.upstream_stage = stage - 1
         self.idle = idle
         self.received_from_upstream = received_from_upstream
+        self.heard_from_upstream_at = heard_from_upstream_at
+        """When the last forward from upstream arrived, on `clock` (None: none yet)."""
         self.lost_s = lost_s
         self.gone_s = gone_s
         self.log = log
@@ -68,6 +76,10 @@ class UpstreamFinished:
         if not self.idle():
             return False
         now = self.clock()
+        heard_at = self.heard_from_upstream_at()
+        if heard_at is not None and now - heard_at < UPSTREAM_CHECK_S:
+            self._upstream_live()
+            return False
         if now - self._checked_at >= UPSTREAM_CHECK_S:
             self._checked_at = now
             self._check_upstream(now)
@@ -86,11 +98,16 @@ class UpstreamFinished:
         upstream = self.membership.live_members(stage=self.upstream_stage,
                                                 states={WorkerState.JOINING, WorkerState.ONLINE})
         if upstream:
-            self._seen_live = True
-            self._marked = False  # the stage trains again: an earlier finish no longer speaks for it
-        elif self.membership.stage_finished(self.upstream_stage):
+            self._upstream_live()
+            return
+        if self.membership.stage_finished(self.upstream_stage):
             self._marked = True  # kept should Redis lose it
-        if upstream or not self.membership.redis_available:
+        if not self.membership.redis_available:
             self._absent_since = None
         elif self._absent_since is None:
             self._absent_since = now
+
+    def _upstream_live(self) -> None:
+        self._seen_live = True
+        self._marked = False  # the stage trains again: an earlier finish no longer speaks for it
+        self._absent_since = None

@@ -10,6 +10,7 @@ memory that a CUDA device needs. Sends the link could not make come back here to
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -49,6 +50,8 @@ class ForwardIntake:
         self.pending: collections.deque[messages.DataMessage] = collections.deque()
         self.upstream_seen = False
         """Whether a forward from the previous stage ever arrived (the finishing rule asks)."""
+        self.heard_at: float | None = None
+        """When the last one arrived (time.monotonic): upstream is live, no need to ask Redis."""
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -60,6 +63,7 @@ class ForwardIntake:
             self.ctx.rejected.count("wrong_stage_or_shape")
             return
         self.upstream_seen = True
+        self.heard_at = time.monotonic()
         self.pending.append(message)
 
     def _well_formed(self, message: messages.DataMessage) -> bool:

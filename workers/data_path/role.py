@@ -78,7 +78,8 @@ class Role:
                     upstream_gone_s: float) -> FinishRule:
         return UpstreamFinished(membership, self.ctx.stage, idle=self.idle, lost_s=upstream_lost_s,
                                 gone_s=upstream_gone_s, log=self.ctx.log,
-                                received_from_upstream=lambda: self.intake is not None and self.intake.upstream_seen)
+                                received_from_upstream=lambda: self.intake is not None and self.intake.upstream_seen,
+                                heard_from_upstream_at=lambda: self.intake.heard_at if self.intake is not None else None)
 
     def open_data(self, name: str, cursor: DataCursor | None) -> None:
         """Stages that read the corpus open their shard here; others have none."""
