@@ -13,6 +13,7 @@ gets (0644 under umask 022), not the temporary's private 0600.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tomllib
 import zipfile
@@ -38,6 +39,17 @@ RESERVED_METADATA = ("format", "config", "sha256")
 
 class ExportError(ValueError):
     """A consensus cannot be built, written or read; the message names the file and the problem."""
+
+
+class OwnModelNotNamed(ExportError):
+    """A consensus of your own model (model.factory) loaded without naming its code: a file is
+    data and never chooses code to run, so the caller names the factory it trusts."""
+
+    def __init__(self, path: Path, factory: str) -> None:
+        self.factory = factory
+        super().__init__(f"{path} holds your own model ({factory!r}): a file never chooses code to run, "
+                         f"so name it yourself (eval --model MODULE:FUNCTION, or "
+                         f"load_consensus(path, factory=...))")
 
 
 # -- shapes -------------------------------------------------------------------------------
@@ -162,6 +174,18 @@ def tensors_sha256(named: Mapping[str, torch.Tensor]) -> str:
 # -- reading ------------------------------------------------------------------------------
 
 
+def with_trusted_code(cfg: Config, factory: str, path: Path) -> Config:
+    """A file's embedded config with the model code the caller names (pure): a preset's file
+    needs none; your own model's needs `factory`, which replaces the one the file names."""
+    if not cfg.model.factory:
+        if factory:
+            raise ExportError(f"{path} holds the built-in preset {cfg.model.preset}: no model code to name")
+        return cfg
+    if not factory:
+        raise OwnModelNotNamed(path, cfg.model.factory)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, factory=factory))
+
+
 def _config_from_toml(text: str, path: Path) -> Config:
     try:
         # environ={}: the file's config is what the model was trained with, whatever NOLOCO_* says here.
@@ -235,12 +259,15 @@ def _is_torch_zip(path: Path) -> bool:
         return False
 
 
-def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Config, nn.Module, dict[str, str]]:
+def load_consensus(path: Path, device: torch.device | str = "cpu", *,
+                   factory: str = "") -> tuple[Config, nn.Module, dict[str, str]]:
     """(config, whole model with the consensus weights, metadata) of a consensus file.
 
-    The config is the one embedded in the file (NOLOCO_* variables do not change it).
-    Raises ExportError, naming the file and the problem, for a missing or unreadable
-    file, another format, or tensors that do not match the config's model exactly.
+    The config is the one embedded in the file (NOLOCO_* variables do not change it), except
+    for the code: a file of your own model is built with `factory`, the model code the caller
+    trusts (its own run's model.factory, or --model), never with the one the file names
+    (OwnModelNotNamed without one). Raises ExportError, naming the file and the problem, for a
+    missing or unreadable file, another format, or tensors that do not match the model exactly.
     """
     path = Path(path)
     if not path.is_file():
@@ -255,7 +282,7 @@ def load_consensus(path: Path, device: torch.device | str = "cpu") -> tuple[Conf
                 raise ExportError(f"{path}: format is {found!r}, expected {CONSENSUS_FORMAT!r}")
             if "config" not in metadata:
                 raise ExportError(f"{path}: metadata has no config")
-            cfg = _config_from_toml(metadata["config"], path)
+            cfg = with_trusted_code(_config_from_toml(metadata["config"], path), factory, path)
             model = whole_model(cfg)
             expected = {name: param.shape for name, param in model.named_parameters()}
             tensors = _read_tensors(handle, expected, path)

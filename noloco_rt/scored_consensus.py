@@ -145,7 +145,7 @@ def write_scored_consensus(path: Path, cfg: Config, replicas_by_stage: Sequence[
         raise ExportError(f"{path}: {counts} replicas averaged per stage cannot be drawn from {live} live")
     save_consensus(path, cfg, [mean_over_replicas(stage) for stage in replicas_by_stage], metadata={
         "step": str(step), **_replica_metadata(counts, live), "source": source, "created": f"{time.time():.3f}"})
-    _, model, _ = load_consensus(path)
+    _, model, _ = load_consensus(path, factory=cfg.model.factory)  # our own run's code, not the file's
     loss = validation_loss(model, cfg, val_batches=val_batches)
     estimates = [estimate_spread(stage, population) for stage, population in zip(replicas_by_stage, live, strict=True)]
     numels = [sum(t.numel() for t in stage[0]) for stage in replicas_by_stage]

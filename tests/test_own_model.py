@@ -124,11 +124,11 @@ def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stag
     for stage in ("stage 0", "stage 1"):
         matched = int(done["outer_steps"].split(f"{stage}: ")[1].split(" of ")[0])
         assert matched >= 1, done["outer_steps"]
-    scored = CliRunner().invoke(cli, ["eval", str(out / "consensus.safetensors"), "--json"])
+    scored = CliRunner().invoke(cli, ["eval", str(out / "consensus.safetensors"), "--model", EXAMPLE, "--json"])
     losses = json.loads(scored.output.strip().splitlines()[-1])
     print("own-model up:", losses, done["outer_steps"])
     assert losses["val_loss"] < min(0.8 * math.log(4), losses["untrained_val_loss"]), (losses, done)
-    cfg, model, _ = load_consensus(out / "consensus.safetensors")
+    cfg, model, _ = load_consensus(out / "consensus.safetensors", factory=EXAMPLE)
     assert cfg.model.factory == EXAMPLE and isinstance(model, torch.nn.Sequential)
 
 
@@ -141,7 +141,9 @@ def test_simulate_and_eval_take_the_own_model_too(tmp_path):
                                  "--eval-every", "20", "--out", str(out), "--set", "outer.h=5",
                                  "--set", "optim.warmup_steps=2"])
     assert result.exit_code == 0, result.output
-    scored = runner.invoke(cli, ["eval", str(out / "consensus.safetensors"), "--json"])
+    unnamed = runner.invoke(cli, ["eval", str(out / "consensus.safetensors"), "--json"])
+    assert unnamed.exit_code == 2 and "--model MODULE:FUNCTION" in unnamed.output, unnamed.output
+    scored = runner.invoke(cli, ["eval", str(out / "consensus.safetensors"), "--model", EXAMPLE, "--json"])
     assert scored.exit_code == 0, scored.output
     losses = json.loads(scored.output.strip().splitlines()[-1])
     assert losses["val_loss"] < losses["untrained_val_loss"], losses

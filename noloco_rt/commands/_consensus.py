@@ -45,19 +45,23 @@ def resolve_device(text: str) -> str:
     return str(device)
 
 
-def load_for_command(path: Path, device: str, *,
-                     presets_only: str | None = None) -> tuple[Config, PipelineStage, dict[str, str]]:
+def load_for_command(path: Path, device: str, *, presets_only: str | None = None,
+                     factory: str | None = None) -> tuple[Config, PipelineStage, dict[str, str]]:
     """load_consensus, with its errors turned into a one-line message. `presets_only`: the
-    command's name, when it works on the built-in language models only (not model.factory's)."""
-    from noloco_rt.export import ExportError, load_consensus
+    command's name, when it works on the built-in language models only (not model.factory's);
+    `factory`: the model code the user named (--model), the only code a file is built with."""
+    from noloco_rt.export import ExportError, OwnModelNotNamed, load_consensus
     from noloco_rt.staged_model import StagedModelError
 
     try:
-        cfg, model, metadata = load_consensus(path, device=device)
+        cfg, model, metadata = load_consensus(path, device=device, factory=factory or "")
+    except OwnModelNotNamed as exc:
+        if presets_only:
+            raise UnusableCheckpoint(f"{path} holds your own model ({exc.factory!r}): `noloco-rt {presets_only}` "
+                                     f"works on the built-in presets only; load it in Python with "
+                                     f"noloco_rt.export.load_consensus(path, factory=...)") from None
+        raise UnusableCheckpoint(f"{path} holds your own model ({exc.factory!r}): a file never chooses code "
+                                 f"to run; name it: --model MODULE:FUNCTION") from None
     except (ExportError, StagedModelError) as exc:
         raise UnusableCheckpoint(str(exc)) from None
-    if presets_only and cfg.model.factory:
-        raise UnusableCheckpoint(f"{path} holds your own model ({cfg.model.factory}): `noloco-rt {presets_only}` "
-                                 f"works on the built-in presets only; load it in Python with "
-                                 f"noloco_rt.export.load_consensus")
     return cfg, model, metadata

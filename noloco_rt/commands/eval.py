@@ -15,7 +15,7 @@ from noloco_rt.commands._consensus import (
     load_for_command,
     resolve_device,
 )
-from noloco_rt.commands._model_option import model_name
+from noloco_rt.commands._model_option import model_name, model_value
 
 if TYPE_CHECKING:
     from noloco_rt.config import Config
@@ -26,12 +26,16 @@ if TYPE_CHECKING:
 @click.option("--batches", type=click.IntRange(min=1), default=None,
               help="Validation batches (default: run.eval_batches of the checkpoint's config).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--model", "model_factory", default=None, metavar="MODULE:FUNCTION",
+              help="Your own model's code, for a CHECKPOINT of it (model.factory): a file never "
+                   "chooses code to run, so you name it.")
 @device_option
-def eval_command(checkpoint: Path, batches: int | None, as_json: bool, device: str) -> None:
+def eval_command(checkpoint: Path, batches: int | None, as_json: bool, model_factory: str | None,
+                 device: str) -> None:
     """Validation loss and perplexity of CHECKPOINT (a consensus .safetensors file) and, for
     comparison, of the untrained model of the same config and seed."""
     device = resolve_device(device)
-    cfg, model, metadata = load_for_command(checkpoint, device)
+    cfg, model, metadata = load_for_command(checkpoint, device, factory=model_value(model_factory))
 
     from noloco_rt.algo.diagnostics import perplexity
     from noloco_rt.evaluation import validation_loss

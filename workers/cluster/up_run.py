@@ -300,5 +300,5 @@ class UpRun:
                       val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", outer_steps=outer,
                       consensus=str(path), curves=str(self.out / "curves.png"),
                       elapsed_s=round(time.time() - self.started, 1),
-                      next=f"noloco-rt eval {path}" if self.cfg.model.factory else
+                      next=f"noloco-rt eval {path} --model {self.cfg.model.factory}" if self.cfg.model.factory else
                       f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")

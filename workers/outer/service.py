@@ -181,7 +181,7 @@ class SnapshotService:
             if self._bootstrap_parts is None:
                 self._bootstrap_wanted.set()
                 return None
-            if self._bootstrap is None and self._bootstrap_parts is not None:
+            if self._bootstrap is None:
                 parts, counters = self._bootstrap_parts
                 if parts.ready is not None:
                     parts.ready()
@@ -281,7 +281,7 @@ class SnapshotService:
         if snapshot is None:  # the requester asks again shortly (snapshot_client.pull_bootstrap)
             return self._message_at(MessageKind.BOOTSTRAP_REPLY, -1, {BOOTSTRAP_PREPARING: True})
         # The coordinator pulls the same snapshot read-only, often: not worth a log line.
-        if snapshot is not None and not header.extra.get("observer"):
+        if not header.extra.get("observer"):
             self.log.info("bootstrap_served", to=header.sender[:8], checksum=snapshot.digest,
                           outer_step=snapshot.outer_step)
         return self._message(MessageKind.BOOTSTRAP_REPLY, snapshot)
