@@ -67,8 +67,9 @@ def _write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def run_tokenizer_file(cfg: Config) -> Path | None:
-    """The tokenizer.json the run was trained with (data.tokenizer, or its prepared
-    directory's), if it is here: a tokenizer.json file or a folder holding one."""
+    """The tokenizer.json a config names (data.tokenizer, or its prepared directory's), if it
+    is here: a tokenizer.json file or a folder holding one. Only for a config the user gave
+    (commands.export puts what they named in it): a file's own never picks files to copy."""
     path = run_tokenizer_path(cfg)
     if path is None:
         return None
@@ -76,8 +77,10 @@ def run_tokenizer_file(cfg: Config) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def write_hf_folder(out: Path, cfg: Config, model: PipelineStage, *, force: bool = False) -> list[Path]:
-    """Write the folder; returns the files written."""
+def write_hf_folder(out: Path, cfg: Config, model: PipelineStage, *, force: bool = False,
+                    tokenizer: Path | None = None) -> list[Path]:
+    """Write the folder, with `tokenizer` (a tokenizer.json the caller chose) as its
+    tokenizer.json; returns the files written."""
     check_out_dir(out, force=force)
     if not model.is_first or not model.is_last:
         raise HFExportError("only a whole model (one stage holding every layer) can be exported")
@@ -86,7 +89,6 @@ def write_hf_folder(out: Path, cfg: Config, model: PipelineStage, *, force: bool
     _write_weights(out / WEIGHTS_FILE, hf_state_dict(model))
     _write_json(written[0], hf_config(model.shape, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len))
     _write_json(written[2], generation_config())
-    tokenizer = run_tokenizer_file(cfg)
     if tokenizer is not None:
         shutil.copyfile(tokenizer, out / "tokenizer.json")
         written.append(out / "tokenizer.json")

@@ -3,7 +3,6 @@ logits as noloco-rt's own model; what cannot be written is one line and exit 2."
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 
@@ -100,15 +99,13 @@ def test_refusals_are_one_line_and_exit_2(consensus, tmp_path, capsys):
 
 
 @needs_transformers
-def test_the_runs_tokenizer_is_copied(consensus, tmp_path):
+def test_the_tokenizer_named_is_copied(consensus, tmp_path):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
     tokenizer_file = tmp_path / "tokenizer.json"
     Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]")).save(str(tokenizer_file))
     cfg, model, _ = load_consensus(consensus)
-    run_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source="tokens", paths=["ids.bin"],
-                                                                tokenizer=str(tmp_path)))
-    written = write_hf_folder(tmp_path / "hf", run_cfg, model)
+    written = write_hf_folder(tmp_path / "hf", cfg, model, tokenizer=tokenizer_file)
     assert tmp_path / "hf" / "tokenizer.json" in written
     assert PreTrainedTokenizerFast.from_pretrained(tmp_path / "hf")("hello")["input_ids"] == [1]

@@ -71,3 +71,47 @@ def test_no_command_runs_the_code_a_consensus_names(planted, command, tmp_path):
     assert result.exit_code == 2, result.output
     assert "holds your own model" in result.output and "evil.py" in result.output
     assert not marker.exists(), "the file's factory ran"
+
+
+def rewrite_data(path, **data) -> None:
+    """Rewrite the file's embedded config's data section (an attacker naming local files)."""
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    cfg = load_config(environ={}, overrides=[tomllib.loads(metadata["config"])])
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **data))
+    metadata["config"] = config_to_toml(cfg)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+@pytest.fixture
+def secret(tmp_path):
+    key = tmp_path / "home" / ".ssh" / "id_ed25519"
+    key.parent.mkdir(parents=True)
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY----- planted secret\n")
+    key.chmod(0o600)
+    return key
+
+
+def test_export_never_copies_a_tokenizer_the_file_names(tmp_path, secret):
+    path = tmp_path / "consensus.safetensors"
+    preset_consensus(path)
+    rewrite_data(path, source="tokens", paths=[str(secret.parent)], tokenizer=str(secret))
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(cli, ["export", str(path), str(out)])
+    assert result.exit_code == 0, result.output
+    assert "never picks local files to copy" in result.output
+    assert not (out / "tokenizer.json").exists()
+    assert not any(b"planted secret" in f.read_bytes() for f in out.rglob("*") if f.is_file())
+
+
+def test_eval_and_sample_ask_for_the_files_a_consensus_names(tmp_path, secret):
+    path = tmp_path / "consensus.safetensors"
+    preset_consensus(path)
+    rewrite_data(path, source="files", paths=[str(secret)])
+    refused = CliRunner().invoke(cli, ["eval", str(path)])
+    assert refused.exit_code == 2 and "--data PATH" in refused.output and "id_ed25519" in refused.output, refused.output
+
+    rewrite_data(path, source="tokens", paths=[str(secret.parent)], tokenizer=str(secret))
+    refused = CliRunner().invoke(cli, ["sample", str(path), "--prompt", "x"])
+    assert refused.exit_code == 2 and "--tokenizer FILE" in refused.output, refused.output

@@ -294,7 +294,8 @@ def _exported_run_loads_in_transformers(run: Path, prepared: Path, tmp_path: Pat
 
     from noloco_rt.export import load_consensus
 
-    code, _, err = run_main(capsys, "export", str(run / "consensus.safetensors"), "--format", "hf", str(tmp_path / "hf"))
+    code, _, err = run_main(capsys, "export", str(run / "consensus.safetensors"), "--format", "hf", str(tmp_path / "hf"),
+                            "--data", str(prepared))  # the run's tokenizer: named by the user, never by the file
     assert code == 0, err
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path / "hf")
     text = "alpha beta gamma Zürich"
@@ -320,7 +321,7 @@ def test_sample_decodes_with_the_runs_tokenizer(prepared, tmp_path, capsys):
     save_consensus(path, cfg, [[state[n] for n, _ in stage_parameter_shapes(cfg, s)] for s in range(2)],
                    metadata={"step": "0"})
     code, out, err = run_main(capsys, "sample", str(path), "--prompt", "alpha beta", "--tokens", "12",
-                              "--temperature", "0")
+                              "--temperature", "0", "--data", str(prepared))
     assert code == 0, err
     codec = TextCodec(prepared / "tokenizer.json")
     with torch.no_grad():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from noloco_rt.cli import OneLineError
 
 if TYPE_CHECKING:
     from noloco_rt.config import Config
+    from noloco_rt.config.training import DataConfig
     from noloco_rt.model import PipelineStage
 
 
@@ -21,6 +23,38 @@ class UnusableCheckpoint(OneLineError):
 
 def checkpoint_argument(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))(func)
+
+
+def data_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--data", "data_paths", multiple=True, metavar="PATH",
+                        help="The run's data (files, globs or a `prepare`d directory; repeat for more) for a "
+                             "CHECKPOINT trained on files or tokens: a file never picks local files to read.")(func)
+
+
+def tokenizer_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--tokenizer", default=None, metavar="FILE",
+                        help="The tokenizer.json the CHECKPOINT's token ids belong to (else its --data "
+                             "directory's): a file never picks local files to read.")(func)
+
+
+def with_user_files(cfg: Config, *, data: Sequence[str], tokenizer: str | None) -> tuple[Config, DataConfig]:
+    """(the consensus' config with the local files the user named, the file's own data section)
+    (pure). A file never picks local files to read or copy: its data.paths and data.tokenizer
+    are dropped; with --data the user's paths take their place (the file's source, dtype and
+    split kept), without it the run reads as bytes (source stdlib), so a command that needs the
+    run's own data or tokenizer checks the file's section first and asks for them."""
+    file_data = cfg.data
+    if data:
+        user = dataclasses.replace(file_data, paths=list(data), tokenizer=tokenizer or "")
+    else:
+        user = dataclasses.replace(file_data, source="stdlib", paths=[], tokenizer=tokenizer or "")
+    return dataclasses.replace(cfg, data=user), file_data
+
+
+def files_named(data: DataConfig) -> str:
+    """The local files a consensus' data section names, for a message (pure)."""
+    named = [*data.paths, *([data.tokenizer] if data.tokenizer else [])]
+    return ", ".join(repr(p) for p in named[:4]) + (" …" if len(named) > 4 else "")
 
 
 def device_option(func: Callable[..., Any]) -> Callable[..., Any]:

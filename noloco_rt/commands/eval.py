@@ -11,9 +11,12 @@ import click
 from noloco_rt.cli import OneLineError
 from noloco_rt.commands._consensus import (
     checkpoint_argument,
+    data_option,
     device_option,
+    files_named,
     load_for_command,
     resolve_device,
+    with_user_files,
 )
 from noloco_rt.commands._model_option import model_name, model_value
 
@@ -29,13 +32,18 @@ if TYPE_CHECKING:
 @click.option("--model", "model_factory", default=None, metavar="MODULE:FUNCTION",
               help="Your own model's code, for a CHECKPOINT of it (model.factory): a file never "
                    "chooses code to run, so you name it.")
+@data_option
 @device_option
 def eval_command(checkpoint: Path, batches: int | None, as_json: bool, model_factory: str | None,
-                 device: str) -> None:
+                 data_paths: tuple[str, ...], device: str) -> None:
     """Validation loss and perplexity of CHECKPOINT (a consensus .safetensors file) and, for
     comparison, of the untrained model of the same config and seed."""
     device = resolve_device(device)
     cfg, model, metadata = load_for_command(checkpoint, device, factory=model_value(model_factory))
+    cfg, file_data = with_user_files(cfg, data=data_paths, tokenizer=None)
+    if file_data.source != "stdlib" and not cfg.model.factory and not data_paths:
+        raise OneLineError(f"{checkpoint} was trained on {file_data.source} ({files_named(file_data)}): a file "
+                           f"never picks local files to read, so name the data: --data PATH")
 
     from noloco_rt.algo.diagnostics import perplexity
     from noloco_rt.evaluation import validation_loss

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from noloco_rt.commands._consensus import UnusableCheckpoint, checkpoint_argument
+from noloco_rt.commands._consensus import (
+    UnusableCheckpoint,
+    checkpoint_argument,
+    data_option,
+    files_named,
+    tokenizer_option,
+    with_user_files,
+)
+
+if TYPE_CHECKING:
+    from noloco_rt.config import Config
 
 FORMATS = ("hf",)
 
@@ -17,10 +28,14 @@ FORMATS = ("hf",)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="hf", show_default=True,
               help="hf: a transformers LlamaForCausalLM folder.")
 @click.option("--force", is_flag=True, help="Write into OUT even if it is not empty.")
-def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
+@tokenizer_option
+@data_option
+def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | None,
+           data_paths: tuple[str, ...]) -> None:
     """Write CHECKPOINT (a consensus .safetensors file) to the folder OUT as config.json,
-    model.safetensors and generation_config.json (and tokenizer.json when the run's config
-    names one), loadable with transformers' LlamaForCausalLM.from_pretrained(OUT)."""
+    model.safetensors and generation_config.json (and tokenizer.json when you name one:
+    --tokenizer, or --data of a `prepare`d directory; a file never picks local files to copy),
+    loadable with transformers' LlamaForCausalLM.from_pretrained(OUT)."""
     from noloco_rt.hf_export import HFExportError, check_out_dir, write_hf_folder
     from noloco_rt.hf_format import HFFormatError
 
@@ -33,16 +48,32 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool) -> None:
     from noloco_rt.commands._consensus import load_for_command
 
     cfg, model, _ = load_for_command(checkpoint, "cpu", presets_only="export")
+    cfg, file_data = with_user_files(cfg, data=data_paths, tokenizer=tokenizer)
     try:
-        written = write_hf_folder(out, cfg, model, force=force)
+        written = write_hf_folder(out, cfg, model, force=force, tokenizer=_named_tokenizer(cfg, tokenizer))
     except (HFExportError, HFFormatError) as exc:
         raise UnusableCheckpoint(f"{checkpoint}: {exc}") from None
     except OSError as exc:  # no permission, disk full: the user's to fix, not a traceback
         raise UnusableCheckpoint(f"{out}: cannot be written ({exc})") from None
     from noloco_rt.config.prepared_manifest import run_tokenizer_path
 
-    named = run_tokenizer_path(cfg)
+    named = run_tokenizer_path(cfg) if cfg.data.source == "tokens" else (Path(tokenizer).expanduser() if tokenizer else None)
     if named is not None and out / "tokenizer.json" not in written:
-        click.echo(f"warning: the run's tokenizer {str(named)!r} has no tokenizer.json here; none was written",
+        click.echo(f"warning: the tokenizer {str(named)!r} has no tokenizer.json here; none was written", err=True)
+    elif named is None and file_data.source == "tokens":
+        click.echo(f"note: {checkpoint} was trained on token ids ({files_named(file_data)}); a file never picks "
+                   f"local files to copy: name its tokenizer (--tokenizer FILE or --data DIR) to include it",
                    err=True)
     click.echo(f"{out}: {', '.join(path.name for path in written)} ({fmt}, preset {cfg.model.preset})")
+
+
+def _named_tokenizer(cfg: Config, tokenizer: str | None) -> Path | None:
+    """The tokenizer.json the user named: --tokenizer (a file, or a folder holding one), else
+    the one of their --data directory (cfg holds only what they named)."""
+    from noloco_rt.hf_export import run_tokenizer_file
+
+    if tokenizer and cfg.data.source != "tokens":
+        path = Path(tokenizer).expanduser()
+        candidate = path / "tokenizer.json" if path.is_dir() else path
+        return candidate if candidate.is_file() else None
+    return run_tokenizer_file(cfg)
