@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from noloco_rt.config import load_config
 from noloco_rt.logs import read_json_lines
 from noloco_rt.membership.progress import OUTER_STEP_KINDS
 from noloco_rt.tb_log import tag
@@ -20,6 +21,7 @@ from tests.test_tensorboard import HAVE_TENSORBOARD, read_scalars
 from workers.cluster.local_cluster import error_events
 from workers.cluster.run_dir import read_metrics
 from workers.cluster.run_outcome import incarnation_logs, worker_summaries
+from workers.cluster.up_run import next_commands
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -251,3 +253,13 @@ def assert_tensorboard_curves(out: Path, final: dict, inner_steps: dict[str, int
     assert evaluated or spreads, "the coordinator measured nothing in the whole run"
     assert [v for _, v in coordinator.get(tag("val_loss"), [])] == pytest.approx(evaluated, abs=1e-4)
     assert [v for _, v in coordinator.get(tag("spread", "all"), [])] == pytest.approx(spreads, rel=1e-5)
+
+
+def test_the_closing_hint_names_the_code_and_data_a_consensus_file_does_not_pick():
+    stdlib, tokens, own = (load_config(environ={}, overrides=[o]) for o in (
+        {}, {"data": {"source": "tokens", "paths": ["/data/my prep"]}},
+        {"model": {"factory": "pkg.models:staged_model"}}))
+    assert next_commands(stdlib, Path("o/c.safetensors")) == \
+        "noloco-rt eval o/c.safetensors; noloco-rt sample o/c.safetensors --prompt 'def '"
+    assert "eval o/c.safetensors --data '/data/my prep';" in next_commands(tokens, Path("o/c.safetensors"))
+    assert next_commands(own, Path("c")) == "noloco-rt eval c --model pkg.models:staged_model"

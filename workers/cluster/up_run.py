@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import signal
 import socket
 import threading
@@ -300,5 +301,14 @@ class UpRun:
                       val_ppl=round(final["val_ppl"], 3), spread=f"{final['spread']:.3e}", outer_steps=outer,
                       consensus=str(path), curves=str(self.out / "curves.png"),
                       elapsed_s=round(time.time() - self.started, 1),
-                      next=f"noloco-rt eval {path} --model {self.cfg.model.factory}" if self.cfg.model.factory else
-                      f"noloco-rt eval {path}; noloco-rt sample {path} --prompt 'def '")
+                      next=next_commands(self.cfg, path))
+
+
+def next_commands(cfg: Config, path: Path) -> str:
+    """What to run on the consensus, naming the model code and data the run used (a consensus
+    file never picks them itself)."""
+    if cfg.model.factory:
+        return f"noloco-rt eval {path} --model {cfg.model.factory}"
+    data = "".join(f" --data {shlex.quote(p)}" for p in cfg.data.paths) if cfg.data.source != "stdlib" else ""
+    prompt = "'def '" if cfg.data.source == "stdlib" else "'The '"
+    return f"noloco-rt eval {path}{data}; noloco-rt sample {path}{data} --prompt {prompt}"
