@@ -156,7 +156,9 @@ def save_consensus(path: Path, cfg: Config, stages: Sequence[Sequence[torch.Tens
         check_tensors(tensors, expected, f"{path}: stage {stage}")
         for (name, _), tensor in zip(expected, tensors, strict=True):
             named[name] = tensor.detach().to("cpu").contiguous()
-    header = {**extra, "format": CONSENSUS_FORMAT, "config": config_to_toml(cfg), "sha256": tensors_sha256(named)}
+    # The config redacted: a file people share holds no Redis password or CURVE secret.
+    header = {**extra, "format": CONSENSUS_FORMAT, "config": config_to_toml(cfg, redact=True),
+              "sha256": tensors_sha256(named)}
     write_shared_file(path, safetensors_bytes(named, metadata=header))
 
 

@@ -24,7 +24,7 @@ def toml_value(value: Any) -> str:
 
 
 SECRET_FIELDS = frozenset({("network", "curve_secret_key")})
-URL_FIELDS = frozenset({("network", "redis_url")})
+URL_FIELDS = frozenset({("network", "redis_url"), ("store", "url")})
 
 
 def _redacted_line(section: str, name: str, value: Any) -> str | None:

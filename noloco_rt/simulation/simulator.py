@@ -294,7 +294,7 @@ def run_simulation(cfg: Config, out_dir: Path, *, on_progress: Callable[[int, Ev
     (each stage's mean slow weights: what eval, sample and export read). metrics.jsonl is
     appended and flushed per evaluation, so an interrupted run keeps what it measured."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.toml").write_text(config_to_toml(cfg))
+    (out_dir / "config.toml").write_text(config_to_toml(cfg, redact=True))  # a run's files hold no secret
     sim = Simulation(cfg, corpus=corpus)
     records: list[EvalRecord] = []
     started = time.monotonic()

@@ -1,0 +1,38 @@
+"""Secrets never reach a file a run writes: a Redis password and a CURVE secret key planted in
+a run's config are searched for in every file under its output folder, the consensus file
+(which people share) included, and in everything it printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import zmq
+from click.testing import CliRunner
+
+from noloco_rt.cli import cli
+from noloco_rt.export import load_consensus
+
+PASSWORD = "Planted-Redis-Passw0rd"
+
+
+def files_holding(out: Path, secrets: list[str]) -> list[str]:
+    """Every file under `out` holding one of `secrets` (as bytes), by path."""
+    needles = [s.encode() for s in secrets]
+    return [str(f) for f in sorted(out.rglob("*")) if f.is_file() and any(n in f.read_bytes() for n in needles)]
+
+
+def test_simulate_writes_no_secret_and_its_consensus_still_loads(tmp_path):
+    secret = zmq.curve_keypair()[1].decode()
+    out = tmp_path / "sim"
+    result = CliRunner().invoke(cli, [
+        "simulate", "--stages", "2", "--replicas", "2", "--steps", "4", "--eval-every", "4", "--out", str(out),
+        "--set", "outer.h=2", "--set", f"network.curve_secret_key={secret}",
+        "--set", f"network.redis_url=redis://noloco:{PASSWORD}@127.0.0.1:1/0",
+        "--set", f"store.url=s3://keyid:{PASSWORD}@bucket.example/runs"])
+    assert result.exit_code == 0, result.output
+    written = sorted(p.name for p in out.rglob("*") if p.is_file())
+    assert "consensus.safetensors" in written and "config.toml" in written, written
+    assert files_holding(out, [secret, PASSWORD]) == []
+    assert secret not in result.output and PASSWORD not in result.output
+    cfg, _, _ = load_consensus(out / "consensus.safetensors")  # the redacted config reads back
+    assert cfg.network.curve_secret_key == "" and cfg.network.redis_url == "redis://noloco:***@127.0.0.1:1/0"
