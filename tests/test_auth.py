@@ -388,14 +388,14 @@ def test_acl_user_trains_and_is_refused_outside_its_keys(tmp_path, password_redi
         cluster.close()
 
 
-def test_up_secure_generates_keys_and_the_whole_run_uses_them(tmp_path):
+def test_up_secure_generates_keys_and_the_whole_run_uses_them(tmp_path, password_redis):
     import uuid
 
     from tests.test_up import FAST, MARK_VARIABLE, finish, marked_processes
 
     mark, out = uuid.uuid4().hex, tmp_path / "run"
     args = [sys.executable, "-m", "noloco_rt.cli", "up", "--steps", "20", "--out", str(out), "--interval", "0.5",
-            "--secure"]
+            "--secure", "--redis-url", password_redis.url]
     for key, value in {**FAST, "pipeline.stages": 1}.items():
         args += ["--set", f"{key}={value}"]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -414,3 +414,10 @@ def test_up_secure_generates_keys_and_the_whole_run_uses_them(tmp_path):
         assert f'"public_key": "{public}"' in text, text[-2000:]
     # The coordinator pulled snapshots over CURVE: the consensus checkpoint exists.
     assert (out / "consensus.safetensors").exists(), output[-3000:]
+    # Neither the CURVE secret nor the Redis password is in any file the run wrote (but the
+    # key file itself) or in any line it printed.
+    secret = (out / "keys" / "cluster.secret").read_text().strip()
+    needles = [secret.encode(), b"s3cret"]
+    holding = [str(f) for f in out.rglob("*") if f.is_file() and f != out / "keys" / "cluster.secret"
+               and any(n in f.read_bytes() for n in needles)]
+    assert holding == [] and secret not in output and "s3cret" not in output, holding
