@@ -173,7 +173,13 @@ class DataCursor:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, int]) -> DataCursor:
-        return cls(epoch=int(state["epoch"]), position=int(state["position"]))
+        """The cursor a state dict holds; ValueError unless both are non-negative integers (a
+        cursor may come from the durable store, which is read like a wire message)."""
+        epoch, position = state["epoch"], state["position"]
+        for name, value in (("epoch", epoch), ("position", position)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"data cursor {name} = {value!r} is not a non-negative integer")
+        return cls(epoch=epoch, position=position)
 
 
 class ShardedBatches:

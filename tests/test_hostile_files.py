@@ -115,3 +115,73 @@ def test_eval_and_sample_ask_for_the_files_a_consensus_names(tmp_path, secret):
     rewrite_data(path, source="tokens", paths=[str(secret.parent)], tokenizer=str(secret))
     refused = CliRunner().invoke(cli, ["sample", str(path), "--prompt", "x"])
     assert refused.exit_code == 2 and "--tokenizer FILE" in refused.output, refused.output
+
+
+# -- the durable store: read like a wire message ---------------------------------------------
+
+
+def _stored(tmp_path):
+    from noloco_rt.store.backend import RunStore
+    from noloco_rt.store.stage_checkpoints import StageCheckpoints
+
+    store = RunStore(str(tmp_path / "store"))
+    checkpoints = StageCheckpoints(store, "run", keep=1)
+    state = {"slow": [torch.ones(3)], "counters": {"inner_steps": 10, "outer_steps": 2}}
+    info = checkpoints.save(0, state, outer_step=2, inner_step=10, writer="a" * 32)
+    return store, checkpoints, info
+
+
+def _plant_manifest(store, name, **fields) -> None:
+    import json
+
+    store.write(f"run/stage-0/{name}", json.dumps({"version": 1, **fields}).encode())
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"data_file": "../../../victim.txt"}, "data_file"),
+    ({"outer_step": "9"}, "outer_step = '9'"),
+    ({"size": -1}, "size = -1"),
+    ({"sha256": "zz"}, "sha256"),
+    ({"writer": "../x"}, "writer"),
+], ids=["path-traversal", "string-step", "negative-size", "bad-sha", "writer-path"])
+def test_a_forged_store_manifest_is_passed_over_with_its_reason_and_steers_nothing(tmp_path, change, reason):
+    store, checkpoints, info = _stored(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the store's")
+    # Older than the honest checkpoint: the next save's prune would remove the files it names.
+    fields = {"run_id": "run", "stage": 0, "outer_step": 1, "inner_step": 5, "sha256": info.sha256,
+              "size": info.size, "writer": "bbbbbbbb", "data_file": "step-00000001-bbbbbbbb.pt", **change}
+    _plant_manifest(store, "step-00000001-bbbbbbbb.json", **fields)
+    loaded, problems = checkpoints.latest(0)
+    assert loaded is not None and loaded.info == info  # the honest checkpoint, no crash
+    assert any(reason in p for p in problems), problems
+    newer = checkpoints.save(0, {"slow": [torch.ones(3)]}, outer_step=3, inner_step=15, writer="a" * 32)  # prunes
+    assert victim.read_text() == "not the store's"
+    assert checkpoints.latest(0)[0].info == newer
+
+
+def test_a_manifest_naming_another_checkpoint_cannot_make_prune_delete_it(tmp_path):
+    store, checkpoints, info = _stored(tmp_path)
+    # Contents of the honest checkpoint's manifest under another name: pruning by contents
+    # would remove the honest files.
+    fields = {"run_id": "run", "stage": 0, "outer_step": 0, "inner_step": 0, "sha256": info.sha256,
+              "size": info.size, "writer": info.writer, "data_file": info.data_file}
+    _plant_manifest(store, "step-00000001-cccccccc.json", **fields)
+    _, problems = checkpoints.latest(0)
+    assert any("contents are those of" in p or "data_file" in p for p in problems), problems
+    checkpoints.prune(0)
+    assert checkpoints.latest(0)[0].info == info
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b'{"name": "w", "cursor": {"epoch": -1, "position": 3}}',
+                                     b'{"name": "w", "cursor": {"epoch": "x", "position": 3}}'])
+def test_a_forged_data_cursor_is_ignored_not_a_crash(tmp_path, content):
+    from noloco_rt.store.backend import RunStore
+    from noloco_rt.store.cursors import DataCursors
+
+    store = RunStore(str(tmp_path / "store"))
+    cursors = DataCursors(store, "run")
+    cursors.save("w", {"epoch": 1, "position": 5}, inner_step=3)
+    assert cursors.load("w") is not None
+    store.write("run/cursors/w.json", content)
+    assert cursors.load("w") is None

@@ -37,5 +37,5 @@ class DataCursors:
             if fields.get("name") != name:
                 return None  # two names that sanitise alike: not ours
             return DataCursor.from_state_dict(fields["cursor"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return None
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # absent, or not what save() writes: start the stream afresh

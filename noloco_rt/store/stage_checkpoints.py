@@ -44,18 +44,50 @@ def checkpoint_basename(outer_step: int, writer: str) -> str:
     return f"step-{outer_step:08d}-{writer[:8]}"
 
 
-def parse_manifest(raw: bytes, *, run_id: str, stage: int, origin: str) -> StageCheckpointInfo:
-    """The manifest in `raw`; CheckpointError when it is not one of this run and stage."""
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_WRITER = re.compile(r"^[0-9a-zA-Z_-]{1,8}$")
+_INT_FIELDS = ("stage", "outer_step", "inner_step", "size")
+_STR_FIELDS = ("run_id", "sha256", "writer", "data_file")
+
+
+def parse_manifest(raw: bytes, *, run_id: str, stage: int, origin: str, name: str | None = None) -> StageCheckpointInfo:
+    """The manifest in `raw` (file `name` in its folder, when given); CheckpointError when it is
+    not one of this run and stage, or any field is off: the store is read like a wire message,
+    since whoever can write it could otherwise steer a reader (a data_file with path parts made
+    prune delete outside the store; a string outer_step crashed a resuming worker)."""
     try:
         fields = json.loads(raw)
-        if fields.pop("version") != MANIFEST_VERSION:
+        if not isinstance(fields, dict) or fields.pop("version", None) != MANIFEST_VERSION:
             raise ValueError("unknown manifest version")
         info = StageCheckpointInfo(**fields)
+        manifest_problem(info, name)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise CheckpointError(f"stage checkpoint manifest {origin} is not valid: {exc}") from exc
     if info.run_id != run_id or info.stage != stage:
         raise CheckpointError(f"stage checkpoint manifest {origin} is for run {info.run_id!r} stage {info.stage}")
     return info
+
+
+def manifest_problem(info: StageCheckpointInfo, name: str | None) -> None:
+    """Raise ValueError naming the first field of `info` that a writer of this code could not
+    have written (pure): types, ranges, a SHA-256, a short writer id, and the data file's name
+    and the manifest's own, both derived from (outer step, writer): no path, no other file."""
+    for field in _INT_FIELDS:
+        value = getattr(info, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{field} = {value!r} is not a non-negative integer")
+    for field in _STR_FIELDS:
+        if not isinstance(getattr(info, field), str):
+            raise ValueError(f"{field} = {getattr(info, field)!r} is not a string")
+    if not _SHA256.match(info.sha256):
+        raise ValueError(f"sha256 = {info.sha256!r} is not a SHA-256 in hex")
+    if not _WRITER.match(info.writer):
+        raise ValueError(f"writer = {info.writer!r} is not a writer id")
+    base = checkpoint_basename(info.outer_step, info.writer)
+    if info.data_file != f"{base}.pt":
+        raise ValueError(f"data_file = {info.data_file!r}, expected {base}.pt")
+    if name is not None and name != f"{base}.json":
+        raise ValueError(f"its contents are those of {base}.json")
 
 
 def newest_first(infos: list[StageCheckpointInfo]) -> list[StageCheckpointInfo]:
@@ -107,7 +139,7 @@ class StageCheckpoints:
                 continue
             try:
                 infos.append(parse_manifest(self.store.read(f"{folder}/{name}"), run_id=self.run_id, stage=stage,
-                                            origin=f"{self.store.url}/{folder}/{name}"))
+                                            origin=f"{self.store.url}/{folder}/{name}", name=name))
             except FileNotFoundError:
                 continue  # pruned between listing and reading
             except CheckpointError as exc:
