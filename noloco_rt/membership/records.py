@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from noloco_rt.membership.progress import WorkerProgress, progress_from_text, progress_to_text
+from noloco_rt.net.addresses import peer_address_problem
 
 
 class WorkerState(enum.StrEnum):
@@ -43,6 +44,9 @@ class MemberRecord(WorkerProgress):
         """Strict parse; raises ValueError on anything malformed."""
         text = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
                 for k, v in fields.items()}
+        for name in ("data_addr", "exchange_addr"):  # workers connect to these: tcp://host:port only
+            if name in text and (problem := peer_address_problem(text[name])) is not None:
+                raise ValueError(f"{name}: {problem}")
         try:
             return cls(worker_id=text["worker_id"], run_id=text["run_id"], stage=int(text["stage"]),
                        data_addr=text["data_addr"], exchange_addr=text["exchange_addr"],

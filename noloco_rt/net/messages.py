@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from noloco_rt.net.addresses import peer_address_problem
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
@@ -124,8 +125,19 @@ def decode(parts: list[Any], *, run_id: str) -> DataMessage:
     except WireDtypeError as exc:
         raise WireReject(RejectReason.FRAME_COUNT_MISMATCH, f"{header.kind}: {exc}") from None
     return DataMessage(kind=kind, sender=header.sender, stage=header.stage, microbatch_id=header.microbatch_id,
-                       attempt=header.attempt, reply_to=str(header.extra.get("reply_to", "")),
+                       attempt=header.attempt, reply_to=_reply_to(header),
                        tensors=[value, *tensors[packed:]], origin_step=_origin_step(header))
+
+
+def _reply_to(header: Header) -> str:
+    """Where a forward's gradient goes: "" (none given), else a peer address (tcp://host:port;
+    we connect to it)."""
+    value = header.extra.get("reply_to", "")
+    if value == "":
+        return ""
+    if (problem := peer_address_problem(value)) is not None:
+        raise WireReject(RejectReason.MALFORMED_HEADER, f"reply_to: {problem}")
+    return value
 
 
 def _origin_step(header: Header) -> int | None:
