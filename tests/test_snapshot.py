@@ -94,6 +94,19 @@ def test_bootstrap_round_trips_with_counters(reader):
     assert snapshot.digest == checksum(snapshot.encoded.payload)
 
 
+@pytest.mark.parametrize("counters", [{"inner_steps": "x"}, {"inner_steps": -5}, {"outer_steps": 10**18},
+                                      {"inner_steps": True}, {"clock": 3}, [1, 2], {"outer_steps": 2.5}])
+def test_a_bootstrap_with_malformed_counters_is_refused_not_adopted(reader, counters):
+    # A joiner adopts a donor's counters as its own step counts: "x" once crashed it past the
+    # reader, and -5 or 10**18 were taken as they came.
+    frames = _frames(_weights(1) + _weights(2), PartsKind.SLOW_MOMENTUM, kind=MessageKind.BOOTSTRAP_REPLY,
+                     counters={"inner_steps": 7, "outer_steps": 2})
+    assert reader.bootstrap(reader.message(frames))[0].counters == {"inner_steps": 7, "outer_steps": 2}
+    with pytest.raises(SnapshotRejected) as info:
+        reader.bootstrap(reader.message(_tamper(frames, counters=counters)))
+    assert info.value.reason == "malformed_counters"
+
+
 @pytest.mark.parametrize(("codec", "max_code"), [("int8-zstd", 127), ("int4-zstd", 7)])
 def test_quantised_contributions_are_accepted_within_their_bound(reader, codec, max_code):
     slow, grad = _weights(1), [0.01 * t for t in _weights(2)]

@@ -207,6 +207,25 @@ def bootstrap_preparing(decoded: DecodedMessage) -> bool:
         decoded.header.extra.get(BOOTSTRAP_PREPARING) is True and not decoded.tensors
 
 
+MAX_COUNTER = 2**53
+"""Inner and outer step counts beyond this are not a run's (a joiner would adopt them)."""
+COUNTER_NAMES = frozenset({"inner_steps", "outer_steps"})
+
+
+def snapshot_counters(value: Any) -> dict[str, int]:
+    """A bootstrap's counters, validated (pure): absent is {}, else a map of known names to
+    integers in [0, MAX_COUNTER]; SnapshotRejected("malformed_counters") otherwise (a joiner
+    adopts them as its own step counts)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not set(value) <= COUNTER_NAMES:
+        raise SnapshotRejected("malformed_counters")
+    for count in value.values():
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_COUNTER:
+            raise SnapshotRejected("malformed_counters")
+    return dict(value)
+
+
 def require_kind(decoded: DecodedMessage, kind: MessageKind) -> None:
     """A reply of another kind (an ERROR, say) holds no snapshot."""
     if MessageKind(decoded.header.kind) != kind:
@@ -256,9 +275,8 @@ class SnapshotReader:
             raise SnapshotRejected("wrong_codec")
         encoded = EncodedTensors(codec=codec, specs=specs, payload=payload,
                                  raw_bytes=sum(4 * s.numel for s in specs), wire_bytes=len(payload))
-        counters = extra.get("counters") or {}
         return Snapshot(header.outer_step, parts_kind, encoded, str(extra["checksum"]),
-                        {str(k): int(v) for k, v in counters.items()})
+                        snapshot_counters(extra.get("counters")))
 
     def chunk(self, decoded: DecodedMessage) -> ReceivedChunk:
         """One chunk of a partner's streamed contribution, validated in full: its place in
