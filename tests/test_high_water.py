@@ -14,6 +14,7 @@ import time
 import pytest
 
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.high_water import MALFORMED_MARK
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
@@ -28,6 +29,21 @@ def test_only_a_stage_past_step_0_refuses_to_be_seeded():
     check_may_seed(1, 7, allow_reseed=True)
     with pytest.raises(StageProgressLost, match="reached outer step 7 there.*--allow-reseed"):
         check_may_seed(1, 7, allow_reseed=False)
+
+
+def test_a_mark_that_is_not_a_count_refuses_seeding_and_status_leaves_it_out():
+    # Something else wrote the key (a Redis writer without the CURVE key): the worker exits 3
+    # as designed, saying why, instead of crashing on int("x").
+    with EmbeddedRedis() as server:
+        membership = Membership(connect(server.url), run_id="default")
+        membership.client.hset("noloco:default:high-water", mapping={"1": "x", "2": "-4", "0": "3"})
+        assert membership.high_water.of(1) == MALFORMED_MARK and membership.high_water.of(2) == MALFORMED_MARK
+        with pytest.raises(StageProgressLost, match="not a step count"):
+            check_may_seed(1, membership.high_water.of(1), allow_reseed=False)
+        assert membership.high_water.by_stage() == {0: (3, 0)}
+        result = subprocess.run([*CLI, "status", "--redis-url", server.url], capture_output=True, text=True,
+                                timeout=60, env=_env())
+        assert result.returncode == 0, result.stderr
 
 
 def _record(worker_id: str, outer_step: int, state: WorkerState = WorkerState.ONLINE) -> MemberRecord:

@@ -142,6 +142,9 @@ def _run_already_over(cfg: Config, stage: int, name: str, membership: Membership
     log = get_logger(run=cfg.run.run_id, stage=stage, name=name)
     marked = finished_steps(cfg, membership, log)
     if not run_is_over(marked, cfg.run.steps):
+        if marked is not None and marked > cfg.run.steps:
+            log.warning("run_finished_mark_ignored", finished_steps=marked, run_steps=cfg.run.steps,
+                        note="the run-finished mark names more steps than run.steps: not this run's finish")
         return False
     log.warning("run_already_finished", finished_steps=marked,
                 note="the run's last stage finished before this worker started: nothing to train, exit 0")

@@ -5,7 +5,9 @@ after its upstream stage did (workers/finish.py), so by then every stage is done
 is left downstream. A worker that starts after that (a spot replacement racing the end, a
 Job's pod recreated late) would otherwise resume and train with no downstream and no end.
 The mark lives in Redis and, when the run has a store, in the store too (Redis may lose it).
-A run given more steps than it finished with (run.steps raised) trains on.
+It holds run.steps of the finish, and counts only when that is our run.steps exactly: a run
+given more steps (run.steps raised) trains on, and so does one whose mark says anything else,
+since one write to Redis (a garbage or huge value) must not end every worker's start.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from noloco_rt.store.run_mark import RunFinishedMark
 
 
 def run_is_over(finished_steps: int | None, run_steps: int) -> bool:
-    """Whether a run marked finished at `finished_steps` leaves nothing for run.steps (pure)."""
-    return finished_steps is not None and finished_steps >= run_steps
+    """Whether a run marked finished at `finished_steps` leaves nothing for run.steps (pure):
+    the mark names exactly our run.steps (a run with more steps trains on; any other value is
+    not a finish of this run's configuration)."""
+    return finished_steps is not None and finished_steps == run_steps
 
 
 def finished_steps(cfg: Any, membership: Any, log: Any) -> int | None:

@@ -26,6 +26,19 @@ return 0
 """
 
 
+MALFORMED_MARK = -1
+"""What `of` returns for a mark that is not a step count (something else wrote it): read as
+"past step 0, how far unknown", so a worker refuses to seed the stage (exit 3) unless told to."""
+
+
+def parse_mark(value: Any) -> int | None:
+    """A mark as Redis returns it: a non-negative count, or None when it is not one (pure)."""
+    text = value.decode() if isinstance(value, bytes) else value
+    if not isinstance(text, str) or not text.isdigit() or len(text) > 18:
+        return None
+    return int(text)
+
+
 class StageHighWater:
     def __init__(self, client: redis.Redis, keys: TableKeys) -> None:
         self.client = client
@@ -66,7 +79,8 @@ class StageHighWater:
         return {stage: (reached.get(stage, 0), durable.get(stage, 0)) for stage in sorted(reached | durable)}
 
     def of(self, stage: int) -> int | None:
-        """The furthest outer step stage `stage` reached (0: none yet); None if Redis is unreachable."""
+        """The furthest outer step stage `stage` reached (0: none yet); None if Redis is
+        unreachable; MALFORMED_MARK if the mark is not a count."""
         return self._step(self.key, stage)
 
     def _step(self, key: str, stage: int) -> int | None:
@@ -74,8 +88,13 @@ class StageHighWater:
             value = self.client.hget(key, str(stage))
         except REDIS_ERRORS:
             return None
-        return int(value) if value is not None else 0
+        if value is None:
+            return 0
+        mark = parse_mark(value)
+        return MALFORMED_MARK if mark is None else mark
 
 
 def _as_ints(raw: dict[Any, Any]) -> dict[int, int]:
-    return {int(key): int(value) for key, value in raw.items()}
+    """The marks that are counts, by stage (others are left out: status shows what it can)."""
+    pairs = ((parse_mark(key), parse_mark(value)) for key, value in raw.items())
+    return {key: value for key, value in pairs if key is not None and value is not None}

@@ -11,6 +11,7 @@ import time
 
 import zmq
 
+from noloco_rt.membership.high_water import MALFORMED_MARK
 from noloco_rt.outer.snapshot_client import BootstrapState, pull_bootstrap
 from noloco_rt.routing.peers import PeerView
 from workers.outer.service import SnapshotService
@@ -31,8 +32,11 @@ def check_may_seed(stage: int, high_water: int | None, *, allow_reseed: bool, st
         return
     where = (f"the durable store {store_url} has no usable checkpoint of it" if store_url
              else "the run has no durable store (store.url)")
+    reached = ("its high-water mark in Redis is not a step count (something else wrote it), so the run may "
+               "be past step 0 there" if high_water == MALFORMED_MARK else
+               f"the run reached outer step {high_water} there")
     raise StageProgressLost(
-        f"stage {stage} has no live worker and {where}, but the run reached outer step {high_water} there: "
+        f"stage {stage} has no live worker and {where}, but {reached}: "
         f"starting it from the seed would throw that training away. Start a worker that has a checkpoint of "
         f"stage {stage} (same --name and checkpoint dir), or pass --allow-reseed to restart the stage from "
         f"scratch (a new run needs a new run.run_id)")
