@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import (
@@ -15,6 +14,8 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+
+from noloco_rt.net.http_server import BoundedHTTPServer, serve_in_thread
 
 
 class CoordinatorMetrics:
@@ -67,13 +68,11 @@ class StatusServer:
                 outer.requests += 1
 
         self.requests = 0
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((host, port), Handler)
         self.port = int(self.httpd.server_address[1])
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="status-http", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        serve_in_thread(self.httpd, "status-http")
 
     def stop(self) -> None:
         self.httpd.shutdown()

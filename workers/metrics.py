@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import threading
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from noloco_rt.net.http_server import BoundedHTTPServer, serve_in_thread
 
 
 class WorkerMetrics:
@@ -41,8 +51,24 @@ class WorkerMetrics:
                                            ["kind"], registry=r)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
-        """Start the HTTP endpoint; returns the port (a free one when port is 0)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        """Start the HTTP endpoint (every path serves the metrics, as prometheus_client's
+        does), bounded against slow clients; returns the port (a free one when port is 0)."""
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server API
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:  # a scrape is not worth a log line
+                pass
+
+        server = BoundedHTTPServer((host, port), Handler)
+        serve_in_thread(server, "metrics-http")
         return int(server.server_address[1])
 
 
