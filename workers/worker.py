@@ -40,6 +40,7 @@ from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.memory_fit import MemoryChoice, resolved_config
 from noloco_rt.net.data_link import DataLink
+from noloco_rt.net.frame_limits import data_frame_limit_bytes, exchange_frame_limit_bytes
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
@@ -126,7 +127,8 @@ class StageWorker:
         cfg, network = self.cfg, self.cfg.network
         self.data = DataLink(DataSocket(self.ctx, bind_host=network.bind_host, port=network.data_port,
                                         advertise_host=network.advertise_host,
-                                        advertise_port=network.advertise_data_port, faults=self.data_faults),
+                                        advertise_port=network.advertise_data_port, faults=self.data_faults,
+                                        max_frame_bytes=data_frame_limit_bytes(cfg)),
                              decode=decoder(cfg.run.run_id, staging))
         self.data_path = data_path_for(DataContext(
             cfg=cfg, stage=self.stage, worker_id=self.worker_id, model=self.model, replica=self.replica,
@@ -148,7 +150,8 @@ class StageWorker:
         self.exchange_server = ExchangeServer(self.ctx, bind_host=network.bind_host, port=network.exchange_port,
                                               advertise_host=network.advertise_host,
                                               advertise_port=network.advertise_exchange_port,
-                                              handler=self.snapshots.handle)
+                                              handler=self.snapshots.handle,
+                                              max_frame_bytes=exchange_frame_limit_bytes(cfg))
         readiness = ReadinessPairing(PairingQueue(self.membership.client, self.membership.keys, self.stage),
                                      worker_id=self.worker_id, exchange_addr=self.exchange_server.address,
                                      log=self.log)

@@ -144,13 +144,17 @@ class DataSocket:
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
                  advertise_port: int = 0, high_water_mark: int = 64, curve: CurveKeys | None = None,
-                 faults: SendFaults | None = None) -> None:
+                 faults: SendFaults | None = None, max_frame_bytes: int | None = None) -> None:
+        """`max_frame_bytes`: a peer whose frame declares more is dropped before anything is
+        allocated (noloco_rt/net/frame_limits.py; None: no bound, for tests and tools)."""
         self.ctx = ctx
         self.faults = faults
         self.high_water_mark = high_water_mark
         self.curve = curve or curve_keys(ctx)
         self.inbound = ctx.socket(zmq.PULL)
         apply_curve(self.inbound, self.curve, server=True)
+        if max_frame_bytes is not None:
+            self.inbound.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self.inbound.setsockopt(zmq.RCVHWM, high_water_mark)
         self.inbound.setsockopt(zmq.LINGER, 0)
         self.port = bind_random_or_fixed(self.inbound, bind_host, port)
@@ -221,10 +225,13 @@ class ExchangeServer:
     """
 
     def __init__(self, ctx: zmq.Context, *, bind_host: str, port: int, advertise_host: str,
-                 handler: Handler, advertise_port: int = 0, curve: CurveKeys | None = None) -> None:
+                 handler: Handler, advertise_port: int = 0, curve: CurveKeys | None = None,
+                 max_frame_bytes: int | None = None) -> None:
         self.curve = curve or curve_keys(ctx)
         self.socket = ctx.socket(zmq.ROUTER)
         apply_curve(self.socket, self.curve, server=True)
+        if max_frame_bytes is not None:  # as DataSocket: dropped before allocation, before authentication
+            self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, 16)
         self.socket.setsockopt(zmq.SNDHWM, 16)
