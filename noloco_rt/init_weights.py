@@ -76,9 +76,21 @@ def _hf_files(folder: Path) -> dict[str, Path]:
         raise InitWeightsError(f"init-from {folder}: neither {HF_WEIGHTS} nor {HF_INDEX} is there")
     try:
         weight_map = json.loads((folder / HF_INDEX).read_text())["weight_map"]
-        return {str(name): folder / str(file) for name, file in weight_map.items()}
+        files = {str(name): str(file) for name, file in weight_map.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InitWeightsError(f"init-from {folder}: {HF_INDEX} has no readable weight_map ({exc})") from None
+    for file in set(files.values()):
+        if not shard_name_ok(file):
+            raise InitWeightsError(f"init-from {folder}: {HF_INDEX} names {file[:80]!r}, not a .safetensors "
+                                   f"file of this folder")
+    return {name: folder / file for name, file in files.items()}
+
+
+def shard_name_ok(name: str) -> bool:
+    """A weight_map entry is a .safetensors file name inside the folder: no path parts, no
+    hidden or parent name (pure); an index is data and never points a reader elsewhere."""
+    return (name.endswith(".safetensors") and "/" not in name and "\\" not in name and not name.startswith(".")
+            and "\0" not in name)
 
 
 def _hf_source(folder: Path, shape: ModelShape) -> WeightSource:

@@ -185,3 +185,27 @@ def test_a_forged_data_cursor_is_ignored_not_a_crash(tmp_path, content):
     assert cursors.load("w") is not None
     store.write("run/cursors/w.json", content)
     assert cursors.load("w") is None
+
+
+# -- Hugging Face folders: an index names files of its folder only -------------------------------
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/outside.safetensors", "sub/model.safetensors",
+                                   ".hidden.safetensors", "model.bin"])
+def test_a_hugging_face_index_naming_a_file_outside_its_folder_is_refused(tmp_path, shard):
+    import json
+    import shutil
+
+    from noloco_rt.config.presets import PRESETS
+    from noloco_rt.init_weights import InitWeightsError, open_source
+
+    path = tmp_path / "consensus.safetensors"
+    preset_consensus(path)
+    folder = tmp_path / "hf"
+    assert CliRunner().invoke(cli, ["export", str(path), str(folder)]).exit_code == 0
+    shutil.move(folder / "model.safetensors", tmp_path / "outside.safetensors")  # beside the folder
+    with safe_open(str(tmp_path / "outside.safetensors"), framework="pt") as handle:
+        names = list(handle.keys())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, shard)}))
+    with pytest.raises(InitWeightsError, match="not a .safetensors file of this folder"):
+        open_source(folder, PRESETS["tiny"])
