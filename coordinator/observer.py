@@ -28,6 +28,7 @@ from coordinator.pull import PulledReplica, SnapshotPuller
 from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.algo.spread_sample import finite_or_none
 from noloco_rt.config import Config
+from noloco_rt.config.toml_out import redact_url
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
@@ -281,9 +282,9 @@ class Observer:
         try:
             RunStore(self.cfg.store.url).write(target, path.read_bytes())
         except (OSError, StoreError) as exc:
-            self._note(f"consensus not copied to the store {self.cfg.store.url}: {exc}")
+            self._note(f"consensus not copied to the store {redact_url(self.cfg.store.url)}: {exc}")
             return
-        self.log.info("consensus_stored", store=self.cfg.store.url, path=target)
+        self.log.info("consensus_stored", store=redact_url(self.cfg.store.url), path=target)
 
     def _pull_sample(self, members: list[MemberRecord], stop: threading.Event) -> StageSample:
         """Up to spread_sample members drawn without replacement and pulled (all of a smaller

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import zmq
 from click.testing import CliRunner
 
@@ -36,3 +37,12 @@ def test_simulate_writes_no_secret_and_its_consensus_still_loads(tmp_path):
     assert secret not in result.output and PASSWORD not in result.output
     cfg, _, _ = load_consensus(out / "consensus.safetensors")  # the redacted config reads back
     assert cfg.network.curve_secret_key == "" and cfg.network.redis_url == "redis://noloco:***@127.0.0.1:1/0"
+
+
+def test_a_store_url_with_a_password_is_shown_without_it():
+    from noloco_rt.store.backend import RunStore, StoreError
+
+    url = f"nosuchscheme://keyid:{PASSWORD}@bucket.example/runs"
+    with pytest.raises(StoreError) as refused:
+        RunStore(url)
+    assert PASSWORD not in str(refused.value) and "keyid:***@bucket.example" in str(refused.value)

@@ -60,7 +60,7 @@ class DurableStageState:
         try:
             loaded, problems = self.checkpoints.latest(self.stage)
         except (OSError, StoreError) as exc:
-            self.log.warning("store_unreadable", store=self.checkpoints.store.url, error=str(exc))
+            self.log.warning("store_unreadable", store=self.checkpoints.store.shown, error=str(exc))
             return None
         for problem in problems:
             self.log.warning("store_checkpoint_skipped", reason=problem)
@@ -71,7 +71,7 @@ class DurableStageState:
         try:
             cursor = self.cursors.load(self.name)
         except (OSError, StoreError) as exc:
-            self.log.warning("store_unreadable", store=self.checkpoints.store.url, error=str(exc))
+            self.log.warning("store_unreadable", store=self.checkpoints.store.shown, error=str(exc))
             return None
         if cursor is not None:
             self.log.info("data_cursor_restored", epoch=cursor.epoch, position=cursor.position)

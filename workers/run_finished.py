@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from noloco_rt.config.toml_out import redact_url
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.run_mark import RunFinishedMark
 
@@ -33,7 +34,7 @@ def finished_steps(cfg: Any, membership: Any, log: Any) -> int | None:
     try:
         return RunFinishedMark(RunStore(cfg.store.url), cfg.run.run_id).steps()
     except (OSError, StoreError) as exc:
-        log.warning("store_unreadable", store=cfg.store.url, error=str(exc))
+        log.warning("store_unreadable", store=redact_url(cfg.store.url), error=str(exc))
         return None
 
 

@@ -28,6 +28,7 @@ import zmq
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
+from noloco_rt.config.toml_out import redact_url
 from noloco_rt.data import DataCursor
 from noloco_rt.init_weights import initial_replica
 from noloco_rt.logs import get_logger
@@ -263,7 +264,7 @@ class StageWorker:
                           inner_step=self.counters.inner_steps, outer_step=self.counters.outer_steps)
         elif not self._resume_from_store():
             check_may_seed(self.stage, self.membership.high_water.of(self.stage),
-                           allow_reseed=self.cfg.worker.allow_reseed, store_url=self.cfg.store.url)
+                           allow_reseed=self.cfg.worker.allow_reseed, store_url=redact_url(self.cfg.store.url))
             self.log.info("first_of_stage", note="initialised from the run seed (or --init-from)")
         return self.durable.cursor() if self.durable is not None else None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from noloco_rt.cli import OneLineError
 from noloco_rt.config import Config
+from noloco_rt.config.toml_out import redact_url
 
 
 def check_store(cfg: Config) -> None:
@@ -16,4 +17,4 @@ def check_store(cfg: Config) -> None:
     try:
         RunStore(cfg.store.url).list(cfg.run.run_id)
     except (OSError, StoreError) as exc:
-        raise OneLineError(f"store.url {cfg.store.url!r} is not usable: {exc}") from None
+        raise OneLineError(f"store.url {redact_url(cfg.store.url)!r} is not usable: {exc}") from None

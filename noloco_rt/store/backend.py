@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from noloco_rt.checkpoint import atomic_write_bytes
+from noloco_rt.config.toml_out import redact_url
 
 
 class StoreError(RuntimeError):
@@ -29,6 +30,8 @@ class RunStore:
         if not url:
             raise StoreError("no store configured (store.url is empty)")
         self.url = url
+        self.shown = redact_url(url)
+        """The URL for messages and logs: a password in it is ***."""
         self._local = Path(url.removeprefix("file://")) if _is_local(url) else None
         self._fs: Any = None
         self._root = ""
@@ -38,10 +41,10 @@ class RunStore:
 
                 self._fs, self._root = fsspec.core.url_to_fs(url)
             except (ImportError, ValueError) as exc:  # unknown protocol, or its package missing
-                raise StoreError(f"store.url {url!r} cannot be opened: {exc}") from exc
+                raise StoreError(f"store.url {self.shown!r} cannot be opened: {exc}") from exc
 
     def __repr__(self) -> str:
-        return f"RunStore({self.url!r})"
+        return f"RunStore({self.shown!r})"
 
     def _remote(self, rel: str) -> str:
         return str(PurePosixPath(self._root) / rel)

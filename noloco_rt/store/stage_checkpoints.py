@@ -139,7 +139,7 @@ class StageCheckpoints:
                 continue
             try:
                 infos.append(parse_manifest(self.store.read(f"{folder}/{name}"), run_id=self.run_id, stage=stage,
-                                            origin=f"{self.store.url}/{folder}/{name}", name=name))
+                                            origin=f"{self.store.shown}/{folder}/{name}", name=name))
             except FileNotFoundError:
                 continue  # pruned between listing and reading
             except CheckpointError as exc:
@@ -153,7 +153,7 @@ class StageCheckpoints:
 
     def load(self, info: StageCheckpointInfo) -> dict[str, Any]:
         """The state `info` describes; CheckpointError when its bytes do not match the manifest."""
-        origin = f"{self.store.url}/{self.folder(info.stage)}/{info.data_file}"
+        origin = f"{self.store.shown}/{self.folder(info.stage)}/{info.data_file}"
         try:
             data = self.store.read(f"{self.folder(info.stage)}/{info.data_file}")
         except FileNotFoundError as exc:
