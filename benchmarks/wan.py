@@ -149,7 +149,8 @@ def _start_worker(trial: Trial, out: Path, index: int, redis_host: str) -> subpr
     args = [*(netns.exec_prefix(index) if shaped else []), sys.executable, "-m", "noloco_rt.cli", "worker",
             "--stage", str(stage), "--name", f"s{stage}-r{replica}", "--steps", str(trial.steps),
             "--redis-url", f"redis://{redis_host}:{REDIS_PORT}/0", "--bind-host", host,
-            "--advertise-host", advertise, "--metrics-port", "0", *_settings(trial, out, index)]
+            "--advertise-host", advertise, "--metrics-port", "0", "--set", "network.trusted_network=true",
+            *_settings(trial, out, index)]  # namespaces of our own: nobody else reaches them
     # One torch thread per worker, as `noloco-rt up` gives them: S x R processes share the cores,
     # and OpenMP threads of several processes fighting over them made runs several times slower.
     env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PYTHONPATH": str(trial.tree)} if trial.tree else {})}

@@ -54,3 +54,31 @@ def test_a_forward_with_a_forged_reply_address_is_rejected():
         with pytest.raises(WireReject) as rejected:
             messages.decode(parts, run_id="r")
         assert rejected.value.reason is RejectReason.MALFORMED_HEADER and "reply_to" in str(rejected.value)
+
+
+def test_a_worker_bound_beyond_loopback_without_curve_refuses_to_start_unless_trusted():
+    from noloco_rt.config import load_config
+    from noloco_rt.net.exposure import open_door
+
+    def network(**fields):
+        return load_config(environ={}, overrides=[{"network": fields}]).network
+
+    assert open_door(network()) is None  # 127.0.0.1
+    assert open_door(network(bind_host="::1")) is None
+    why = open_door(network(bind_host="0.0.0.0"))
+    assert why is not None and "poison the model" in why and "network.trusted_network" in why
+    assert open_door(network(bind_host="0.0.0.0", trusted_network=True)) is None
+    assert open_door(network(bind_host="10.0.0.2", curve_secret_key="x" * 40)) is None
+
+
+def test_the_worker_command_says_so_in_one_line_exit_2():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", "0", "--redis-url",
+                             "redis://127.0.0.1:1/0", "--bind-host", "0.0.0.0"], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "poison the model" in result.stderr and "Traceback" not in result.stderr

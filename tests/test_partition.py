@@ -65,6 +65,7 @@ def test_a_split_stage_and_a_worker_cut_from_redis_keep_training_and_pair_again_
     cluster = partitioned_cluster
     workers = {rank: cluster.start_worker(stage, name, prefix=netns.exec_prefix(rank),
                                           **{"network.bind_host": netns.worker_ip(rank),
+                                             "network.trusted_network": "true",  # namespaces of our own
                                              "network.advertise_host": netns.worker_ip(rank)})
                for rank, (stage, name) in WORKERS.items()}
     a, b, c = workers[0], workers[1], workers[2]

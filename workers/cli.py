@@ -65,6 +65,10 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     if stage >= cfg.pipeline.stages:
         raise click.BadParameter(f"{stage} is not a stage of a {cfg.pipeline.stages}-stage pipeline "
                                  f"(pipeline.stages)", param_hint="--stage")
+    from noloco_rt.net.exposure import open_door
+
+    if (why := open_door(cfg.network)) is not None:
+        raise click.UsageError(why)
     check_init_from(cfg)
     check_model(cfg)
     check_store(cfg)

@@ -50,6 +50,11 @@ class NetworkConfig:
     """The run's CURVE secret key as z85 text (e.g. NOLOCO_NETWORK_CURVE_SECRET_KEY from a Secret)."""
     curve_public_key: str = ""
     """Optional with curve_secret_key (derived from it); if given it must match."""
+    trusted_network: bool = False
+    """A worker bound beyond loopback (bind_host not 127.x, ::1 or localhost) without CURVE
+    keys refuses to start unless this is true: anyone who reaches its ports could then feed it
+    microbatches and snapshots (poison the model) and download its weights. Set it only on a
+    network nobody else reaches."""
 
     def __post_init__(self) -> None:
         tls = {n: getattr(self, n) for n in ("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")}
