@@ -140,10 +140,21 @@ def test_a_running_worker_missing_from_the_table_is_leaving_if_it_was_online_els
     assert restarted.workers[0].state == "starting" and restarted.workers[0].restarts == 1
 
 
-def test_run_dir_config_never_holds_the_redis_password(tmp_path):
-    cfg = load_config(None, environ={}, overrides=[{"network": {"redis_url": "redis://:s3cret@10.0.0.1:6379/0"}}])
-    text = prepare_run_dir(tmp_path / "run", cfg).read_text()
-    assert "s3cret" not in text and "[network]" in text
+def test_run_dir_config_holds_no_secret_and_the_processes_get_them_by_environment(tmp_path):
+    import zmq
+
+    from workers.cluster.processes import child_env
+
+    secret = zmq.curve_keypair()[1].decode()
+    cfg = load_config(None, environ={}, overrides=[{
+        "network": {"redis_url": "redis://:s3cret@10.0.0.1:6379/0", "curve_secret_key": secret},
+        "store": {"url": "s3://key:st0re-pw@bucket/runs"}}])
+    path = prepare_run_dir(tmp_path / "run", cfg)
+    text = path.read_text()
+    assert "s3cret" not in text and secret not in text and "st0re-pw" not in text and "[network]" in text
+    env = child_env(cfg, cfg.network.redis_url)
+    assert env["NOLOCO_NETWORK_CURVE_SECRET_KEY"] == secret and env["NOLOCO_STORE_URL"] == cfg.store.url
+    assert load_config(path, environ=env).store.url == cfg.store.url  # a child's view: the real URL
 
 
 def _row(name: str, stage: int, **fields) -> WorkerRow:

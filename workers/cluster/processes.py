@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from noloco_rt.config import Config
+from noloco_rt.config.toml_out import redact_url
 from workers.supervise.launch import STOP_MARGIN_S
 from workers.supervise.supervisor import ProcessSpec
 
@@ -42,6 +43,8 @@ def child_env(cfg: Config, redis_url: str, *, workers: int = 0) -> dict[str, str
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": redis_url}
     if cfg.network.curve_secret_key:  # kept out of config.toml and the command line
         env["NOLOCO_NETWORK_CURVE_SECRET_KEY"] = cfg.network.curve_secret_key
+    if redact_url(cfg.store.url) != cfg.store.url:  # a password in it: config.toml holds it redacted
+        env["NOLOCO_STORE_URL"] = cfg.store.url
     return env
 
 

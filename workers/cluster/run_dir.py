@@ -28,8 +28,10 @@ class RunDirError(ValueError):
 def prepare_run_dir(out: Path, cfg: Config) -> Path:
     """Create `out` (or accept one of the same run) and write config.toml; returns its path."""
     config_path = out / "config.toml"
-    # Never write the Redis URL: it may hold a password; processes get it from the environment.
-    new_text = config_to_toml(dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, redis_url="")))
+    # No secret in the file: the Redis URL is left out and the CURVE secret and a store URL's
+    # password redacted; the processes get them from the environment (processes.child_env).
+    new_text = config_to_toml(dataclasses.replace(cfg, network=dataclasses.replace(
+        cfg.network, redis_url="", curve_secret_key="")), redact=True)
     if config_path.exists():
         old = tomllib.loads(config_path.read_text())
         new = tomllib.loads(new_text)
