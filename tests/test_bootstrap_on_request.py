@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 import zmq
 
@@ -145,3 +146,31 @@ def test_a_donor_that_never_copies_costs_a_joiner_its_timeout_and_no_reject():
         assert state is None
         assert rejects == [], "a donor preparing our copy was counted as refusing it"
         assert [e.get("note") for e in log.events("bootstrap_timeout")] == ["the donor was still preparing it"]
+
+
+class _ListedPeers:
+    """A stage view listing members that do not answer (records a Redis writer could add)."""
+
+    def __init__(self, members) -> None:
+        from noloco_rt.routing.peers import Blacklist
+
+        self.members = members
+        self.blacklist = Blacklist()
+
+    def refresh_now(self, stage: int) -> None:
+        pass
+
+    def random_peers(self, stage: int):
+        return [m for m in self.members if not self.blacklist.blocked(m.worker_id)]
+
+
+def test_listed_members_that_serve_nothing_end_in_no_donor_served_not_a_crash():
+    from noloco_rt.membership.records import MemberRecord, WorkerState
+    from workers.outer.bootstrap import NoDonorServed, bootstrap_from_stage
+
+    with overlapped_pair() as (a, _), zmq.Context() as ctx:
+        fakes = [MemberRecord(f"{i}" * 32, "devices", 0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", WorkerState.ONLINE)
+                 for i in range(3)]
+        with pytest.raises(NoDonorServed, match="no peer of stage 0 served a bootstrap"):
+            bootstrap_from_stage(ctx, _ListedPeers(fakes), a.step.service, timeout_s=0.6, pull_timeout_s=0.25,
+                                 leave_requested=threading.Event())

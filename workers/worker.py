@@ -61,7 +61,12 @@ from workers.inner_step import InnerStep
 from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
-from workers.outer.bootstrap import bootstrap_from_stage, check_may_seed
+from workers.outer.bootstrap import (
+    NoDonorServed,
+    StageProgressLost,
+    bootstrap_from_stage,
+    check_may_seed,
+)
 from workers.outer.device_boundary import ExchangeBoundary, quantizes_on_device
 from workers.outer.exchanger import OuterExchanger
 from workers.outer.partners import ReadinessPairing
@@ -247,14 +252,17 @@ class StageWorker:
         resumed, cursor = self.checkpoint.resume()
         if resumed:
             return cursor
-        donated = self._bootstrap()
-        if donated is None and (settling_s := self.membership.settling_s()) > 0:
-            # Redis restarted moments ago (its data lost): a live peer may not have re-registered
-            # yet, and taking the seed would throw the stage's training away for this replica.
-            self.log.warning("membership_settling", wait_s=round(settling_s, 1),
-                             note="Redis started moments ago: waiting for live peers to re-register")
-            self.leave_requested.wait(settling_s)
+        try:
             donated = self._bootstrap()
+            if donated is None and (settling_s := self.membership.settling_s()) > 0:
+                # Redis restarted moments ago (its data lost): a live peer may not have re-registered
+                # yet, and taking the seed would throw the stage's training away for this replica.
+                self.log.warning("membership_settling", wait_s=round(settling_s, 1),
+                                 note="Redis started moments ago: waiting for live peers to re-register")
+                self.leave_requested.wait(settling_s)
+                donated = self._bootstrap()
+        except NoDonorServed as exc:
+            return self._without_a_donor(exc)
         if donated is not None:
             donor, state = donated
             self.replica.load_weights(slow=state.slow, fast=state.slow, momentum=state.momentum)
@@ -267,6 +275,16 @@ class StageWorker:
                            allow_reseed=self.cfg.worker.allow_reseed, store_url=redact_url(self.cfg.store.url))
             self.log.info("first_of_stage", note="initialised from the run seed (or --init-from)")
         return self.durable.cursor() if self.durable is not None else None
+
+    def _without_a_donor(self, exc: NoDonorServed) -> DataCursor | None:
+        """Listed peers served nothing: the durable store's checkpoint, else exit 3 (try again
+        later) rather than a crash, and never the seed (the stage is evidently past it)."""
+        self.log.warning("bootstrap_unserved", error=str(exc),
+                         note="members of this stage are listed but none served its state")
+        if self._resume_from_store():
+            return self.durable.cursor() if self.durable is not None else None
+        raise StageProgressLost(f"{exc}, and there is no durable checkpoint of stage {self.stage} to resume: the "
+                                f"listed members may be gone or not real workers; try again later")
 
     def _bootstrap(self) -> tuple[str, BootstrapState] | None:
         return bootstrap_from_stage(self.ctx, self.peers, self.snapshots, timeout_s=self.timeouts.bootstrap_s,

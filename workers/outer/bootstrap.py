@@ -19,6 +19,11 @@ from workers.outer.service import SnapshotService
 RETRY_PAUSE_S = 0.2
 
 
+class NoDonorServed(RuntimeError):
+    """Members of our stage are listed, but none served a valid bootstrap in time: gone since,
+    overloaded, or records of workers that do not exist (a Redis writer can add those)."""
+
+
 class StageProgressLost(RuntimeError):
     """No live peer of our stage, and the run's stage is past step 0: seeding it again would
     silently throw its training away while the other stages go on."""
@@ -61,4 +66,4 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
                 return donor.worker_id, state
             peers.blacklist.fail(donor.worker_id)
         time.sleep(RETRY_PAUSE_S)
-    raise RuntimeError(f"no peer of stage {service.stage} served a bootstrap within {timeout_s} s")
+    raise NoDonorServed(f"no peer of stage {service.stage} served a bootstrap within {timeout_s} s")
