@@ -279,6 +279,8 @@ class StageWorker:
     def _without_a_donor(self, exc: NoDonorServed) -> DataCursor | None:
         """Listed peers served nothing: the durable store's checkpoint, else exit 3 (try again
         later) rather than a crash, and never the seed (the stage is evidently past it)."""
+        if self.leave_requested.is_set():
+            raise exc  # told to leave while waiting for a donor: nothing to resume for
         self.log.warning("bootstrap_unserved", error=str(exc),
                          note="members of this stage are listed but none served its state")
         if self._resume_from_store():
