@@ -27,6 +27,7 @@ import torch
 
 from noloco_rt.config import DataConfig
 from noloco_rt.config.prepared_manifest import find_prepared_dir, read_manifest
+from noloco_rt.counts import is_count
 
 BYTE_VOCAB_SIZE = 256
 DOCUMENT_SEPARATOR = b"\n\n"
@@ -177,7 +178,7 @@ class DataCursor:
         cursor may come from the durable store, which is read like a wire message)."""
         epoch, position = state["epoch"], state["position"]
         for name, value in (("epoch", epoch), ("position", position)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not is_count(value):
                 raise ValueError(f"data cursor {name} = {value!r} is not a non-negative integer")
         return cls(epoch=epoch, position=position)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from noloco_rt.counts import is_count
 from noloco_rt.net.addresses import peer_address_problem
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
@@ -145,6 +146,6 @@ def _origin_step(header: Header) -> int | None:
     value = header.extra.get("origin_step")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_count(value):
         raise WireReject(RejectReason.MALFORMED_HEADER, f"origin_step {value!r} is not a step")
     return value

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from noloco_rt.config.choices import DELTA_CODECS
+from noloco_rt.counts import is_count
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
@@ -175,7 +176,7 @@ def push_target_step(decoded: DecodedMessage) -> int:
     """The receiver's outer step a push is for (its `for_step`; the sender's own step when
     absent: seeded groups pair equal steps). Raises SnapshotRejected when malformed."""
     value = decoded.header.extra.get("for_step", decoded.header.outer_step)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not is_count(value):
         raise SnapshotRejected("malformed_header")
     return value
 
@@ -221,7 +222,7 @@ def snapshot_counters(value: Any) -> dict[str, int]:
     if not isinstance(value, dict) or not set(value) <= COUNTER_NAMES:
         raise SnapshotRejected("malformed_counters")
     for count in value.values():
-        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_COUNTER:
+        if not is_count(count, MAX_COUNTER):
             raise SnapshotRejected("malformed_counters")
     return dict(value)
 

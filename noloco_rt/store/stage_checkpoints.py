@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from noloco_rt.checkpoint import CheckpointError, checkpoint_bytes, checkpoint_from_bytes
+from noloco_rt.counts import is_count
 from noloco_rt.store.backend import RunStore
 
 MANIFEST_VERSION = 1
@@ -74,7 +75,7 @@ def manifest_problem(info: StageCheckpointInfo, name: str | None) -> None:
     and the manifest's own, both derived from (outer step, writer): no path, no other file."""
     for field in _INT_FIELDS:
         value = getattr(info, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not is_count(value):
             raise ValueError(f"{field} = {value!r} is not a non-negative integer")
     for field in _STR_FIELDS:
         if not isinstance(getattr(info, field), str):
