@@ -241,6 +241,8 @@ class StageWorker:
     def _reserve_pinned(self) -> None:
         """On CUDA, the checkpoint's pinned buffer before training starts (the durable store's
         stays at first use: only the stage's elected writer needs one)."""
+        if self.device.type != "cuda":
+            return  # nothing is pinned elsewhere: no need to count the state's bytes
         started = time.monotonic()
         nbytes = self.checkpoint.pinned_state_bytes()
         if self.checkpoint.writes.reserve_pinned(nbytes):

@@ -48,10 +48,14 @@ class ForwardIntake:
     def __init__(self, ctx: DataContext) -> None:
         self.ctx = ctx
         self.pending: collections.deque[messages.DataMessage] = collections.deque()
-        self.upstream_seen = False
-        """Whether a forward from the previous stage ever arrived (the finishing rule asks)."""
         self.heard_at: float | None = None
-        """When the last one arrived (time.monotonic): upstream is live, no need to ask Redis."""
+        """When the last forward from the previous stage arrived (time.monotonic; None: none
+        yet): the finishing rule takes upstream as live without asking Redis."""
+
+    @property
+    def upstream_seen(self) -> bool:
+        """Whether a forward from the previous stage ever arrived (the finishing rule asks)."""
+        return self.heard_at is not None
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -62,7 +66,6 @@ class ForwardIntake:
         if message.stage != self.ctx.stage - 1 or not self._well_formed(message):
             self.ctx.rejected.count("wrong_stage_or_shape")
             return
-        self.upstream_seen = True
         self.heard_at = time.monotonic()
         self.pending.append(message)
 
