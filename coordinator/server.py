@@ -15,7 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from noloco_rt.net.http_server import BoundedHTTPServer, serve_in_thread
+from noloco_rt.net.http_server import BoundedHTTPServer, send_body, serve_in_thread
 
 
 class CoordinatorMetrics:
@@ -58,11 +58,7 @@ class StatusServer:
                 else:
                     self.send_error(404, "try /status or /metrics")
                     return
-                self.send_response(200)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_body(self, body, kind)
 
             def log_message(self, *_: Any) -> None:  # requests are not worth a log line each
                 outer.requests += 1

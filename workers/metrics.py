@@ -15,7 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from noloco_rt.net.http_server import BoundedHTTPServer, serve_in_thread
+from noloco_rt.net.http_server import BoundedHTTPServer, send_body, serve_in_thread
 
 
 class WorkerMetrics:
@@ -57,12 +57,7 @@ class WorkerMetrics:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the http.server API
-                body = generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_body(self, generate_latest(registry), CONTENT_TYPE_LATEST)
 
             def log_message(self, *_: Any) -> None:  # a scrape is not worth a log line
                 pass

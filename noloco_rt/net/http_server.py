@@ -68,6 +68,15 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._slots.release()
 
 
+def send_body(handler: BaseHTTPRequestHandler, body: bytes, content_type: str) -> None:
+    """A 200 answer carrying `body` (the status and metrics handlers' one reply)."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def serve_in_thread(server: BoundedHTTPServer, name: str) -> threading.Thread:
     thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
