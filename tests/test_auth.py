@@ -309,16 +309,17 @@ def test_curve_cluster_trains_and_admits_only_key_holders(tmp_path):
 # -- Redis with a password and an ACL user --------------------------------------------------
 
 
-def _cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+def _cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "noloco_rt.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=_clean_env())
+                          timeout=timeout_s, env={**_clean_env(), **(env or {})})
 
 
-def _cli_in_process(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+def _cli_in_process(capsys, monkeypatch, *args: str, env: dict[str, str] | None = None) \
+        -> subprocess.CompletedProcess:
     """run_cli_in_process, shaped like a subprocess result for _one_line_error."""
     from tests.in_process import run_cli_in_process
 
-    return subprocess.CompletedProcess(list(args), *run_cli_in_process(capsys, monkeypatch, *args))
+    return subprocess.CompletedProcess(list(args), *run_cli_in_process(capsys, monkeypatch, *args, env=env))
 
 
 def _one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -350,10 +351,38 @@ def test_wrong_or_missing_redis_password_fails_at_startup_with_one_line(password
     port = password_redis.port
     for url in (f"redis://:wrong@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
         for command in (["worker", "--stage", "0"], ["status"]):
-            line = _one_line_error(_cli_in_process(capsys, monkeypatch, *command, "--redis-url", url))
+            line = _one_line_error(_cli_in_process(capsys, monkeypatch, *command,
+                                                   env={"NOLOCO_NETWORK_REDIS_URL": url}))
             assert "Redis refused" in line and ":wrong@" not in line, line  # the password is never printed
+    result = _cli_in_process(capsys, monkeypatch, "status", env={"NOLOCO_NETWORK_REDIS_URL": password_redis.url})
+    assert result.returncode == 0 and "Warning" not in result.stderr, result.stderr
+
+
+def test_the_redis_password_from_a_file_and_a_warning_for_one_on_the_command_line(tmp_path, password_redis, capsys,
+                                                                                  monkeypatch):
+    bare = f"redis://127.0.0.1:{password_redis.port}/0"
+    secret_file = tmp_path / "redis-password"
+    secret_file.write_text("s3cret\n")
+    result = _cli_in_process(capsys, monkeypatch, "status", "--redis-url", bare,
+                             "--set", f"network.redis_password_file={secret_file}")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    secret_file.write_text("not-it\n")
+    line = _one_line_error(_cli_in_process(capsys, monkeypatch, "status", "--redis-url", bare,
+                                           "--set", f"network.redis_password_file={secret_file}"))
+    assert "Redis refused" in line and "redis_password_file" in line and "not-it" not in line, line
+    secret_file.write_text("\n")
+    line = _one_line_error(_cli_in_process(capsys, monkeypatch, "status", "--redis-url", bare,
+                                           "--set", f"network.redis_password_file={secret_file}"))
+    assert "network.redis_password_file" in line and "first line is empty" in line, line
+    # A password in the URL wins over the file (a run's children get the URL through their environment).
+    result = _cli_in_process(capsys, monkeypatch, "status", "--set", f"network.redis_password_file={secret_file}",
+                             env={"NOLOCO_NETWORK_REDIS_URL": password_redis.url})
+    assert result.returncode == 0, result.stderr
+    # On the command line it works, and says who else can read it.
     result = _cli_in_process(capsys, monkeypatch, "status", "--redis-url", password_redis.url)
     assert result.returncode == 0, result.stderr
+    assert "Warning: the Redis password on the command line shows in `ps`" in result.stderr, result.stderr
+    assert "s3cret" not in result.stderr
 
 
 def test_acl_user_trains_and_is_refused_outside_its_keys(tmp_path, password_redis):
@@ -361,8 +390,8 @@ def test_acl_user_trains_and_is_refused_outside_its_keys(tmp_path, password_redi
     admin.execute_command("ACL", "SETUSER", "noloco", "on", ">pw-noloco", "~noloco:*", "+@all", "-@dangerous")
     admin.execute_command("ACL", "SETUSER", "stranger", "on", ">pw-stranger", "~other:*", "+@all", "-@dangerous")
     port = password_redis.port
-    line = _one_line_error(_cli("worker", "--stage", "0", "--redis-url",
-                                f"redis://stranger:pw-stranger@127.0.0.1:{port}/0"))
+    line = _one_line_error(_cli("worker", "--stage", "0",
+                                env={"NOLOCO_NETWORK_REDIS_URL": f"redis://stranger:pw-stranger@127.0.0.1:{port}/0"}))
     assert "ACL" in line and "pw-stranger" not in line, line
 
     url = f"redis://noloco:pw-noloco@127.0.0.1:{port}/0"

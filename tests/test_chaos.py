@@ -1,7 +1,8 @@
 """`noloco-rt chaos` end to end: real Redis, real workers, real signals; then every invariant.
 
 A short version of `make chaos`: 2 stages × 2 replicas, a fault every 2 s (each kind at
-least once), a fault-free baseline first. The driver's own waits are bounded (--timeout).
+least once), a fault-free baseline first, CURVE on and Redis behind a password (planted: neither
+may reach a file or a printed line). The driver's own waits are bounded (--timeout).
 80 steps: with the overlapped outer step a stage-0 worker whose partner is held up trains
 on alone, and a run of 40 could end before the last kinds' turn (a Redis restart's
 recovery room puts the first worker fault at 14 s); a fast run that gets to 80 first trains
@@ -16,7 +17,9 @@ import subprocess
 import sys
 
 import pytest
+import zmq
 
+from tests.test_secrets_in_files import PASSWORD, files_holding
 from workers.cluster.chaos_faults import FullDisk, Partitions
 from workers.cluster.chaos_schedule import ALL_KINDS, FAULT_KINDS
 
@@ -25,7 +28,13 @@ pytestmark = pytest.mark.timeout(400)
 
 def test_short_chaos_run_keeps_every_invariant(tmp_path):
     out = tmp_path / "chaos"
+    # Secrets planted the ways a user gives them (environment, a file); none may reach a file
+    # the run writes or a line it prints.
+    secret = zmq.curve_keypair()[1].decode()
+    password_file = tmp_path / "redis-password"
+    password_file.write_text(f"{PASSWORD}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    env.update({"NOLOCO_NETWORK_CURVE_SECRET_KEY": secret, "NOLOCO_NETWORK_REDIS_PASSWORD_FILE": str(password_file)})
     # Every kind where partitions (network namespaces) and a full disk (a tmpfs) can be made.
     why_not = Partitions.unavailable() or FullDisk.unavailable()
     kinds = FAULT_KINDS if why_not else ALL_KINDS
@@ -60,3 +69,5 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
     assert checks["final_loss"]["ratio"] <= 1.10
     assert all(steps >= 80 for steps in faulty["reached"].values())
     assert "all invariants hold" in result.stdout
+    assert files_holding(out, [secret, PASSWORD]) == []
+    assert not any(s in result.stdout + result.stderr for s in (secret, PASSWORD))

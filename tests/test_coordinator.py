@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import structlog
 import torch
+import zmq
 
 from coordinator.observer import Observer
 from coordinator.pull import PulledReplica
@@ -26,22 +27,24 @@ from coordinator.server import CoordinatorMetrics
 from noloco_rt.config import load_config
 from noloco_rt.export import load_consensus, mean_over_replicas, stage_parameter_shapes
 from noloco_rt.membership.embedded_redis import free_port
+from tests.test_secrets_in_files import files_holding
 from workers.cluster.local_cluster import LocalCluster, read_events
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str, **extra: Any) -> subprocess.Popen:
-    args = [sys.executable, "-m", "noloco_rt.cli", "coordinator", "--redis-url", cluster.redis.url,
-            "--status-port", str(port), "--out", str(out)]
+def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str, env: dict[str, str] | None = None,
+                      **extra: Any) -> subprocess.Popen:
+    args = [sys.executable, "-m", "noloco_rt.cli", "coordinator", "--status-port", str(port), "--out", str(out)]
     settings = {**cluster.settings, "coordinator.eval_interval_s": 1.0, "coordinator.spread_interval_s": 2.0,
                 "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 2, **extra}
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    environ.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": cluster.redis.url,
+                    **(env or {})})
     with (cluster.tmp_path / log_name).open("w") as handle:
-        return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=environ)
 
 
 def fetch(port: int, path: str) -> bytes | None:
@@ -65,13 +68,16 @@ def steps(cluster: LocalCluster) -> dict[str, int]:
 
 def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
     cluster = LocalCluster(tmp_path, stages=2, settings={"store.url": str(tmp_path / "store")})
+    # CURVE on, its secret planted in the environment (as Redis's password is): neither may reach
+    # a log, the store or the consensus.
+    secret = {"NOLOCO_NETWORK_CURVE_SECRET_KEY": zmq.curve_keypair()[1].decode()}
     coordinator = None
     try:
         for name, stage in (("s0-a", 0), ("s0-b", 0), ("s1-a", 1)):
-            cluster.start_worker(stage, name)
+            cluster.start_worker(stage, name, env=secret)
         cluster.wait_online(3)
         port, out = free_port(), tmp_path / "coordinator"
-        coordinator = start_coordinator(cluster, port, out, "coordinator.log")
+        coordinator = start_coordinator(cluster, port, out, "coordinator.log", env=secret)
         seen = cluster.wait_for(lambda: (s := status(port, coordinator)) and s["last_eval"] and s["last_spread"] and s,
                                 timeout_s=90, what="an evaluation and a spread measurement from the coordinator")
         assert seen["last_spread"]["replicas_per_stage"] == [2, 1]
@@ -97,12 +103,15 @@ def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
         for worker in cluster.workers:
             assert all(e.get("level") != "error" for e in worker.events()), worker.log_text()[-2000:]
 
-        coordinator = start_coordinator(cluster, port, out, "coordinator.1.log")
+        coordinator = start_coordinator(cluster, port, out, "coordinator.1.log", env=secret)
         back = cluster.wait_for(lambda: (s := status(port, coordinator)) and s["last_eval"] and s,
                                 timeout_s=60, what="the restarted coordinator's first evaluation")
         assert back["evaluations"] >= 1 and back["last_eval"]["step"] >= min(at_kill.values())
         coordinator.send_signal(signal.SIGTERM)
         assert coordinator.wait(20) == 0
+        assert cluster.redis.password and (tmp_path / "store" / "default" / "consensus.safetensors").exists()
+        planted = [*secret.values(), cluster.redis.password]
+        assert files_holding(tmp_path, planted) == []  # logs, the coordinator's folder, the store
     finally:
         if coordinator is not None and coordinator.poll() is None:
             coordinator.kill()

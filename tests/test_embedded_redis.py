@@ -148,3 +148,19 @@ def test_start_honours_its_timeout():
         with pytest.raises(RuntimeError):
             server.start(timeout_s=1.0)
         assert time.monotonic() - started < 2.5
+
+
+def test_a_random_password_is_required_and_never_on_the_command_line():
+    from noloco_rt.membership.embedded_redis import random_password
+
+    password = random_password()
+    assert len(password) >= 32 and password != random_password()
+    with EmbeddedRedis(password=password) as server:
+        assert connect(server.url).ping()
+        for url in (f"redis://127.0.0.1:{server.port}/0", f"redis://:wrong@127.0.0.1:{server.port}/0"):
+            with pytest.raises(redis.AuthenticationError):
+                connect(url).ping()
+        # Other local users see every process's arguments (ps): the password is not among them.
+        assert password not in Path(f"/proc/{server.process.pid}/cmdline").read_text()
+        assert connect(server.url).config_get("protected-mode")["protected-mode"] == "yes"
+        assert server.log_path.parent.stat().st_mode & 0o077 == 0  # its config file's folder is ours alone

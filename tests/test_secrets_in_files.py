@@ -46,3 +46,26 @@ def test_a_store_url_with_a_password_is_shown_without_it():
     with pytest.raises(StoreError) as refused:
         RunStore(url)
     assert PASSWORD not in str(refused.value) and "keyid:***@bucket.example" in str(refused.value)
+
+
+def test_a_refused_redis_url_is_shown_without_its_password():
+    from noloco_rt.config import ConfigError, load_config
+
+    for url in (f"http://noloco:{PASSWORD}@host:6379/0", f"redis://:{PASSWORD}@host:notaport/0"):
+        try:
+            load_config(overrides=[{"network": {"redis_url": url, "redis_tls_ca_file": "ca.pem"}}], environ={})
+        except ConfigError as refused:
+            assert PASSWORD not in str(refused) and "***@host" in str(refused), refused
+        else:
+            raise AssertionError(f"{url} was accepted")
+
+
+def test_secrets_given_on_the_command_line_are_named_but_not_shown():
+    from noloco_rt.commands import secrets_on_command_line
+
+    secret = zmq.curve_keypair()[1].decode()
+    found = secrets_on_command_line([{"network": {"redis_url": f"redis://:{PASSWORD}@h:1/0"}},
+                                     {"network": {"curve_secret_key": secret}}, {"run": {"steps": 3}}])
+    assert [w.split(" on the")[0] for w in found] == ["the Redis password", "the CURVE secret key"]
+    assert not any(PASSWORD in w or secret in w for w in found)
+    assert secrets_on_command_line([{"network": {"redis_url": "redis://h:1/0"}}]) == []

@@ -158,6 +158,7 @@ def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_pat
 
         wait_until(all_online, timeout_s=120, what="4 ONLINE workers training", process=process)
         assert len(marked_processes(mark)) >= 6  # redis, coordinator, 4 workers
+        assert_embedded_redis_is_private(marked_processes(mark))
         process.send_signal(signal.SIGINT)
         started = time.monotonic()
         code, output = finish(process, timeout_s=FAST["worker.leave_grace_s"] + 30)
@@ -173,6 +174,27 @@ def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_pat
         assert '"event": "leaving"' in log_text and '"reason": "leave"' in log_text, log_text[-2000:]
     # ... and what they learned was exported.
     assert (out / "consensus.safetensors").exists() and elapsed < FAST["worker.leave_grace_s"] + 30
+
+
+def assert_embedded_redis_is_private(pids: list[int]) -> None:
+    """up's own Redis asks for a random password, which its processes get through their
+    environment and no process shows on its command line."""
+    import redis
+
+    def read(pid: int, name: str) -> bytes:
+        return (Path("/proc") / str(pid) / name).read_bytes()
+
+    from urllib.parse import urlparse
+
+    worker = next(pid for pid in pids if b"worker" in read(pid, "cmdline").split(b"\0"))
+    variable = b"NOLOCO_NETWORK_REDIS_URL="
+    url = urlparse(next(v for v in read(worker, "environ").split(b"\0") if v.startswith(variable))
+                   [len(variable):].decode())
+    assert url.password is not None and len(url.password) >= 32, url
+    assert all(url.password.encode() not in read(pid, "cmdline") for pid in pids)
+    assert redis.Redis(port=url.port, password=url.password, socket_timeout=5).ping()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=url.port, socket_timeout=5).ping()
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -26,7 +26,8 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 @click.command()
 @click.option("--stage", type=click.IntRange(min=0), required=True, help="Pipeline stage this worker holds.")
-@click.option("--redis-url", default=None, help="Membership table (redis:// or rediss://, password allowed).")
+@click.option("--redis-url", default=None, help="Membership table (redis:// or rediss://; a password here shows in `ps`: "
+                   "prefer NOLOCO_NETWORK_REDIS_URL or network.redis_password_file).")
 @click.option("--name", default=None, help="Stable name across restarts (checkpoint file, data stream); "
                                             "default <host>-s<stage>-r<LOCAL_RANK>.")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Inner steps before exiting (run.steps).")

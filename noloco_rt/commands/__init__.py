@@ -26,4 +26,22 @@ def effective_config(config_path: str | None, assignments: Iterable[str],
     if flags:
         layers.append({section: {k: v for k, v in values.items() if v is not None}
                        for section, values in flags.items()})
+    for warning in secrets_on_command_line(layers):
+        click.echo(f"Warning: {warning}", err=True)
     return load_config(config_path, overrides=layers)
+
+
+def secrets_on_command_line(layers: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the command line gave that every user of this machine reads in `ps` (pure)."""
+    from noloco_rt.membership.redis_access import url_password
+
+    found = []
+    for layer in layers:
+        network = layer.get("network") or {}
+        if isinstance(network.get("redis_url"), str) and url_password(network["redis_url"]) is not None:
+            found.append("the Redis password on the command line shows in `ps` to every user of this machine; "
+                         "give the URL as NOLOCO_NETWORK_REDIS_URL or the password in network.redis_password_file")
+        if network.get("curve_secret_key"):
+            found.append("the CURVE secret key on the command line shows in `ps` to every user of this machine; "
+                         "use NOLOCO_NETWORK_CURVE_SECRET_KEY or network.curve_key_dir")
+    return found

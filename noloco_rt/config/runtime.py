@@ -37,6 +37,9 @@ class NetworkConfig:
     """Port of the worker's Prometheus /metrics; 0: a free port (logged as metrics_serving)."""
     redis_url: str = ""
     """redis:// or rediss:// URL (password allowed); empty: an embedded local server."""
+    redis_password_file: str = ""
+    """A file whose first line is Redis's password (e.g. a mounted Kubernetes Secret), used when
+    redis_url carries none: the password then shows in no URL, environment or `ps`."""
     redis_tls_ca_file: str = ""
     """With a rediss:// URL: the CA that signed Redis's certificate (PEM); empty: the system's CAs."""
     redis_tls_cert_file: str = ""
@@ -57,9 +60,12 @@ class NetworkConfig:
     network nobody else reaches."""
 
     def __post_init__(self) -> None:
+        from noloco_rt.config.toml_out import redact_url  # that module reads this one's classes
+
+        shown_url = redact_url(self.redis_url)  # never echo a password
         tls = {n: getattr(self, n) for n in ("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")}
         if any(tls.values()) and self.redis_url:  # empty: given by the environment (a run dir's config.toml)
-            require(self.redis_url.startswith("rediss://"), "network", "redis_url", self.redis_url,
+            require(self.redis_url.startswith("rediss://"), "network", "redis_url", shown_url,
                     "the redis_tls_* files need a rediss:// URL (TLS)")
         require(bool(self.redis_tls_cert_file) == bool(self.redis_tls_key_file), "network", "redis_tls_key_file",
                 self.redis_tls_key_file, "set redis_tls_cert_file and redis_tls_key_file together")
@@ -81,7 +87,7 @@ class NetworkConfig:
             require(value == "" or len(value) == 40, "network", name, shown,
                      f"a CURVE key is 40 z85 characters, got {len(value)}")
         require(self.redis_url == "" or self.redis_url.startswith(("redis://", "rediss://", "unix://")),
-                 "network", "redis_url", self.redis_url, "must start with redis://, rediss:// or unix://")
+                 "network", "redis_url", shown_url, "must start with redis://, rediss:// or unix://")
 
 
 @dataclass(kw_only=True)

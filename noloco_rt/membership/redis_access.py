@@ -7,6 +7,7 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -50,21 +51,48 @@ class RedisTls:
         return arguments
 
 
-def connect(url: str, *, socket_timeout_s: float = 1.0, tls: RedisTls | None = None) -> redis.Redis:
+def connect(url: str, *, socket_timeout_s: float = 1.0, tls: RedisTls | None = None,
+            password: str | None = None) -> redis.Redis:
     """A client for redis://, rediss:// (TLS, verified against tls.ca_file or the system's CAs)
     or unix:// URLs, passwords included, with short timeouts so a dead Redis never stalls
-    training for long."""
+    training for long. `password`: for a URL without one."""
     scheme = urlparse(url).scheme
     if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"redis URL must start with redis://, rediss:// or unix://, got {url!r}")
+        raise ValueError(f"redis URL must start with redis://, rediss:// or unix://, got {redact_url(url)!r}")
     extra = (tls or RedisTls()).client_arguments() if scheme == "rediss" else {}
+    if password is not None and url_password(url) is None:
+        extra["password"] = password
     return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
                                 health_check_interval=0, **extra)
 
 
-def connect_network(network: NetworkConfig, *, socket_timeout_s: float = 1.0) -> redis.Redis:
-    """connect() with the run's URL and TLS files."""
-    return connect(network.redis_url, socket_timeout_s=socket_timeout_s, tls=RedisTls.of(network))
+def url_password(url: str) -> str | None:
+    try:
+        return urlparse(url).password
+    except ValueError:
+        return None
+
+
+def password_from_file(path: str) -> str | None:
+    """network.redis_password_file's first line; None when unset. Raises ConfigError naming the
+    file (never its content) when it cannot be read or is empty."""
+    if not path:
+        return None
+    try:
+        first = Path(path).expanduser().read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("network.redis_password_file", path, f"cannot read it ({type(exc).__name__})") from None
+    if not first or not first[0].strip():
+        raise ConfigError("network.redis_password_file", path, "its first line is empty: no password there")
+    return first[0].strip()
+
+
+def connect_network(network: NetworkConfig, *, socket_timeout_s: float = 1.0, url: str | None = None) -> redis.Redis:
+    """connect() with the run's URL (or `url`), TLS files and password file (read only for a
+    URL without a password)."""
+    url = url or network.redis_url
+    password = password_from_file(network.redis_password_file) if url_password(url) is None else None
+    return connect(url, socket_timeout_s=socket_timeout_s, tls=RedisTls.of(network), password=password)
 
 
 def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -> bool:
@@ -79,7 +107,8 @@ def check_access(client: redis.Redis, url: str, *, key_prefix: str = "noloco") -
         client.zcard(probe)
     except ACCESS_ERRORS as exc:
         raise RedisAccessError("network.redis_url", redact_url(url),
-                               f"Redis refused access ({exc}); check the user and password in the URL "
+                               f"Redis refused access ({exc}); check the user and password (in the URL "
+                               f"or network.redis_password_file) "
                                f"and the user's ACL (it needs ~{key_prefix}:*)") from None
     except redis.ResponseError as exc:
         if "AUTH" in str(exc).upper():  # e.g. a password sent to a server that has none

@@ -19,7 +19,7 @@ from typing import Any
 from noloco_rt.checkpoint import CheckpointError, load_checkpoint
 from noloco_rt.config import Config
 from noloco_rt.logs import get_logger
-from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
+from noloco_rt.membership.embedded_redis import EmbeddedRedis, embedded_redis_password, free_port
 from noloco_rt.membership.redis_access import connect
 from workers.cluster.chaos_faults import FullDisk, HeldClusterFault, Partitions
 from workers.cluster.chaos_progress import WorkerLogFollower
@@ -97,10 +97,11 @@ class ChaosDriver:
             # Every worker in its own network namespace, Redis in the hub between them (this
             # process reaches it by its Unix socket).
             self.partitions.create()
-            self.redis = EmbeddedRedis(host=netns.SERVICE_IP, port=6379, prefix=netns.hub_prefix()).start()
+            self.redis = EmbeddedRedis(host=netns.SERVICE_IP, port=6379, prefix=netns.hub_prefix(),
+                                       password=embedded_redis_password(self.cfg.network)).start()
             workers_url = self.redis.tcp_url
         else:
-            self.redis = EmbeddedRedis().start()
+            self.redis = EmbeddedRedis(password=embedded_redis_password(self.cfg.network)).start()
             workers_url = self.redis.url
         if self.disk is not None:
             self.disk.mount()

@@ -22,7 +22,7 @@ import torch
 from noloco_rt.config import load_config
 from noloco_rt.data import load_corpus, validation_batches
 from noloco_rt.logs import read_json_lines
-from noloco_rt.membership.embedded_redis import EmbeddedRedis
+from noloco_rt.membership.embedded_redis import EmbeddedRedis, random_password
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
@@ -85,7 +85,7 @@ class LocalCluster:
         server in a network namespace, reached here through its Unix socket)."""
         self.tmp_path = tmp_path
         self.stages = stages
-        self.redis = redis or EmbeddedRedis().start()
+        self.redis = redis or EmbeddedRedis(password=random_password()).start()
         self._workers_redis_url = workers_redis_url
         self.workers: list[WorkerProcess] = []
         # A checkpoint at every outer step: tests kill and resume workers within seconds.
@@ -106,12 +106,14 @@ class LocalCluster:
         """A worker process; `env` adds to its environment (e.g. the injected data faults);
         `prefix` goes before its command line (`ip netns exec NS`)."""
         args = [*(prefix or []), sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage),
-                "--redis-url", self.workers_redis_url, "--name", name, "--steps", str(steps), "--metrics-port", "0"]
+                "--name", name, "--steps", str(steps), "--metrics-port", "0"]
         for key, value in {**self.settings, **settings}.items():
             args += ["--set", f"{key}={value}"]
         extra_env = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-        env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra_env})
+        # The URL (password included) through the environment, as `up` does: never in `ps`.
+        env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                    "NOLOCO_NETWORK_REDIS_URL": self.workers_redis_url, **extra_env})
         incarnation = sum(1 for w in self.workers if w.name == name)  # a restart gets its own log
         log_path = self.tmp_path / (f"{name}.log" if incarnation == 0 else f"{name}.{incarnation}.log")
         handle = log_path.open("w")

@@ -139,8 +139,8 @@ class UpRun:
         set_event_from_signal_handler(self.stop)
 
     def run(self) -> int:
-        from noloco_rt.membership.embedded_redis import EmbeddedRedis
-        from noloco_rt.membership.redis_access import RedisTls, connect
+        from noloco_rt.membership.embedded_redis import EmbeddedRedis, embedded_redis_password
+        from noloco_rt.membership.redis_access import connect_network
         from noloco_rt.membership.table import Membership
         from workers.cluster.processes import supervisor_grace_s
         from workers.supervise.elastic import quiet_torch_elastic_logs
@@ -150,7 +150,7 @@ class UpRun:
         redis = None
         redis_url = self.cfg.network.redis_url
         if not redis_url:
-            redis = EmbeddedRedis().start()
+            redis = EmbeddedRedis(password=embedded_redis_password(self.cfg.network)).start()
             redis_url = redis.url
         supervisor = Supervisor(self._specs(redis_url), log_dir=self.out / "logs",
                                 policy=RestartPolicy(max_restarts=self.max_restarts),
@@ -165,7 +165,7 @@ class UpRun:
         metrics = MetricsLog(self.out / "metrics.jsonl")
         self._earlier_logs = set((self.out / "logs").glob("*.log"))
         self._open_curves()  # before the workers start: their log files of earlier runs are skipped
-        membership = Membership(connect(redis_url, tls=RedisTls.of(self.cfg.network)), run_id=self.cfg.run.run_id)
+        membership = Membership(connect_network(self.cfg.network, url=redis_url), run_id=self.cfg.run.run_id)
         gave_up = False
         try:
             supervisor.start()

@@ -35,7 +35,8 @@ STOP_MARGIN_S = 5.0
 @click.option("--stage", type=click.IntRange(min=0), required=True, help="Pipeline stage the workers hold.")
 @click.option("--nproc", type=click.IntRange(min=1), required=True,
               help="Workers to run on this machine (one per accelerator); LOCAL_RANK 0..N-1.")
-@click.option("--redis-url", default=None, help="Membership table (redis:// or rediss://, password allowed).")
+@click.option("--redis-url", default=None, help="Membership table (redis:// or rediss://; a password here shows in `ps`: "
+                   "prefer NOLOCO_NETWORK_REDIS_URL or network.redis_password_file).")
 @click.option("--name-prefix", default=None, help="Workers are named <prefix>-r<i>; default <host>-s<stage>.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=10, show_default=True,
               help="Restarts per worker before it is given up (the others carry on).")
