@@ -1,6 +1,8 @@
 """Bytes before trust cost nothing: a stranger without the CURVE key who reaches a worker's
 port, sends ZeroMQ's greeting and a frame declaring 4 GiB, then streams bytes into it, is
-dropped at that declaration; the worker's memory does not grow with what it sends.
+dropped at that declaration; the worker's memory does not grow with what it sends. Strangers
+who stay within the bound but never finish the handshake are closed after
+HANDSHAKE_LIMIT_MS, and what they sent is freed.
 
 The worker's receiving sockets run in a process of their own (tests/preauth_server.py), with
 the frame bounds a worker of the default config uses (noloco_rt/net/frame_limits.py); the
@@ -20,6 +22,7 @@ import pytest
 
 from noloco_rt.config import load_config
 from noloco_rt.net.frame_limits import data_frame_limit_bytes, exchange_frame_limit_bytes
+from noloco_rt.net.transport import HANDSHAKE_LIMIT_MS
 
 SENT_MIB = 100
 GROWTH_BOUND = 64 << 20
@@ -89,3 +92,46 @@ def test_without_a_bound_the_data_socket_grows_with_what_a_stranger_sends(server
     before = _rss(pid)
     assert _stream_into_a_huge_frame(data_port) == SENT_MIB << 20
     assert _rss(pid) - before > GROWTH_BOUND  # the control: what the bound prevents
+
+
+def _hold_a_half_sent_frame(port: int, frame_bytes: int) -> socket.socket:
+    """Greet, declare a frame within the bound, send half of it, then go silent."""
+    stranger = socket.create_connection(("127.0.0.1", port), timeout=10)
+    stranger.sendall(_greeting())
+    stranger.recv(64)
+    stranger.sendall(bytes([0x06]) + struct.pack(">Q", frame_bytes))
+    stranger.sendall(b"\x01" * (frame_bytes // 2))
+    return stranger
+
+
+def _closed_by_peer(stranger: socket.socket) -> bool:
+    try:
+        return stranger.recv(1 << 16) == b""
+    except TimeoutError:
+        return False
+    except OSError:  # reset: closed
+        return True
+
+
+def test_strangers_who_never_finish_the_handshake_are_closed_and_their_bytes_freed(server_with):
+    cfg = load_config(environ={})
+    limit = exchange_frame_limit_bytes(cfg)
+    pid, ports = server_with(str(limit))
+    before = _rss(pid)
+    strangers = [_hold_a_half_sent_frame(port, limit - (1 << 20)) for port in ports for _ in range(3)]
+    try:
+        held = _rss(pid) - before  # six half-sent frames, kept while their handshakes are open
+        deadline = time.monotonic() + HANDSHAKE_LIMIT_MS / 1000 + 15
+        open_ones = list(strangers)
+        for stranger in open_ones:
+            stranger.settimeout(0.2)
+        while open_ones and time.monotonic() < deadline:
+            open_ones = [s for s in open_ones if not _closed_by_peer(s)]
+        assert open_ones == [], f"{len(open_ones)} of {len(strangers)} half-open handshakes still held"
+        freed_by = time.monotonic() + 5
+        while _rss(pid) - before > GROWTH_BOUND / 4 and time.monotonic() < freed_by:
+            time.sleep(0.1)
+        assert _rss(pid) - before <= GROWTH_BOUND / 4, f"held {held >> 20} MiB, {(_rss(pid) - before) >> 20} after"
+    finally:
+        for stranger in strangers:
+            stranger.close()

@@ -138,6 +138,21 @@ def advertised_address(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
+HANDSHAKE_LIMIT_MS = 10_000
+"""A connection that has not finished ZeroMQ's handshake (CURVE's included) this long after it
+opened is closed: what a stranger sent into it is freed. An honest one takes a few round trips;
+ZeroMQ's default is 30 s."""
+
+
+def bound_strangers(sock: zmq.Socket, max_frame_bytes: int | None) -> None:
+    """What a peer costs a receiving socket before it is trusted: no frame over `max_frame_bytes`
+    (dropped at its declaration, before allocation; None: no bound, for tests and tools) and
+    no handshake held open past HANDSHAKE_LIMIT_MS."""
+    if max_frame_bytes is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_LIMIT_MS)
+
+
 class DataSocket:
     """Receives everything addressed to this worker (`inbound`); sends to peers by address.
     Used by one thread: the data link's."""
@@ -153,8 +168,7 @@ class DataSocket:
         self.curve = curve or curve_keys(ctx)
         self.inbound = ctx.socket(zmq.PULL)
         apply_curve(self.inbound, self.curve, server=True)
-        if max_frame_bytes is not None:
-            self.inbound.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        bound_strangers(self.inbound, max_frame_bytes)
         self.inbound.setsockopt(zmq.RCVHWM, high_water_mark)
         self.inbound.setsockopt(zmq.LINGER, 0)
         self.port = bind_random_or_fixed(self.inbound, bind_host, port)
@@ -230,8 +244,7 @@ class ExchangeServer:
         self.curve = curve or curve_keys(ctx)
         self.socket = ctx.socket(zmq.ROUTER)
         apply_curve(self.socket, self.curve, server=True)
-        if max_frame_bytes is not None:  # as DataSocket: dropped before allocation, before authentication
-            self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        bound_strangers(self.socket, max_frame_bytes)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, 16)
         self.socket.setsockopt(zmq.SNDHWM, 16)
