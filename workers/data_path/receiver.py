@@ -26,6 +26,13 @@ from workers.device import HostStaging
 RECEIVE_POLL_S = 0.05
 SEEN_MEMORY = 4096
 """Message keys remembered for deduplication."""
+PER_SENDER_STEPS = 4
+"""Forwards queued from one sender, in step budgets: an honest sender has at most one step's
+microbatches in flight (its own budget, which its memory plan may have made larger than ours,
+and their re-sends); more is a flood, refused as `over_budget`."""
+ALL_SENDERS_STEPS = 16
+"""Forwards queued from all senders together, in step budgets: eight upstream replicas'
+worth, a bound on memory whoever sends."""
 
 
 def decoder(run_id: str, staging: HostStaging) -> Callable[[list[zmq.Frame]], messages.DataMessage | WireReject]:
@@ -48,6 +55,7 @@ class ForwardIntake:
     def __init__(self, ctx: DataContext) -> None:
         self.ctx = ctx
         self.pending: collections.deque[messages.DataMessage] = collections.deque()
+        self.queued_by_sender: collections.Counter[str] = collections.Counter()
         self.heard_at: float | None = None
         """When the last forward from the previous stage arrived (time.monotonic; None: none
         yet): the finishing rule takes upstream as live without asking Redis."""
@@ -67,7 +75,19 @@ class ForwardIntake:
             self.ctx.rejected.count("wrong_stage_or_shape")
             return
         self.heard_at = time.monotonic()
+        if not self._within_budget(message.sender):
+            self.ctx.rejected.count("over_budget")  # an honest sender's deadline re-sends it
+            return
         self.pending.append(message)
+        self.queued_by_sender[message.sender] += 1
+
+    def _within_budget(self, sender: str) -> bool:
+        """Whether one more forward of `sender` fits: what one peer, or all together, can make
+        this worker hold (each forward within the data socket's frame bound) is bounded while
+        the training thread waits, e.g. for gradients."""
+        budget = self.ctx.budget
+        return (self.queued_by_sender[sender] < PER_SENDER_STEPS * budget
+                and len(self.pending) < ALL_SENDERS_STEPS * budget)
 
     def _well_formed(self, message: messages.DataMessage) -> bool:
         """Activations and targets of the shapes the run's model takes (a preset: (B, T, C) and
@@ -79,10 +99,15 @@ class ForwardIntake:
 
     def take(self) -> messages.DataMessage:
         """The oldest queued forward."""
-        return self.pending.popleft()
+        message = self.pending.popleft()
+        self.queued_by_sender[message.sender] -= 1
+        if not self.queued_by_sender[message.sender]:
+            del self.queued_by_sender[message.sender]
+        return message
 
     def clear(self) -> None:
         self.pending.clear()
+        self.queued_by_sender.clear()
 
 
 class Receiver:
