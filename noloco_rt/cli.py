@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("noloco_rt.commands.status:status", "Print live workers per stage from the membership table."),
     "eval": ("noloco_rt.commands.eval:eval_command",
              "Validation loss of a consensus checkpoint vs. untrained."),
+    "consensus": ("noloco_rt.commands.consensus:consensus",
+                  "Average the workers' checkpoints of a run (gathered from its machines, or its store) into one model."),
     "sample": ("noloco_rt.commands.sample:sample", "Continue a prompt with a consensus checkpoint."),
     "export": ("noloco_rt.commands.export:export",
                "Write a consensus checkpoint as a Hugging Face Llama folder (config.json, model.safetensors)."),

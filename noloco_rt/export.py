@@ -246,7 +246,8 @@ def not_safetensors(path: Path) -> str | None:
         consensus = run_dir / "consensus.safetensors" if run_dir is not None else None
         instead = (f"pass {consensus} instead" if consensus is not None and consensus.is_file() else
                    "pass the run's consensus.safetensors instead (noloco-rt up, simulate and the coordinator "
-                   "write it in the run directory: OUT/consensus.safetensors)")
+                   "write it in the run directory: OUT/consensus.safetensors), or make one from the workers' "
+                   "checkpoints: noloco-rt consensus CHECKPOINT_OR_FOLDER... --config RUN.toml")
         return (f"{path} is a torch checkpoint (a worker's .pt: one replica of one stage), not a consensus "
                 f"file; {instead}")
     return f"{path}: not a readable safetensors file (it does not start with a safetensors header)"

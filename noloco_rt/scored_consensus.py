@@ -62,8 +62,23 @@ class WorkerCheckpoints:
     """Per stage, every replica's slow weights (float32)."""
     inner_steps_by_stage: list[list[int]]
     """Per stage, the clock of each checkpoint used: its inner steps, plus any a pull skipped."""
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    skipped: list[tuple[Path | str, str]] = field(default_factory=list)
     """(file, reason) for every *.pt not used: unreadable, another run, wrong stage or shapes."""
+
+    def add(self, path: Path | str, state: Any, cfg: Config, shapes: list[list[tuple[str, torch.Size]]]) -> None:
+        """One worker's state (loaded from `path`): used, or recorded as skipped with its reason."""
+        usable = _usable_slow(state, cfg, shapes)
+        if isinstance(usable, str):
+            self.skipped.append((path, usable))
+            return
+        stage, slow = usable
+        self.replicas_by_stage[stage].append([t.float() for t in slow])
+        counters = state.get("counters") or {}
+        clock = counters.get("clock_steps", counters.get("inner_steps", 0))
+        self.inner_steps_by_stage[stage].append(clock if isinstance(clock, int) and clock >= 0 else 0)
+
+    def missing_stages(self) -> list[int]:
+        return [s for s, replicas in enumerate(self.replicas_by_stage) if not replicas]
 
 
 def read_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> WorkerCheckpoints:
@@ -74,22 +89,55 @@ def read_worker_checkpoints(checkpoint_dir: Path, cfg: Config) -> WorkerCheckpoi
     """
     if not Path(checkpoint_dir).is_dir():
         raise ExportError(f"{checkpoint_dir}: no such folder")
+    return read_checkpoint_files(sorted(Path(checkpoint_dir).glob("*.pt")), cfg)
+
+
+def checkpoint_files(sources: Sequence[Path]) -> list[Path]:
+    """The worker checkpoints named by `sources`: files as given, folders' ``*.pt`` in name
+    order (a worker's older files, ``*.pt.1``, are not its newest), each once."""
+    files: list[Path] = []
+    for source in sources:
+        if Path(source).is_dir():
+            files.extend(sorted(Path(source).glob("*.pt")))
+        elif Path(source).is_file():
+            files.append(Path(source))
+        else:
+            raise ExportError(f"{source}: no such file or folder")
+    unique = {path.resolve(): path for path in files}
+    return list(unique.values())
+
+
+def read_checkpoint_files(paths: Sequence[Path], cfg: Config) -> WorkerCheckpoints:
+    """read_worker_checkpoints of given files (gathered from several machines, say)."""
     shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
     found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps_by_stage=[[] for _ in shapes])
-    for path in sorted(Path(checkpoint_dir).glob("*.pt")):
+    for path in paths:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many types for a damaged or foreign file
             found.skipped.append((path, f"cannot be read: {type(exc).__name__}: {exc}"))
             continue
-        usable = _usable_slow(state, cfg, shapes)
-        if isinstance(usable, str):
-            found.skipped.append((path, usable))
-            continue
-        stage, slow = usable
-        found.replicas_by_stage[stage].append([t.float() for t in slow])
-        counters = state.get("counters") or {}
-        found.inner_steps_by_stage[stage].append(int(counters.get("clock_steps", counters.get("inner_steps", 0))))
+        found.add(path, state, cfg, shapes)
+    return found
+
+
+def read_store_checkpoints(cfg: Config) -> WorkerCheckpoints:
+    """Each stage's newest checkpoint in the run's durable store (store.url) whose bytes match
+    its manifest: one replica per stage, the stage's elected writer's. Checkpoints passed
+    over are recorded in ``skipped``; StoreError or OSError when the store cannot be read."""
+    from noloco_rt.store.backend import RunStore
+    from noloco_rt.store.stage_checkpoints import StageCheckpoints
+
+    store = RunStore(cfg.store.url)
+    checkpoints = StageCheckpoints(store, cfg.run.run_id)
+    shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
+    found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps_by_stage=[[] for _ in shapes])
+    for stage in range(cfg.pipeline.stages):
+        where = f"{store.shown}/{cfg.run.run_id}/stage-{stage}"
+        loaded, problems = checkpoints.latest(stage)
+        found.skipped.extend((where, problem) for problem in problems)
+        if loaded is not None:
+            found.add(f"{where}/{loaded.info.data_file}", loaded.state, cfg, shapes)
     return found
 
 
@@ -165,9 +213,16 @@ def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, s
     log = get_logger(run=cfg.run.run_id, worker="export", stage="all")
     for skipped, reason in found.skipped:
         log.warning("checkpoint_skipped", path=str(skipped), reason=reason)
-    empty = [s for s, replicas in enumerate(found.replicas_by_stage) if not replicas]
+    return consensus_of_found(cfg, found, path, source=source, where=str(checkpoint_dir))
+
+
+def consensus_of_found(cfg: Config, found: WorkerCheckpoints, path: Path, *, source: str,
+                       where: str) -> ScoredConsensus:
+    """The scored consensus of checkpoints already read; ExportError naming `where` when a
+    stage has none."""
+    empty = found.missing_stages()
     if empty:
-        raise ExportError(f"{checkpoint_dir}: no usable checkpoint of run {cfg.run.run_id!r} for stage(s) "
+        raise ExportError(f"{where}: no usable checkpoint of run {cfg.run.run_id!r} for stage(s) "
                           f"{', '.join(map(str, empty))} ({len(found.skipped)} files skipped)")
     # The run's step is stage 0's: a later stage's replicas count unequal shares of the same data.
     return write_scored_consensus(path, cfg, found.replicas_by_stage, step=min(found.inner_steps_by_stage[0]),

@@ -335,15 +335,17 @@ class StageWorker:
                       checkpoint_failed=self.checkpoint.writes.failed_total())
         self.outer.finish()
         self.membership.heartbeat(state=WorkerState.LEAVING, **asdict(self.progress()))
-        self.membership.mark_stage_finished(self.stage)
-        if self.stage == self.cfg.pipeline.stages - 1:  # every upstream stage finished before us
-            mark_run_finished(self.cfg, self.membership, name=self.name, log=self.log)
+        # The final state is written before the marks: whoever the marks tell that the run is
+        # over (a coordinator, `noloco-rt consensus --from-store`) finds it there.
         self.checkpoint.save("finished")
         if self.durable is not None:  # the stage's final state outlives this machine
             writer = is_elected_writer(self.worker_id, [m.worker_id for m in self.peers.members(self.stage)])
             self.durable.write_now(self.counters.outer_steps, self.counters.inner_steps,
                                    state=self.checkpoint.snapshot() if writer else None,
                                    cursor=self.data_path.cursor_state())
+        self.membership.mark_stage_finished(self.stage)
+        if self.stage == self.cfg.pipeline.stages - 1:  # every upstream stage finished before us
+            mark_run_finished(self.cfg, self.membership, name=self.name, log=self.log)
         self.membership.leave()
 
     def leave(self) -> None:
