@@ -71,12 +71,15 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
                  port=server.port, out=str(out), curve=started.curve is not None)
         try:
-            observer.run(stop)
+            finished = observer.run(stop)
         finally:
             server.stop()
             if scalar_log is not None:
                 scalar_log.close()
-            log.info("coordinator_stopped", evaluations=observer.status.evaluations)
+            log.info("coordinator_stopped", evaluations=observer.status.evaluations,
+                     run_finished=observer.status.final is not None)
+        if finished:  # the run's last line: where its model is
+            log.info("coordinator_done", **(observer.status.final or {}))
 
 
 def _status_server(cfg, observer, metrics):

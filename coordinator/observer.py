@@ -1,4 +1,5 @@
-"""The coordinator's observation cycles (docs/architecture.md §2): evaluate, measure spread, export.
+"""The coordinator's observation cycles (docs/architecture.md §2): evaluate, measure spread, export;
+and, once the run finishes, its final model.
 
 Two cadences. Every eval_interval_s: one random live replica per stage is pulled, the
 stages are chained into a model and scored on the validation batches. Every
@@ -33,10 +34,22 @@ from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
-from noloco_rt.scored_consensus import ScoredConsensus, write_scored_consensus
+from noloco_rt.scored_consensus import (
+    ScoredConsensus,
+    WorkerCheckpoints,
+    consensus_of_found,
+    read_store_checkpoints,
+    write_scored_consensus,
+)
 from noloco_rt.staged_model import staged_model
 from noloco_rt.store.backend import RunStore, StoreError
+from noloco_rt.store.run_mark import finished_steps, run_is_over
 
+FINISH_CHECK_S = 2.0
+"""How often the coordinator looks for the run-finished mark."""
+FINAL_STATES_WAIT_S = 60.0
+"""After the mark: how long the final states may take to appear in the store (a stage's
+writer writes its final state before its finished mark, so normally they are there)."""
 PULL_ATTEMPTS_PER_STAGE = 3
 SPARE_SPREAD_PULLS_PER_STAGE = 3
 """Failed spread pulls of a stage replaced by other members before its sample shrinks."""
@@ -126,6 +139,9 @@ class ObserverStatus:
     spread_measurements: int = 0
     last_eval: EvalResult | None = None
     last_spread: SpreadResult | None = None
+    final: dict[str, Any] | None = None
+    """The run's model once it finished (run.steps reached): scored, where it was written and
+    what it was made of; None while the run goes on."""
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -157,20 +173,78 @@ class Observer:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event) -> None:
-        """Observe until `stop` is set. A cycle that fails is logged and retried next time."""
+    def run(self, stop: threading.Event) -> bool:
+        """Observe until `stop` is set or the run finishes (then its final model is made: True).
+        A cycle that fails is logged and retried next time."""
         c = self.cfg.coordinator
         next_eval = time.monotonic()
         next_spread = time.monotonic() + min(c.spread_interval_s, c.eval_interval_s)
+        next_finish_check = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
+            if now >= next_finish_check:
+                next_finish_check = now + FINISH_CHECK_S
+                if run_is_over(finished_steps(self.cfg, self.membership, self.log), self.cfg.run.steps):
+                    self._guarded(self.finalise, stop)
+                    return True
             if now >= next_eval:
                 self._guarded(self.evaluate_once, stop)
                 next_eval = time.monotonic() + c.eval_interval_s
             if time.monotonic() >= next_spread:
                 self._guarded(self.spread_once, stop)
                 next_spread = time.monotonic() + c.spread_interval_s
-            stop.wait(max(0.0, min(next_eval, next_spread) - time.monotonic()))
+            stop.wait(max(0.0, min(next_eval, next_spread, next_finish_check) - time.monotonic()))
+        return False
+
+    # -- the end: the run's model from its final states -----------------------------------------
+
+    def finalise(self, stop: threading.Event) -> dict[str, Any] | None:
+        """The run reached run.steps: its model, made once from each stage's final state in the
+        store (workers write it before they mark the run finished), scored, written to
+        OUT/consensus.safetensors and the store, and reported (`final` in /status, the log).
+        Without a store, or when it lacks the final states, the last measurement's consensus
+        stays, and the status says so and names the command that makes the final one."""
+        path = self.out_dir / "consensus.safetensors"
+        found = self._final_states(stop) if self.cfg.store.url else None
+        if found is None:
+            last = self.status.last_spread
+            final = {"source": "last spread measurement", "step": last.step if last else None,
+                     "val_loss": last.consensus_val_loss if last else None,
+                     "consensus": str(path) if last else None}
+            self._note("the run finished; its final states are not in a store: the consensus is the last "
+                       "measurement's. Make the final one from the workers' checkpoints: noloco-rt consensus "
+                       "CHECKPOINT_OR_FOLDER... --config RUN.toml")
+            self.log.warning("final_consensus_not_made", reason="no final states in a store", **final)
+        else:
+            scored = consensus_of_found(self.cfg, found, path, source="final states", where="the store",
+                                        val_batches=self.val_batches)
+            self._copy_to_store(scored.path)
+            final = {"source": "final states", **scored.to_json()}
+            self._note("the run finished: its final model is written")
+            self.metrics.val_loss.set(scored.val_loss)
+            self._curves(scored.step, {"final_val_loss": scored.val_loss})
+            self.log.info("final_consensus", step=scored.step, val_loss=round(scored.val_loss, 4),
+                          val_ppl=round(scored.val_ppl, 3), replicas=scored.replicas_per_stage,
+                          consensus=str(scored.path))
+        with self._lock:
+            self.status.final = final
+        return final
+
+    def _final_states(self, stop: threading.Event) -> WorkerCheckpoints | None:
+        """Each stage's newest checkpoint in the store, once stage 0's holds run.steps; None
+        when they do not within FINAL_STATES_WAIT_S (or the store cannot be read)."""
+        deadline = time.monotonic() + FINAL_STATES_WAIT_S
+        while True:
+            try:
+                found = read_store_checkpoints(self.cfg)
+            except (OSError, StoreError) as exc:
+                self.log.warning("store_unreadable", store=redact_url(self.cfg.store.url), error=str(exc))
+                found = None
+            if found is not None and not found.missing_stages() \
+                    and min(found.inner_steps_by_stage[0]) >= self.cfg.run.steps:
+                return found
+            if time.monotonic() >= deadline or stop.wait(FINISH_CHECK_S):
+                return None
 
     def _guarded(self, cycle: Any, stop: threading.Event) -> None:
         try:

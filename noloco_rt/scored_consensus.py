@@ -216,8 +216,8 @@ def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, s
     return consensus_of_found(cfg, found, path, source=source, where=str(checkpoint_dir))
 
 
-def consensus_of_found(cfg: Config, found: WorkerCheckpoints, path: Path, *, source: str,
-                       where: str) -> ScoredConsensus:
+def consensus_of_found(cfg: Config, found: WorkerCheckpoints, path: Path, *, source: str, where: str,
+                       val_batches: Sequence[Batch] | None = None) -> ScoredConsensus:
     """The scored consensus of checkpoints already read; ExportError naming `where` when a
     stage has none."""
     empty = found.missing_stages()
@@ -226,4 +226,4 @@ def consensus_of_found(cfg: Config, found: WorkerCheckpoints, path: Path, *, sou
                           f"{', '.join(map(str, empty))} ({len(found.skipped)} files skipped)")
     # The run's step is stage 0's: a later stage's replicas count unequal shares of the same data.
     return write_scored_consensus(path, cfg, found.replicas_by_stage, step=min(found.inner_steps_by_stage[0]),
-                                  source=source)
+                                  source=source, val_batches=val_batches)

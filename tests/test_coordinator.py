@@ -118,6 +118,45 @@ def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
         cluster.close()
 
 
+def test_when_the_run_finishes_the_coordinator_makes_its_model_from_the_final_states_and_exits(tmp_path):
+    """Without it the model of a run on several machines was whatever the last spread
+    measurement saw (step 71 of 100), and the coordinator never exited."""
+    steps, store = 30, tmp_path / "store"
+    cluster = LocalCluster(tmp_path, stages=2, settings={"store.url": str(store), "run.steps": steps})
+    coordinator = None
+    try:
+        workers = [cluster.start_worker(stage, f"s{stage}", steps=steps) for stage in (0, 1)]
+        port, out = free_port(), tmp_path / "coordinator"
+        coordinator = start_coordinator(cluster, port, out, "coordinator.log", **{"run.steps": steps})
+        assert all(cluster.wait_exit(worker, timeout_s=120) == 0 for worker in workers)
+        assert coordinator.wait(90) == 0
+        final = read_events(tmp_path / "coordinator.log", "final_consensus")
+        assert len(final) == 1 and final[0]["step"] == steps, final
+        _, _, metadata = load_consensus(out / "consensus.safetensors")
+        assert metadata["source"] == "final states" and metadata["step"] == str(steps)
+        # The same file in the store; eval scores it as the coordinator did.
+        stored = store / "default" / "consensus.safetensors"
+        assert stored.read_bytes() == (out / "consensus.safetensors").read_bytes()
+        scored = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "eval", str(stored), "--json"],
+                                capture_output=True, text=True, timeout=120)
+        assert scored.returncode == 0, scored.stderr
+        assert json.loads(scored.stdout)["val_loss"] == pytest.approx(final[0]["val_loss"], abs=1e-4)
+        # Without a coordinator the command makes the same model from the store.
+        again = tmp_path / "again.safetensors"
+        made = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "consensus", "--from-store", "--out", str(again),
+                               "--set", f"store.url={store}", "--set", f"run.steps={steps}",
+                               "--set", "pipeline.stages=2"], capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr
+        ours, theirs = load_consensus(again)[1], load_consensus(stored)[1]
+        assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
+        done = read_events(tmp_path / "coordinator.log", "coordinator_done")
+        assert done and done[0]["source"] == "final states" and done[0]["consensus"] == str(out / "consensus.safetensors")
+    finally:
+        if coordinator is not None and coordinator.poll() is None:
+            coordinator.kill()
+        cluster.close()
+
+
 def test_coordinator_pulls_a_bounded_sample_of_a_larger_stage(tmp_path):
     cluster = LocalCluster(tmp_path, stages=2)
     coordinator = None

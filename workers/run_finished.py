@@ -4,38 +4,18 @@ The run is over when a worker of the last stage has finished: a later stage fini
 after its upstream stage did (workers/finish.py), so by then every stage is done and nobody
 is left downstream. A worker that starts after that (a spot replacement racing the end, a
 Job's pod recreated late) would otherwise resume and train with no downstream and no end.
-The mark lives in Redis and, when the run has a store, in the store too (Redis may lose it).
-It holds run.steps of the finish, and counts only when that is our run.steps exactly: a run
-given more steps (run.steps raised) trains on, and so does one whose mark says anything else,
-since one write to Redis (a garbage or huge value) must not end every worker's start.
+The mark lives in Redis and, when the run has a store, in the store too (Redis may lose it);
+how it is read, and why it counts only when it names our run.steps: noloco_rt.store.run_mark.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from noloco_rt.config.toml_out import redact_url
-from noloco_rt.store.backend import RunStore, StoreError
-from noloco_rt.store.run_mark import RunFinishedMark
+from noloco_rt.store.backend import RunStore
+from noloco_rt.store.run_mark import RunFinishedMark, finished_steps, run_is_over
 
-
-def run_is_over(finished_steps: int | None, run_steps: int) -> bool:
-    """Whether a run marked finished at `finished_steps` leaves nothing for run.steps (pure):
-    the mark names exactly our run.steps (a run with more steps trains on; any other value is
-    not a finish of this run's configuration)."""
-    return finished_steps is not None and finished_steps == run_steps
-
-
-def finished_steps(cfg: Any, membership: Any, log: Any) -> int | None:
-    """run.steps of the run's finish from Redis, else from the store; None: not finished."""
-    steps = membership.run_finished_steps()
-    if steps is not None or not cfg.store.url:
-        return steps
-    try:
-        return RunFinishedMark(RunStore(cfg.store.url), cfg.run.run_id).steps()
-    except (OSError, StoreError) as exc:
-        log.warning("store_unreadable", store=redact_url(cfg.store.url), error=str(exc))
-        return None
+__all__ = ["finished_steps", "mark_run_finished", "run_is_over"]
 
 
 def mark_run_finished(cfg: Any, membership: Any, *, name: str, log: Any) -> None:

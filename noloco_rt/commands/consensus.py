@@ -32,7 +32,11 @@ def consensus(sources: tuple[Path, ...], from_store: bool, out: Path, as_json: b
     validation data; checkpoints of another run or shape are skipped and named."""
     from noloco_rt.commands import effective_config
     from noloco_rt.export import ExportError
-    from noloco_rt.scored_consensus import checkpoint_files, consensus_of_found, read_checkpoint_files
+    from noloco_rt.scored_consensus import (
+        checkpoint_files,
+        consensus_of_found,
+        read_checkpoint_files,
+    )
 
     if bool(sources) == from_store:
         raise click.UsageError("give the checkpoints (files or folders) or --from-store, one of them")
