@@ -152,13 +152,31 @@ def test_status_lists_members_and_fails_cleanly_without_redis():
         assert after.stdout.splitlines()[0].endswith("; finished (40 steps)"), after.stdout
         as_json = run_cli("status", "--json", "--redis-url", server.url)
         assert as_json.returncode == 0, as_json.stderr
-        [member] = [json.loads(line) for line in as_json.stdout.splitlines()]
+        [member, run] = [json.loads(line) for line in as_json.stdout.splitlines()]
+        assert run == {"record": "run", "run_id": "default", "workers": 1, "stages": 1, "finished": True,
+                       "finished_steps": 40, "outer_step_reached": {"1": 3}, "outer_step_durable": {"1": 2}}
+        assert member["record"] == "worker"
         assert (member["worker_id"], member["state"], member["outer_step"], member["queue_depth"]) == (
             "abcdef0123", "ONLINE", 3, 2)
         assert member["loss"] is None and member["heartbeat_age_s"] >= 0
         assert {k: member[f"outer_{k}"] for k in ("matched", "partial", "local", "dropped_late", "failed")} == {
             "matched": 2, "partial": 0, "local": 0, "dropped_late": 0, "failed": 1}
         assert member["checkpoint_failed"] == 4
+        # Asked for a run this Redis does not hold (README's steps pass no run id): the runs it
+        # holds, instead of "0 workers"; as JSON too, so a script tells a wrong id from a finished run.
+        Membership(connect(server.url), run_id="mine").mark_run_finished(7)
+        wrong = run_cli("status", "--redis-url", server.url, "--set", "run.run_id=absent")
+        assert wrong.returncode == 0, wrong.stderr
+        assert wrong.stdout.splitlines()[0] == "run absent: nothing in this Redis. Runs here:", wrong.stdout
+        assert "  default: 1 stage(s), 1 worker(s) listed, finished (40 steps), furthest outer step 3" in wrong.stdout
+        assert "  mine: 0 stage(s), 0 worker(s) listed, finished (7 steps), furthest outer step 0" in wrong.stdout
+        listed = run_cli("status", "--json", "--redis-url", server.url, "--set", "run.run_id=absent")
+        runs = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert [(r["record"], r["run_id"], r["finished_steps"]) for r in runs] == [
+            ("run", "default", 40), ("run", "mine", 7)]
+        # A finished run with no worker left still prints its run line.
+        done = run_cli("status", "--json", "--redis-url", server.url, "--set", "run.run_id=mine")
+        assert [json.loads(line)["finished_steps"] for line in done.stdout.splitlines()] == [7]
         url = server.url
     result = run_cli("status", "--redis-url", url)
     assert result.returncode == 2 and "unreachable" in result.stderr and "Traceback" not in result.stderr

@@ -64,6 +64,10 @@ def test_heartbeats_raise_the_mark_and_never_lower_it():
         joining.register(_record("joiner", 9, WorkerState.JOINING))
         joining.heartbeat(outer_step=9)  # not ONLINE yet: its counters are not the stage's
         assert fast.high_water.of(0) == 0 and fast.high_water.of(1) == 5
+        # A finishing worker's last heartbeat (LEAVING) carries its final outer step: status
+        # said "reached outer step 9" of workers that logged 10.
+        fast.heartbeat(state=WorkerState.LEAVING, outer_step=6)
+        assert fast.high_water.of(1) == 6
 
 
 def _env() -> dict[str, str]:

@@ -30,10 +30,12 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
 
     from noloco_rt.cli import OneLineError
     from noloco_rt.commands.status_rows import (
+        RunSummary,
         json_lines,
         outer_steps_line,
         plain_table,
         progress_line,
+        runs_listing,
     )
     from noloco_rt.config.toml_out import redact_url
     from noloco_rt.membership.redis_access import check_access, connect_network
@@ -50,6 +52,10 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
             raise OneLineError(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
         return records
 
+    def summary(table: Membership, records: list) -> RunSummary:
+        return RunSummary(run_id=table.run_id, workers=len(records), stages=len(table.stages()),
+                          finished_steps=table.run_finished_steps(), marks=table.high_water.by_stage())
+
     def title(records: list) -> str:
         marks = progress_line(membership.high_water.by_stage())
         finished = membership.run_finished_steps()
@@ -57,10 +63,29 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
         return (f"run {cfg.run.run_id}: {len(records)} workers" + (f" ({marks})" if marks else "")
                 + (f"; finished ({finished} steps)" if finished is not None else "") + (f"\n{outer}" if outer else ""))
 
+    def other_runs() -> list[RunSummary]:
+        """When our run is not in this Redis at all: the runs that are (a run id not passed)."""
+        found = []
+        for run_id in membership.run_ids() or []:
+            table = Membership(client, run_id=run_id)
+            found.append(summary(table, table.live_members(stage=None, states=None)))
+        return found
+
+    records = members()
+    ours = summary(membership, records)
+    if ours.empty and (runs := other_runs()):
+        if as_json:
+            click.echo("".join(json_lines([], time.time(), run) for run in runs), nl=False)
+        else:
+            click.echo(runs_listing(cfg.run.run_id, runs), nl=False)
+        return
+
     if as_json or not sys.stdout.isatty():
         def render_text() -> str:
             records = members()
-            return json_lines(records, time.time()) if as_json else plain_table(title(records), records, time.time())
+            if as_json:
+                return json_lines(records, time.time(), summary(membership, records))
+            return plain_table(title(records), records, time.time())
         _print_repeatedly(render_text, watch, interval)
         return
     _rich_status(members, title, watch, interval)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from noloco_rt.membership.progress import (
@@ -55,9 +56,51 @@ def member_json(record: MemberRecord, now: float) -> dict[str, Any]:
             "heartbeat_age_s": round(now - record.heartbeat_time, 3)}
 
 
-def json_lines(records: Sequence[MemberRecord], now: float) -> str:
-    """One JSON object per worker and line; nothing at all for an empty table."""
-    return "".join(json.dumps(member_json(r, now), separators=(",", ":")) + "\n" for r in sorted_members(records))
+def json_lines(records: Sequence[MemberRecord], now: float, run: RunSummary | None = None) -> str:
+    """One JSON object per worker and line ("record": "worker"), then, given `run`, one for
+    the run ("record": "run"): a finished run with no worker left still prints that line."""
+    workers = [{"record": "worker", **member_json(r, now)} for r in sorted_members(records)]
+    return "".join(json.dumps(line, separators=(",", ":")) + "\n"
+                   for line in [*workers, *([run.to_json()] if run is not None else [])])
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run of a Redis, as status lists it."""
+
+    run_id: str
+    workers: int
+    """Listed workers (any state)."""
+    stages: int
+    """Stages that ever had a member."""
+    finished_steps: int | None
+    """run.steps of its finish; None while it trains (or never finished)."""
+    marks: dict[int, tuple[int, int]]
+    """stage -> (outer step reached, outer step of the newest durable checkpoint)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"record": "run", "run_id": self.run_id, "workers": self.workers, "stages": self.stages,
+                "finished": self.finished_steps is not None, "finished_steps": self.finished_steps,
+                "outer_step_reached": {str(k): v[0] for k, v in sorted(self.marks.items())},
+                "outer_step_durable": {str(k): v[1] for k, v in sorted(self.marks.items())}}
+
+    @property
+    def empty(self) -> bool:
+        """Nothing of this run in the Redis: no worker, no stage, no mark."""
+        return not (self.workers or self.stages or self.marks or self.finished_steps is not None)
+
+    def text(self) -> str:
+        state = f"finished ({self.finished_steps} steps)" if self.finished_steps is not None else "not finished"
+        reached = max((v[0] for v in self.marks.values()), default=0)
+        return (f"{self.run_id}: {self.stages} stage(s), {self.workers} worker(s) listed, {state}, "
+                f"furthest outer step {reached}")
+
+
+def runs_listing(wanted: str, runs: Sequence[RunSummary]) -> str:
+    """What status prints when the run asked for is not in this Redis but others are (pure)."""
+    lines = [f"run {wanted}: nothing in this Redis. Runs here:"] + [f"  {run.text()}" for run in runs]
+    lines.append("Show one with --config RUN.toml (the file its workers ran with) or --set run.run_id=ID.")
+    return "\n".join(lines) + "\n"
 
 
 def text_row(record: MemberRecord, now: float) -> list[str]:

@@ -70,3 +70,12 @@ class TableKeys:
 
     def paired(self, stage: int) -> str:
         return f"{self.base}:stage:{stage}:paired"
+
+
+def run_id_of_key(key: str | bytes, prefix: str) -> str | None:
+    """The run a key of the table belongs to (`<prefix>:<run>:...`), None for any other key (pure)."""
+    text = key.decode(errors="replace") if isinstance(key, bytes) else key
+    parts = text.split(":")
+    if len(parts) < 3 or parts[0] != prefix or not parts[1]:
+        return None
+    return parts[1]

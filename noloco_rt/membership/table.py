@@ -26,7 +26,7 @@ import redis
 
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.high_water import StageHighWater
-from noloco_rt.membership.layout import LOG_MAX_ENTRIES, TableKeys
+from noloco_rt.membership.layout import LOG_MAX_ENTRIES, TableKeys, run_id_of_key
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import ACCESS_ERRORS, REDIS_ERRORS
 from noloco_rt.membership.stage_view import StageView
@@ -107,6 +107,22 @@ class Membership:
             return False
         return True
 
+    def run_ids(self, *, limit: int = 100) -> list[str] | None:
+        """The runs this Redis holds keys of (any run, not just ours), sorted; at most `limit`
+        (a SCAN, never KEYS); None if Redis is unreachable."""
+        found: set[str] = set()
+        try:
+            for key in self.client.scan_iter(match=f"{self.prefix}:*", count=1000):
+                run_id = run_id_of_key(key, self.prefix)
+                if run_id is not None:
+                    found.add(run_id)
+                if len(found) >= limit:
+                    break
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
+            return None
+        return sorted(found)
+
     def run_finished_steps(self) -> int | None:
         """run.steps of the run's finish, if it finished; None if not (or Redis is unreachable)."""
         try:
@@ -165,7 +181,9 @@ class Membership:
         self._queue_beat(pipe, record)
         if publish:
             self._queue_publish(pipe, record)
-        if record.state == WorkerState.ONLINE:  # a bootstrapped joiner's counters are the stage's too
+        # A bootstrapped joiner's counters are the stage's too; a finishing worker's last heartbeat
+        # (LEAVING) carries the final outer step, which status shows.
+        if record.state in (WorkerState.ONLINE, WorkerState.LEAVING):
             self.high_water.queue_raise(pipe, record.stage, record.outer_step)
 
     def register(self, record: MemberRecord) -> bool:
@@ -301,6 +319,14 @@ class Membership:
             self._cache.update(by_stage)
         records = [r for k in sorted(by_stage) for r in by_stage[k]]
         return [r for r in records if (states is None or r.state in states) and r.worker_id != exclude_id]
+
+    def stages(self) -> list[int]:
+        """The stages of this run that ever had a member ([] if Redis is unreachable)."""
+        try:
+            return self._stages()
+        except REDIS_ERRORS as exc:
+            self._mark(False, exc)
+            return []
 
     def _stages(self) -> list[int]:
         stages = []
