@@ -72,6 +72,9 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
                  port=server.port, out=str(out), curve=started.curve is not None)
         try:
             finished = observer.run(stop)
+            if finished and not cfg.coordinator.exit_when_finished:  # a Deployment restarts what exits
+                log.info("serving_final_status", final=observer.status.final)
+                stop.wait()
         finally:
             server.stop()
             if scalar_log is not None:

@@ -261,6 +261,10 @@ class CoordinatorConfig:
     """Deadline of one snapshot pull."""
     status_port: int = 8780
     """/status (JSON) and /metrics (Prometheus); 0 picks a free port."""
+    exit_when_finished: bool = True
+    """Once the run finished and its final model is made: exit 0. False: keep serving /status
+    (with `final`) and /metrics until stopped, as a Kubernetes Deployment needs (it restarts a
+    container that exits)."""
 
     def __post_init__(self) -> None:
         for name in ("eval_interval_s", "spread_interval_s", "max_pulls_per_s", "pull_timeout_s"):
