@@ -157,6 +157,46 @@ def test_when_the_run_finishes_the_coordinator_makes_its_model_from_the_final_st
         cluster.close()
 
 
+def test_a_coordinator_started_after_the_run_finished_makes_its_model_and_can_keep_serving(tmp_path):
+    """No worker needed: the run-finished mark and the final states in the store are enough.
+    As a Kubernetes Deployment runs it (exit_when_finished = false) it keeps serving /status."""
+    from noloco_rt.membership.embedded_redis import EmbeddedRedis
+    from noloco_rt.membership.redis_access import connect
+    from noloco_rt.membership.table import Membership
+    from noloco_rt.store.backend import RunStore
+    from noloco_rt.store.stage_checkpoints import StageCheckpoints
+    from tests.test_export import _worker_state, random_stages
+    from tests.test_up import wait_until
+
+    store = tmp_path / "store"
+    cfg = load_config(environ={}, overrides=[{"run": {"steps": 10}, "pipeline": {"stages": 2}}])
+    weights = random_stages(cfg, seed=4)
+    for stage in range(2):
+        state = {k: v for k, v in _worker_state(cfg, stage, weights[stage]).items() if k not in ("run_id", "stage")}
+        StageCheckpoints(RunStore(str(store)), "default").save(stage, state, outer_step=2, inner_step=10, writer="w")
+    with EmbeddedRedis() as server:
+        Membership(connect(server.url), run_id="default").mark_run_finished(10)
+        cluster = SimpleNamespace(redis=server, settings={"pipeline.stages": 2, "run.steps": 10,
+                                                          "store.url": str(store), "run.log_format": "json"},
+                                  tmp_path=tmp_path)
+        port = free_port()
+        serving = start_coordinator(cluster, port, tmp_path / "kept", "kept.log",
+                                    **{"coordinator.exit_when_finished": "false"})
+        try:
+            final = wait_until(lambda: (s := status(port, serving)) and s["final"], timeout_s=60,
+                               what="the final model in /status")
+            assert final["source"] == "final states" and final["step"] == 10 and final["replicas_per_stage"] == [1, 1]
+            assert serving.poll() is None  # still serving
+            serving.send_signal(signal.SIGTERM)
+            assert serving.wait(20) == 0
+        finally:
+            if serving.poll() is None:
+                serving.kill()
+        exiting = start_coordinator(cluster, free_port(), tmp_path / "exits", "exits.log")
+        assert exiting.wait(60) == 0  # the default: done, so it exits
+    assert read_events(tmp_path / "exits.log", "final_consensus")[0]["step"] == 10
+
+
 def test_coordinator_pulls_a_bounded_sample_of_a_larger_stage(tmp_path):
     cluster = LocalCluster(tmp_path, stages=2)
     coordinator = None
