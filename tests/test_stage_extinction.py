@@ -64,12 +64,14 @@ def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProc
     first, later = [w for w in workers if w.stage == 0], [w for w in workers if w.stage == 1]
     for worker in first:  # stage 0 goes first, every replica at once
         cluster.stop(worker, signal.SIGKILL)
-    # Stage 1 must wait for its upstream's replacements, not take its absence for a finish.
+    # Stage 1 must wait for its upstream's replacements, not take its absence for a finish,
+    # even past worker.upstream_lost_s (it says so: upstream_lost).
     until = time.monotonic() + UPSTREAM_GONE_S + 2
     while time.monotonic() < until:  # bounded; each pass can fail
         for worker in later:
             assert worker.process.poll() is None and not worker.events("steps_done"), worker.log_text()[-2000:]
         time.sleep(0.2)
+    assert any(w.events("upstream_lost") for w in later), "the wait past upstream_lost_s was not reported"
     for worker in later:
         cluster.stop(worker, signal.SIGKILL)
     cluster.redis.stop()  # the membership table, high-water marks and all, is gone
@@ -95,8 +97,9 @@ def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProc
 
 def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_store(tmp_path):
     store = RunStore(str(tmp_path / "store"))
+    # upstream_lost_s far below how long stage 0 stays dead: a stage gone that long must not end the run.
     cluster = LocalCluster(tmp_path, settings={"store.url": store.url, "store.every": 2,
-                                               "worker.exchange_timeout_s": 4.0})
+                                               "worker.exchange_timeout_s": 4.0, "worker.upstream_lost_s": 2.0})
     checkpoints, cursors = StageCheckpoints(store, "default"), DataCursors(store, "default")
     try:
         first = [cluster.start_worker(0, f"a{r}", steps=100_000) for r in range(2)]

@@ -43,10 +43,12 @@ class UpstreamFinished:
     "Every upstream worker has finished": none is live in the table for `gone_s` (a margin
     over a restarting upstream's absence), while Redis answers, and a worker of the
     upstream stage marked it finished since it last had a live worker. An upstream stage that
-    vanished without that mark (all its machines reclaimed at once) is waited for: its
-    replacements resume from their checkpoints or the durable store and need a downstream.
-    Only after `lost_s` without a live upstream or a mark (the mark itself lost with Redis'
-    data) do we finish anyway, with a warning.
+    vanished without that mark (all its machines reclaimed at once) is waited for, however
+    long: its replacements resume from their checkpoints or the durable store and need a
+    downstream, and a run never ends on a guess (finishing here would mark it finished short
+    of run.steps). Every `lost_s` of that wait is logged (`upstream_lost`), saying what to do
+    if the upstream did finish and Redis lost its mark: start one of its workers again, which
+    resumes at run.steps, finishes at once and marks the stage.
 
     A forward from upstream heard within UPSTREAM_CHECK_S shows it live without asking Redis:
     the training thread, idle between microbatches, makes no round trip to Redis while
@@ -68,6 +70,7 @@ class UpstreamFinished:
         self.log = log
         self.clock = clock
         self._checked_at = float("-inf")
+        self._reported_at = float("-inf")
         self._absent_since: float | None = None
         self._seen_live = False
         self._marked = False
@@ -88,11 +91,14 @@ class UpstreamFinished:
         absent_s = now - self._absent_since
         if self._marked:
             return absent_s >= self.gone_s
-        if absent_s < self.lost_s or not (self._seen_live or self.received_from_upstream()):
-            return False
-        self.log.warning("upstream_lost", stage=self.upstream_stage, absent_s=round(absent_s, 1),
-                         note="no live upstream worker and no finished mark for worker.upstream_lost_s: finishing")
-        return True
+        if absent_s >= self.lost_s and now - self._reported_at >= self.lost_s \
+                and (self._seen_live or self.received_from_upstream()):
+            self._reported_at = now
+            self.log.warning("upstream_lost", stage=self.upstream_stage, absent_s=round(absent_s, 1),
+                             note="no live worker of the upstream stage and no finished mark: waiting for its "
+                                  "replacements. If it did finish and Redis lost the mark, start one of its "
+                                  "workers again: it resumes at run.steps and marks the stage finished")
+        return False
 
     def _check_upstream(self, now: float) -> None:
         upstream = self.membership.live_members(stage=self.upstream_stage,

@@ -157,9 +157,9 @@ class WorkerConfig:
     upstream_lost_s: float = 600.0
     """A later stage finishes once its upstream stage marked itself finished and has no live
     worker. An upstream stage that vanished without finishing (every machine of it reclaimed)
-    is waited for this long, so its replacements, resuming from the durable store, find a
-    downstream; then the stage finishes anyway (only if the mark was lost with Redis' data
-    should that happen). Kubernetes manifests set it above the startup probe's budget."""
+    is waited for, however long, so its replacements, resuming from the durable store, find a
+    downstream: a run never ends short of run.steps. Every this many seconds of such a wait a
+    warning (`upstream_lost`) says so."""
     upstream_gone_s: float = 5.0
     """A later stage finishes once its upstream stage, marked finished, has had no live worker
     for this long: a margin for an upstream worker that restarts and trains on."""

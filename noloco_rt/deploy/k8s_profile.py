@@ -27,9 +27,9 @@ CONFIG_ERROR_EXIT_CODE = 2  # bad config or flags (noloco_rt.cli): retrying cann
 # How long a pod waits for Redis at start (worker.redis_wait_s): Redis may be scheduled and
 # pulled after the workers, and an unreachable Redis ends in exit 2, which fails the Job.
 REDIS_WAIT_S = 300
-# How long a later stage waits for an upstream stage that vanished unfinished (worker.upstream_lost_s):
-# a reclaimed stage's replacements need new nodes, an image pull and a store read (the 1b
-# startup probe allows about 30 min), and they need a downstream when they come back.
+# How often a later stage reports waiting for an upstream stage that vanished unfinished
+# (worker.upstream_lost_s; it waits however long): a reclaimed stage's replacements need new
+# nodes, an image pull and a store read (the 1b startup probe allows about 30 min).
 UPSTREAM_LOST_S = 3600
 
 
