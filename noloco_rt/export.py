@@ -32,6 +32,7 @@ from noloco_rt.config.presets import PRESETS
 from noloco_rt.model import PipelineStage
 from noloco_rt.shared_files import write_shared_file
 from noloco_rt.staged_model import staged_model
+from noloco_rt.standalone import standalone_metadata
 
 CONSENSUS_FORMAT = "noloco-consensus/1"
 RESERVED_METADATA = ("format", "config", "sha256")
@@ -156,9 +157,10 @@ def save_consensus(path: Path, cfg: Config, stages: Sequence[Sequence[torch.Tens
         check_tensors(tensors, expected, f"{path}: stage {stage}")
         for (name, _), tensor in zip(expected, tensors, strict=True):
             named[name] = tensor.detach().to("cpu").contiguous()
-    # The config redacted: a file people share holds no Redis password or CURVE secret.
-    header = {**extra, "format": CONSENSUS_FORMAT, "config": config_to_toml(cfg, redact=True),
-              "sha256": tensors_sha256(named)}
+    # The config redacted: a file people share holds no Redis password or CURVE secret. The
+    # run's tokenizer travels with it (noloco_rt/standalone.py).
+    header = {**standalone_metadata(cfg), **extra, "format": CONSENSUS_FORMAT,
+              "config": config_to_toml(cfg, redact=True), "sha256": tensors_sha256(named)}
     write_shared_file(path, safetensors_bytes(named, metadata=header))
 
 

@@ -78,17 +78,19 @@ def run_tokenizer_file(cfg: Config) -> Path | None:
 
 
 def write_hf_folder(out: Path, cfg: Config, model: PipelineStage, *, force: bool = False,
-                    tokenizer: Path | None = None) -> list[Path]:
+                    tokenizer: Path | None = None, eos_token_id: int | None = None) -> list[Path]:
     """Write the folder, with `tokenizer` (a tokenizer.json the caller chose) as its
-    tokenizer.json; returns the files written."""
+    tokenizer.json and `eos_token_id` (the end-of-document token) in its configs; returns the
+    files written."""
     check_out_dir(out, force=force)
     if not model.is_first or not model.is_last:
         raise HFExportError("only a whole model (one stage holding every layer) can be exported")
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "config.json", out / WEIGHTS_FILE, out / "generation_config.json"]
     _write_weights(out / WEIGHTS_FILE, hf_state_dict(model))
-    _write_json(written[0], hf_config(model.shape, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len))
-    _write_json(written[2], generation_config())
+    _write_json(written[0], hf_config(model.shape, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                                      eos_token_id=eos_token_id))
+    _write_json(written[2], generation_config(eos_token_id))
     if tokenizer is not None:
         shutil.copyfile(tokenizer, out / "tokenizer.json")
         written.append(out / "tokenizer.json")

@@ -93,7 +93,7 @@ def from_hf(name: str, tensor: torch.Tensor, n_heads: int) -> torch.Tensor:
 # -- config.json --------------------------------------------------------------------------
 
 
-def hf_config(shape: ModelShape, *, vocab_size: int, seq_len: int) -> dict[str, Any]:
+def hf_config(shape: ModelShape, *, vocab_size: int, seq_len: int, eos_token_id: int | None = None) -> dict[str, Any]:
     """config.json of a LlamaForCausalLM equal to the noloco model of this shape."""
     rope = {"rope_type": "default", "rope_theta": ROPE_THETA}
     return {
@@ -107,13 +107,14 @@ def hf_config(shape: ModelShape, *, vocab_size: int, seq_len: int) -> dict[str, 
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
         # dtype for transformers 5, torch_dtype for 4.x: the weights are float32.
         "initializer_range": 0.02, "use_cache": True, "dtype": "float32", "torch_dtype": "float32",
-        # No special tokens: byte-level runs have none; a tokenizer folder carries its own.
-        "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+        # Byte-level runs have no special tokens; a run on prepared data ends each document with
+        # one, which `generate` must stop at.
+        "bos_token_id": None, "eos_token_id": eos_token_id, "pad_token_id": None,
     }
 
 
-def generation_config() -> dict[str, Any]:
-    return {"_from_model_config": True, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+def generation_config(eos_token_id: int | None = None) -> dict[str, Any]:
+    return {"_from_model_config": True, "bos_token_id": None, "eos_token_id": eos_token_id, "pad_token_id": None}
 
 
 def _rope_theta(config: Mapping[str, Any]) -> tuple[float, str]:

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import random
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -269,7 +270,7 @@ def test_smaller_vocab_size_than_the_tokenizer_is_one_line_exit_2(prepared, caps
     assert code == 2 and err.startswith("Error: invalid model.vocab_size = 300") and err.count("\n") == 1, err
 
 
-def test_simulate_trains_on_the_prepared_directory(prepared, tmp_path, capsys):
+def test_simulate_trains_on_the_prepared_directory(prepared, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     code, _, err = run_main(capsys, "simulate", "--preset", "tiny", "--steps", "4", "--eval-every", "2",
                             "--stages", "2", "--replicas", "2", "--out", str(run),
@@ -282,6 +283,36 @@ def test_simulate_trains_on_the_prepared_directory(prepared, tmp_path, capsys):
     assert records and all(math.isfinite(r["val_loss"]) for r in records)
     assert abs(records[0]["val_loss"] - math.log(VOCAB)) < 1.0  # an untrained model over 400 ids
     _exported_run_loads_in_transformers(run, prepared, tmp_path, capsys)
+    _the_consensus_stands_alone(run, prepared, tmp_path, capsys, monkeypatch)
+
+
+def _the_consensus_stands_alone(run: Path, prepared: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """On another machine (another folder, no copy of the data): sample decodes with the
+    tokenizer the file carries, export writes it with the end-of-document token that makes
+    `generate` stop, and eval names the flag for the validation data it needs."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(run / "consensus.safetensors", elsewhere / "model.safetensors")
+    monkeypatch.chdir(elsewhere)
+    eos = read_manifest(prepared).eos_id
+    args = ("--prompt", "alpha beta", "--tokens", "8", "--temperature", "0")
+    code, carried, err = run_main(capsys, "sample", "model.safetensors", *args)
+    assert code == 0, err
+    code, named, err = run_main(capsys, "sample", "model.safetensors", *args, "--data", str(prepared))
+    assert code == 0 and carried == named, (carried, named, err)
+    code, _, err = run_main(capsys, "export", "model.safetensors", "--format", "hf", "hf")
+    assert code == 0, err
+    assert (elsewhere / "hf" / "tokenizer.json").read_bytes() == (prepared / "tokenizer.json").read_bytes()
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((elsewhere / "hf" / name).read_text())["eos_token_id"] == eos, name
+    if importlib.util.find_spec("transformers") is not None:
+        from transformers import GenerationConfig
+
+        assert GenerationConfig.from_pretrained(elsewhere / "hf").eos_token_id == eos  # where generate stops
+    code, _, err = run_main(capsys, "eval", "model.safetensors")
+    assert code == 2 and "--data PATH" in err, err
+    code, _, err = run_main(capsys, "eval", "model.safetensors", "--data", str(prepared))
+    assert code == 0, err
 
 
 def _exported_run_loads_in_transformers(run: Path, prepared: Path, tmp_path: Path, capsys) -> None:

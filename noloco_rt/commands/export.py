@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,20 +48,32 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
         raise UnusableCheckpoint(f"{out}: cannot be read ({exc})") from None
     from noloco_rt.commands._consensus import load_for_command
 
-    cfg, model, _ = load_for_command(checkpoint, "cpu", presets_only="export")
+    cfg, model, metadata = load_for_command(checkpoint, "cpu", presets_only="export")
     cfg, file_data = with_user_files(cfg, data=data_paths, tokenizer=tokenizer)
-    try:
-        written = write_hf_folder(out, cfg, model, force=force, tokenizer=_named_tokenizer(cfg, tokenizer))
-    except (HFExportError, HFFormatError) as exc:
-        raise UnusableCheckpoint(f"{checkpoint}: {exc}") from None
-    except OSError as exc:  # no permission, disk full: the user's to fix, not a traceback
-        raise UnusableCheckpoint(f"{out}: cannot be written ({exc})") from None
+    from noloco_rt.standalone import (
+        embedded_eos_id,
+        embedded_tokenizer,
+        run_eos_id,
+        write_embedded_tokenizer,
+    )
+
+    chosen = _named_tokenizer(cfg, tokenizer)
+    with tempfile.TemporaryDirectory(prefix="noloco-export-") as scratch:
+        if chosen is None and not tokenizer and not data_paths:  # the one the file carries
+            chosen = write_embedded_tokenizer(metadata, Path(scratch) / "tokenizer.json")
+        eos = run_eos_id(cfg) if data_paths else embedded_eos_id(metadata)
+        try:
+            written = write_hf_folder(out, cfg, model, force=force, tokenizer=chosen, eos_token_id=eos)
+        except (HFExportError, HFFormatError) as exc:
+            raise UnusableCheckpoint(f"{checkpoint}: {exc}") from None
+        except OSError as exc:  # no permission, disk full: the user's to fix, not a traceback
+            raise UnusableCheckpoint(f"{out}: cannot be written ({exc})") from None
     from noloco_rt.config.prepared_manifest import run_tokenizer_path
 
     named = run_tokenizer_path(cfg) if cfg.data.source == "tokens" else (Path(tokenizer).expanduser() if tokenizer else None)
     if named is not None and out / "tokenizer.json" not in written:
         click.echo(f"warning: the tokenizer {str(named)!r} has no tokenizer.json here; none was written", err=True)
-    elif named is None and file_data.source == "tokens":
+    elif named is None and file_data.source == "tokens" and embedded_tokenizer(metadata) is None:
         click.echo(f"note: {checkpoint} was trained on token ids ({files_named(file_data)}); a file never picks "
                    f"local files to copy: name its tokenizer (--tokenizer FILE or --data DIR) to include it",
                    err=True)
