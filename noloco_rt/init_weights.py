@@ -150,7 +150,21 @@ def check_tensors(source: WeightSource, expected: list[tuple[str, torch.Size]]) 
             raise InitWeightsError(f"init-from {source.path}: no tensor {_label(stored, name)}")
         if shapes[stored] != tuple(shape):
             raise InitWeightsError(f"init-from {source.path}: tensor {_label(stored, name)} has shape "
-                                   f"{shapes[stored]}, the run's model needs {tuple(shape)}")
+                                   f"{shapes[stored]}, the run's model needs {tuple(shape)}"
+                                   f"{_what_to_match(name, shapes[stored], tuple(shape))}")
+
+
+VOCABULARY_TENSORS = ("embed.weight", "head.weight")
+"""noloco's tensors whose first dimension is the vocabulary."""
+
+
+def _what_to_match(name: str, stored: tuple[int, ...], needed: tuple[int, ...]) -> str:
+    """Which settings make the run's model match the weights, for the shape error (pure)."""
+    if name in VOCABULARY_TENSORS and stored[1:] == needed[1:]:
+        return (f": the weights have a vocabulary of {stored[0]} tokens, the run {needed[0]}. Train on the data "
+                f"they were trained on (a `prepare`d folder: --set data.source=tokens --set data.paths=DIR, "
+                f"which sets model.vocab_size from its tokenizer)")
+    return ": the weights are of another shape; choose the preset they were trained with (--preset)"
 
 
 def read_tensors(source: WeightSource, expected: list[tuple[str, torch.Size]], n_heads: int) -> dict[str, torch.Tensor]:

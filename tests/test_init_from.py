@@ -135,8 +135,19 @@ def test_a_consensus_of_another_preset_is_one_line_naming_the_tensor(command, co
     code, _, err = run_main(capsys, *args, "--set", "model.preset=small", "--set", f"paths.out_dir={tmp_path}")
     assert code == 2
     assert err.splitlines() == [f"Error: init-from {consensus[0]}: tensor embed.weight has shape (256, 64), "
-                                "the run's model needs (256, 256)"]
+                                "the run's model needs (256, 256): the weights are of another shape; choose the "
+                                "preset they were trained with (--preset)"]
     assert list(tmp_path.iterdir()) == []  # nothing was started
+
+
+def test_weights_of_another_vocabulary_name_the_data_settings_that_match_them(consensus, tmp_path, capsys):
+    # README's --init-from of a run on prepared data, given without the data: the message says
+    # what makes the run's vocabulary the weights' (it once pointed at model.vocab_size alone).
+    code, _, err = run_main(capsys, "simulate", "--init-from", consensus[0], "--set", "model.vocab_size=300",
+                            "--set", f"paths.out_dir={tmp_path}")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "tensor embed.weight has shape (256, 64), the run's model needs (300, 64): the weights have a " \
+           "vocabulary of 256 tokens, the run 300" in err and "--set data.paths=DIR" in err, err
 
 
 @pytest.mark.parametrize("command", ["simulate", "up", "worker"])
@@ -216,3 +227,16 @@ def test_a_workers_own_checkpoint_wins_over_init_from(consensus, tmp_path):
     assert resumed and counters.inner_steps == 40
     for mine, theirs in zip(restarted.slow, earlier.slow, strict=True):
         assert torch.equal(mine, theirs)
+
+
+def test_a_worker_says_which_weights_it_started_from(consensus, tmp_path):
+    from workers.cluster.local_cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path, stages=1, settings={"outer.method": "local"})
+    try:
+        worker = cluster.start_worker(0, "solo", steps=2, **{"model.init_from": str(consensus[0])})
+        assert cluster.wait_exit(worker, timeout_s=120) == 0, worker.log_text()[-2000:]
+        [loaded] = worker.events("init_from_loaded")
+        assert loaded["path"] == str(consensus[0]) and loaded["stage"] == 0 and loaded["tensors"] > 0
+    finally:
+        cluster.close()

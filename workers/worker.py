@@ -173,6 +173,9 @@ class StageWorker:
             "memory_plan", max_inflight=memory.max_inflight, activation_checkpointing=memory.activation_checkpointing,
             planned_peak_gb=round(memory.peak_bytes / 1e9, 2), reason=memory.reason)
         replica = initial_replica(self.cfg, self.stage, device=self.device, model=self.model)
+        if self.cfg.model.init_from:  # what a user asked for is said to be used (a checkpoint or peer still wins)
+            self.log.info("init_from_loaded", path=self.cfg.model.init_from, stage=self.stage,
+                          tensors=len(replica.slow), note="a checkpoint of ours or a live peer's state replaces it")
         if compile_wanted(self.cfg.model.compile, self.device):
             model_cfg = self.cfg.model
             compiled = compile_stage(replica.module, scope=model_cfg.compile_scope, seq_len=model_cfg.seq_len)
