@@ -64,7 +64,9 @@ def test_keys_generate_writes_a_private_pair_and_refuses_to_overwrite(tmp_path, 
     assert exited.value.code == 0
     secret, public = out / "cluster.secret", out / "cluster.public"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and stat.S_IMODE(public.stat().st_mode) == 0o600
-    assert "curve_key_dir" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "curve_key_dir" in printed
+    assert "kubectl -n noloco create secret generic noloco-curve" in printed  # docs/deploy.md's namespace
     keys = keys_from_dir(out)
     assert keys.public_key == public.read_text().strip().encode()
     before = secret.read_text()

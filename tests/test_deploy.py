@@ -305,11 +305,13 @@ def test_kustomize_overlays_equal_renderer(overlay: str) -> None:
 def test_k8s_render_command(tmp_path: Path) -> None:
     out = tmp_path / "run.yaml"
     result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "k8s", "render", "--overlay", "cpu-dev",
-                             "--stages", "3", "--replicas", "2", "--out", str(out)],
+                             "--stages", "3", "--replicas", "2", "--run-id", "second-run", "--out", str(out)],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(out.read_text()) if d]
-    assert _by_key(docs) == _by_key(k8s_render.render("cpu-dev", stages=3, replicas=2))
+    assert _by_key(docs) == _by_key(k8s_render.render("cpu-dev", stages=3, replicas=2, run_id="second-run"))
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.toml"]
+    assert 'run_id = "second-run"' in config  # a new run on the same store
     bad = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "k8s", "render", "--stages", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "--stages" in bad.stderr
@@ -327,6 +329,7 @@ def test_k8s_render_command(tmp_path: Path) -> None:
     (["--min-bandwidth", "1e-300"], "invalid worker.min_bandwidth_mbit_s = 1e-300: must be >= 0.01"),
     (["--vocab-size", "1000000000000"], "invalid model.vocab_size = 1000000000000: must be between 2 and"),
     (["--replicas", "1000000000"], "invalid --replicas = 1000000000: an Indexed Job runs at most 100000 pods"),
+    (["--run-id", "a/b"], "invalid run.run_id = 'a/b': letters, digits, '-' and '_' only"),
 ])
 def test_k8s_render_refuses_what_would_crash_loop_or_never_pull(capsys, args, fragment) -> None:
     from noloco_rt.cli import main

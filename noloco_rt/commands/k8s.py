@@ -21,6 +21,9 @@ def k8s() -> None:
 @click.option("--stages", type=click.IntRange(min=1), default=None, help="Pipeline stages (one worker Job each).")
 @click.option("--replicas", type=click.IntRange(min=1), default=None, help="Workers per stage.")
 @click.option("--image", default=None, help="Container image of coordinator and workers.")
+@click.option("--run-id", default=None,
+              help="run.run_id (default k8s): a new run on the same store needs a new one; a finished run's "
+                   "workers exit at once.")
 @click.option("--vocab-size", type=click.IntRange(min=2), default=None,
               help="model.vocab_size: the vocabulary `noloco-rt prepare` printed (default 256, bytes).")
 @click.option("--min-bandwidth", "min_bandwidth_mbit_s", type=click.FloatRange(min=0, min_open=True), default=None,

@@ -28,7 +28,7 @@ def usage_text(public_path: Path, secret_path: Path, name: str) -> str:
         f'  export NOLOCO_NETWORK_CURVE_SECRET_KEY="$(cat {secret_path.resolve()})"',
         "or flags: --set network.curve_key_dir=" + str(folder),
         "Kubernetes (mount the Secret and set NOLOCO_NETWORK_CURVE_KEY_DIR to the mount path):",
-        f"  kubectl create secret generic noloco-curve --from-file={name}.secret={secret_path.resolve()} "
+        f"  kubectl -n noloco create secret generic noloco-curve --from-file={name}.secret={secret_path.resolve()} "
         f"--from-file={name}.public={public_path.resolve()}",
     ])
 

@@ -46,6 +46,9 @@ class Profile:
     vocab_size: int = 256
     spot: bool = False
     run_steps: int = 100_000
+    run_id: str = RUN_ID
+    """run.run_id: a new run on the same store needs a new one (a finished run's mark makes
+    every worker of that id exit 0 at once)."""
     metrics_port: int = 9100
     data_port: int = 5555
     exchange_port: int = 5556
@@ -104,7 +107,7 @@ def config_toml(p: Profile) -> str:
     """The run's config (read by every process through --config); ports here are the probes' ports."""
     data = (["[data]", 'source = "tokens"', f'paths = ["{PREPARED_PATH}"]', ""] if p.dataset else [])
     return "\n".join([
-        "[run]", f'run_id = "{RUN_ID}"', f"steps = {p.run_steps}", 'log_format = "json"', "",
+        "[run]", f'run_id = "{p.run_id}"', f"steps = {p.run_steps}", 'log_format = "json"', "",
         "[model]", f'preset = "{p.model_preset}"', f"vocab_size = {p.vocab_size}", "",
         "[pipeline]", f"stages = {p.stages}", f"replicas = {p.replicas}", "",
         *data,
