@@ -231,12 +231,15 @@ class Observer:
         return final
 
     def _final_states(self, stop: threading.Event) -> WorkerCheckpoints | None:
-        """Each stage's newest checkpoint in the store, once stage 0's holds run.steps; None
-        when they do not within FINAL_STATES_WAIT_S (or the store cannot be read)."""
+        """Every replica's final state in the store (each stage's checkpoints of its newest outer
+        step), once no worker of the run is left (the last stage's other replicas may still be
+        writing theirs when the first marks the run finished) and stage 0's hold run.steps;
+        None when that does not come within FINAL_STATES_WAIT_S (or the store cannot be read)."""
         deadline = time.monotonic() + FINAL_STATES_WAIT_S
         while True:
+            settled = not self.membership.live_members(stage=None, states=None) or time.monotonic() >= deadline
             try:
-                found = read_store_checkpoints(self.cfg)
+                found = read_store_checkpoints(self.cfg) if settled else None
             except (OSError, StoreError) as exc:
                 self.log.warning("store_unreadable", store=redact_url(self.cfg.store.url), error=str(exc))
                 found = None

@@ -122,9 +122,10 @@ def read_checkpoint_files(paths: Sequence[Path], cfg: Config) -> WorkerCheckpoin
 
 
 def read_store_checkpoints(cfg: Config) -> WorkerCheckpoints:
-    """Each stage's newest checkpoint in the run's durable store (store.url) whose bytes match
-    its manifest: one replica per stage, the stage's elected writer's. Checkpoints passed
-    over are recorded in ``skipped``; StoreError or OSError when the store cannot be read."""
+    """Each stage's checkpoints of its newest outer step in the run's durable store (store.url)
+    whose bytes match their manifests: after the run, every replica's final state (each writes
+    it as it finishes); during it, the stage's elected writer's newest. Checkpoints passed over
+    are recorded in ``skipped``; StoreError or OSError when the store cannot be read."""
     from noloco_rt.store.backend import RunStore
     from noloco_rt.store.stage_checkpoints import StageCheckpoints
 
@@ -134,9 +135,9 @@ def read_store_checkpoints(cfg: Config) -> WorkerCheckpoints:
     found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps_by_stage=[[] for _ in shapes])
     for stage in range(cfg.pipeline.stages):
         where = f"{store.shown}/{cfg.run.run_id}/stage-{stage}"
-        loaded, problems = checkpoints.latest(stage)
+        states, problems = checkpoints.newest_step_states(stage)
         found.skipped.extend((where, problem) for problem in problems)
-        if loaded is not None:
+        for loaded in states:
             found.add(f"{where}/{loaded.info.data_file}", loaded.state, cfg, shapes)
     return found
 

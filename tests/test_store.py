@@ -16,7 +16,7 @@ from noloco_rt.config import WorkerConfig
 from noloco_rt.data import DataCursor
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.cursors import DataCursors
-from noloco_rt.store.stage_checkpoints import StageCheckpoints, beyond_keep
+from noloco_rt.store.stage_checkpoints import StageCheckpoints, beyond_keep, final_states
 from noloco_rt.transfer_time import stage_timeouts, transfer_s
 from workers.durable_state import detached_copy, is_elected_writer
 
@@ -71,11 +71,15 @@ def test_two_writers_of_one_step_keep_their_own_files_and_old_ones_are_pruned(st
     for step in (5, 10):
         for writer in ("aaaa", "bbbb"):
             checkpoints.save(2, _state(step), outer_step=step, inner_step=step * 5, writer=writer)
+    checkpoints.save(2, _state(15), outer_step=15, inner_step=75, writer="aaaa")
     infos, _ = checkpoints.manifests(2)
-    assert [(i.outer_step, i.writer) for i in infos] == [(10, "bbbb"), (10, "aaaa")]
+    # The newest two outer steps are kept, every writer's (a stage's replicas all write their final state).
+    assert [(i.outer_step, i.writer) for i in infos] == [(15, "aaaa"), (10, "bbbb"), (10, "aaaa")]
     assert sorted(store.list("run/stage-2")) == ["step-00000010-aaaa.json", "step-00000010-aaaa.pt",
-                                                 "step-00000010-bbbb.json", "step-00000010-bbbb.pt"]
+                                                 "step-00000010-bbbb.json", "step-00000010-bbbb.pt",
+                                                 "step-00000015-aaaa.json", "step-00000015-aaaa.pt"]
     assert beyond_keep(infos, 1) == infos[1:]
+    assert [i.writer for i in final_states(infos[1:])] == ["bbbb", "aaaa"]
 
 
 def test_data_cursors_are_kept_by_name(store):

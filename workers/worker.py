@@ -54,7 +54,7 @@ from workers.data_path.context import DataContext
 from workers.data_path.receiver import decoder
 from workers.data_path.roles import data_path_for
 from workers.device import HostStaging, memory_choice, pick_device
-from workers.durable_state import durable_state_for, is_elected_writer
+from workers.durable_state import durable_state_for
 from workers.faults.data_path import DataFaults
 from workers.faults.snapshot import snapshot_faults_on
 from workers.inner_step import InnerStep
@@ -341,11 +341,9 @@ class StageWorker:
         # The final state is written before the marks: whoever the marks tell that the run is
         # over (a coordinator, `noloco-rt consensus --from-store`) finds it there.
         self.checkpoint.save("finished")
-        if self.durable is not None:  # the stage's final state outlives this machine
-            writer = is_elected_writer(self.worker_id, [m.worker_id for m in self.peers.members(self.stage)])
+        if self.durable is not None:  # every replica's final state outlives its machine: the run's model
             self.durable.write_now(self.counters.outer_steps, self.counters.inner_steps,
-                                   state=self.checkpoint.snapshot() if writer else None,
-                                   cursor=self.data_path.cursor_state())
+                                   state=self.checkpoint.snapshot(), cursor=self.data_path.cursor_state())
         self.membership.mark_stage_finished(self.stage)
         if self.stage == self.cfg.pipeline.stages - 1:  # every upstream stage finished before us
             mark_run_finished(self.cfg, self.membership, name=self.name, log=self.log)

@@ -96,8 +96,17 @@ def newest_first(infos: list[StageCheckpointInfo]) -> list[StageCheckpointInfo]:
 
 
 def beyond_keep(infos: list[StageCheckpointInfo], keep: int) -> list[StageCheckpointInfo]:
-    """The checkpoints to delete so that the newest `keep` remain."""
-    return newest_first(infos)[keep:]
+    """The checkpoints to delete so that those of the newest `keep` outer steps remain, every
+    writer's (a stage's replicas all write their final state when they finish)."""
+    kept_steps = sorted({info.outer_step for info in infos}, reverse=True)[:keep]
+    return [info for info in newest_first(infos) if info.outer_step not in kept_steps]
+
+
+def final_states(infos: list[StageCheckpointInfo]) -> list[StageCheckpointInfo]:
+    """The checkpoints of the newest outer step, one per writer (pure): a finished stage's
+    replicas' final states."""
+    newest = newest_first(infos)
+    return [info for info in newest if info.outer_step == newest[0].outer_step] if newest else []
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,18 @@ class StageCheckpoints:
             except CheckpointError as exc:
                 problems.append(str(exc))
         return None, problems
+
+    def newest_step_states(self, stage: int) -> tuple[list[LoadedStageCheckpoint], list[str]]:
+        """Every checkpoint of the stage's newest outer step whose bytes check out (each
+        writer's), and why others were passed over."""
+        infos, problems = self.manifests(stage)
+        loaded = []
+        for info in final_states(infos):
+            try:
+                loaded.append(LoadedStageCheckpoint(info, self.load(info)))
+            except CheckpointError as exc:
+                problems.append(str(exc))
+        return loaded, problems
 
     def prune(self, stage: int) -> None:
         infos, _ = self.manifests(stage)
