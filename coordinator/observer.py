@@ -39,6 +39,7 @@ from noloco_rt.scored_consensus import (
     WorkerCheckpoints,
     consensus_of_found,
     read_store_checkpoints,
+    read_worker_checkpoints,
     write_scored_consensus,
 )
 from noloco_rt.staged_model import staged_model
@@ -199,24 +200,28 @@ class Observer:
     # -- the end: the run's model from its final states -----------------------------------------
 
     def finalise(self, stop: threading.Event) -> dict[str, Any] | None:
-        """The run reached run.steps: its model, made once from each stage's final state in the
-        store (workers write it before they mark the run finished), scored, written to
-        OUT/consensus.safetensors and the store, and reported (`final` in /status, the log).
-        Without a store, or when it lacks the final states, the last measurement's consensus
-        stays, and the status says so and names the command that makes the final one."""
+        """The run reached run.steps: its model, made once from every replica's final state in
+        the store (workers write it before they mark the run finished), or without a store from
+        the workers' checkpoints on this machine, scored, written to OUT/consensus.safetensors
+        and the store, and reported (`final` in /status, the log). Where neither holds them, the
+        last measurement's consensus stays, and the status says so and names the command that
+        makes the final one."""
         path = self.out_dir / "consensus.safetensors"
-        found = self._final_states(stop) if self.cfg.store.url else None
+        found = self._final_states(stop)
+        if found is None and stop.is_set():  # stopped meanwhile (`up` stops it once its workers are done)
+            self.log.info("final_consensus_not_made", reason="stopped before the final states were read")
+            return None
         if found is None:
             last = self.status.last_spread
             final = {"source": "last spread measurement", "step": last.step if last else None,
                      "val_loss": last.consensus_val_loss if last else None,
                      "consensus": str(path) if last else None}
-            self._note("the run finished; its final states are not in a store: the consensus is the last "
-                       "measurement's. Make the final one from the workers' checkpoints: noloco-rt consensus "
-                       "CHECKPOINT_OR_FOLDER... --config RUN.toml")
-            self.log.warning("final_consensus_not_made", reason="no final states in a store", **final)
+            self._note("the run finished; its final states are neither in a store nor in this machine's "
+                       "checkpoint folder: the consensus is the last measurement's. Make the final one from the "
+                       "workers' checkpoints: noloco-rt consensus CHECKPOINT_OR_FOLDER... --config RUN.toml")
+            self.log.warning("final_consensus_not_made", reason="no final states in a store or here", **final)
         else:
-            scored = consensus_of_found(self.cfg, found, path, source="final states", where="the store",
+            scored = consensus_of_found(self.cfg, found, path, source="final states", where="the final states",
                                         val_batches=self.val_batches)
             self._copy_to_store(scored.path)
             final = {"source": "final states", **scored.to_json()}
@@ -230,19 +235,33 @@ class Observer:
             self.status.final = final
         return final
 
+    def _read_final_states(self) -> WorkerCheckpoints | None:
+        """The store's final states; without a store, the workers' checkpoints in this machine's
+        checkpoint folder (all of a run's workers here: `up`, or `launch` of every stage on one
+        node beside the coordinator); None when neither can be read."""
+        if not self.cfg.store.url:
+            folder = self._checkpoint_folder()
+            return read_worker_checkpoints(folder, self.cfg) if folder.is_dir() else None
+        try:
+            return read_store_checkpoints(self.cfg)
+        except (OSError, StoreError) as exc:
+            self.log.warning("store_unreadable", store=redact_url(self.cfg.store.url), error=str(exc))
+            return None
+
+    def _checkpoint_folder(self) -> Path:
+        return Path(self.cfg.paths.checkpoint_dir or Path(self.cfg.paths.out_dir) / "checkpoints")
+
     def _final_states(self, stop: threading.Event) -> WorkerCheckpoints | None:
         """Every replica's final state in the store (each stage's checkpoints of its newest outer
         step), once no worker of the run is left (the last stage's other replicas may still be
         writing theirs when the first marks the run finished) and stage 0's hold run.steps;
         None when that does not come within FINAL_STATES_WAIT_S (or the store cannot be read)."""
+        if not self.cfg.store.url and not self._checkpoint_folder().is_dir():
+            return None  # nowhere to find them: the workers ran on other machines
         deadline = time.monotonic() + FINAL_STATES_WAIT_S
         while True:
             settled = not self.membership.live_members(stage=None, states=None) or time.monotonic() >= deadline
-            try:
-                found = read_store_checkpoints(self.cfg) if settled else None
-            except (OSError, StoreError) as exc:
-                self.log.warning("store_unreadable", store=redact_url(self.cfg.store.url), error=str(exc))
-                found = None
+            found = self._read_final_states() if settled else None
             if found is not None and not found.missing_stages() \
                     and min(found.inner_steps_by_stage[0]) >= self.cfg.run.steps:
                 return found
