@@ -194,7 +194,21 @@ def test_a_coordinator_started_after_the_run_finished_makes_its_model_and_can_ke
                 serving.kill()
         exiting = start_coordinator(cluster, free_port(), tmp_path / "exits", "exits.log")
         assert exiting.wait(60) == 0  # the default: done, so it exits
+        # Without a store, the workers' checkpoints on this machine (up's, or every stage launched here).
+        from noloco_rt.checkpoint import save_checkpoint
+
+        local = tmp_path / "local"
+        (local / "checkpoints").mkdir(parents=True)
+        for stage in range(2):
+            for replica in range(2):
+                save_checkpoint(local / "checkpoints" / f"s{stage}-r{replica}.pt",
+                                _worker_state(cfg, stage, random_stages(cfg, seed=replica)[stage]))
+        cluster.settings.pop("store.url")
+        here = start_coordinator(cluster, free_port(), local, "local.log")
+        assert here.wait(60) == 0
     assert read_events(tmp_path / "exits.log", "final_consensus")[0]["step"] == 10
+    [made] = read_events(tmp_path / "local.log", "final_consensus")
+    assert made["step"] == 10 and made["replicas"] == [2, 2], made
 
 
 def test_coordinator_pulls_a_bounded_sample_of_a_larger_stage(tmp_path):
