@@ -36,5 +36,19 @@ for w in $workers; do
   [ "$code" = 0 ] || { failed=1; podman logs --tail 10 "$w" >&2; }
 done
 echo "coordinator: $(podman logs noloco-coordinator-coordinator 2>&1 | grep -c '"evaluated"') evaluations"
+# The run's model: the coordinator makes it from the final states in the store, then keeps serving.
+final=""
+for _ in $(seq 120); do
+  final=$(podman logs noloco-coordinator-coordinator 2>&1 | grep '"final_consensus"' || true)
+  [ -n "$final" ] && break
+  sleep 1
+done
+store=$(podman volume inspect noloco-store --format '{{.Mountpoint}}')
+if [ -z "$final" ] || [ ! -f "$store/k8s/consensus.safetensors" ]; then
+  echo "no final model in the store: $(podman logs --tail 5 noloco-coordinator-coordinator 2>&1)" >&2; failed=1
+else
+  echo "final model in the store: $(echo "$final" | "$python" -c 'import json,sys; e=json.loads(sys.stdin.read()); print("step", e["step"], "val_loss", round(e["val_loss"], 4), "replicas", e["replicas"])')"
+  "$python" -m noloco_rt.cli eval "$store/k8s/consensus.safetensors" | tail -2 | sed 's/^/  eval: /'  # cpu-dev: stdlib data
+fi
 echo "kube play run: $((SECONDS - start)) s"
 exit $failed
