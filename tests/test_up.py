@@ -202,6 +202,8 @@ def assert_embedded_redis_is_private(pids: list[int]) -> None:
     (["--set", "outer.method=ddp"], "needs a global collective"),
     (["--redis-url", "http://x"], "must start with redis://"),
     (["--replicas", "0"], "--replicas"),
+    # As the container image sets it: refused once, not by every worker's restarts.
+    (["--set", "network.bind_host=0.0.0.0"], "without CURVE keys"),
 ])
 def test_up_bad_input_is_one_clear_line_and_starts_nothing(tmp_path, capsys, monkeypatch, args, fragment):
     from tests.in_process import run_cli_in_process

@@ -87,6 +87,10 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     out = Path(cfg.paths.out_dir)
     curves = _curves_settings(out, tensorboard_dir, no_tensorboard, with_wandb)
     cfg = _with_curve(cfg, out, secure)
+    from noloco_rt.net.exposure import open_door
+
+    if (why := open_door(cfg.network)) is not None:  # once here, not in every worker's restarts
+        raise click.UsageError(f"{why} (`up --secure` makes keys for this run)")
     # A bad key file or a refused Redis password fails now (exit 2), not in every child;
     # no ZeroMQ here: `up` only supervises.
     with process_startup(cfg, zmq_context=False):
