@@ -1,7 +1,7 @@
 """`noloco-rt consensus`: a run's model from its workers' checkpoints, wherever they ran.
 
 A run on several machines leaves each worker's checkpoint on its own machine (and, with a
-durable store, each stage's newest state there). Gathered in one place, or read from the
+durable store, every replica's final state there). Gathered in one place, or read from the
 store, they make the same consensus file `up` writes at the end of a run: each stage's
 replicas averaged, scored on the validation data, with the replica spread.
 """
@@ -19,7 +19,8 @@ from noloco_rt.cli import OneLineError, config_options
 @click.command(name="consensus")
 @click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--from-store", is_flag=True,
-              help="Read each stage's newest checkpoint from the run's durable store (store.url) instead.")
+              help="Read the run's durable store (store.url) instead: each stage's checkpoints of its newest "
+                   "outer step (every replica's final state, once the run finished).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("consensus.safetensors"),
               show_default=True, help="The consensus file to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a summary.")

@@ -129,15 +129,15 @@ class EmbeddedRedis:
         if self.prefix:
             args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         if self.password:
-            # In a file only we can read (the folder is ours, 0700), not on the command line:
-            # every local user sees a process's arguments in `ps`.
-            conf = Path(self._dir.name) / "redis.conf"
-            conf.touch(mode=0o600)
-            conf.write_text(f"requirepass {self.password}\n")
-            args.insert(len(self.prefix) + 1, str(conf))  # a config file comes before the options
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True,
+            # Through its standard input (`-`: a config file there), neither on the command line,
+            # which every local user reads in `ps`, nor in a file.
+            args.insert(len(self.prefix) + 1, "-")
+        self.process = subprocess.Popen(args, stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_die_with_parent)
+        if self.password and self.process.stdin is not None:
+            self.process.stdin.write(f"requirepass {self.password}\n".encode())
+            self.process.stdin.close()  # the end of its config
         self._finalizer = weakref.finalize(self, _terminate, self.process)
         atexit.register(self._finalizer)
         # No retries: redis-py's default client retries with back-off for many seconds per
