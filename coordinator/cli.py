@@ -81,8 +81,8 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
                 scalar_log.close()
             log.info("coordinator_stopped", evaluations=observer.status.evaluations,
                      run_finished=observer.status.final is not None)
-        if finished:  # the run's last line: where its model is
-            log.info("coordinator_done", **(observer.status.final or {}))
+        if finished and observer.status.final is not None:  # the run's last line: where its model is
+            log.info("coordinator_done", **observer.status.final)
 
 
 def _status_server(cfg, observer, metrics):

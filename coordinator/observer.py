@@ -227,7 +227,7 @@ class Observer:
             final = {"source": "final states", **scored.to_json()}
             self._note("the run finished: its final model is written")
             self.metrics.val_loss.set(scored.val_loss)
-            self._curves(scored.step, {"final_val_loss": scored.val_loss})
+            self._curves(scored.step, {"consensus_val_loss": scored.val_loss, "consensus_val_ppl": scored.val_ppl})
             self.log.info("final_consensus", step=scored.step, val_loss=round(scored.val_loss, 4),
                           val_ppl=round(scored.val_ppl, 3), replicas=scored.replicas_per_stage,
                           consensus=str(scored.path))

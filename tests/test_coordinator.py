@@ -4,6 +4,7 @@ spread measurement pulls a bounded random sample of each stage, however many rep
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -34,8 +35,9 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str, env: dict[str, str] | None = None,
-                      **extra: Any) -> subprocess.Popen:
-    args = [sys.executable, "-m", "noloco_rt.cli", "coordinator", "--status-port", str(port), "--out", str(out)]
+                      args_after: tuple[str, ...] = (), **extra: Any) -> subprocess.Popen:
+    args = [sys.executable, "-m", "noloco_rt.cli", "coordinator", "--status-port", str(port), "--out", str(out),
+            *args_after]
     settings = {**cluster.settings, "coordinator.eval_interval_s": 1.0, "coordinator.spread_interval_s": 2.0,
                 "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 2, **extra}
     for key, value in settings.items():
@@ -204,11 +206,16 @@ def test_a_coordinator_started_after_the_run_finished_makes_its_model_and_can_ke
                 save_checkpoint(local / "checkpoints" / f"s{stage}-r{replica}.pt",
                                 _worker_state(cfg, stage, random_stages(cfg, seed=replica)[stage]))
         cluster.settings.pop("store.url")
-        here = start_coordinator(cluster, free_port(), local, "local.log")
+        # With curves on, as under `up` (the final point once named a tag that does not exist).
+        curves = ("--tensorboard", str(tmp_path / "tb")) if importlib.util.find_spec("tensorboard") else ()
+        here = start_coordinator(cluster, free_port(), local, "local.log", args_after=curves)
         assert here.wait(60) == 0
     assert read_events(tmp_path / "exits.log", "final_consensus")[0]["step"] == 10
     [made] = read_events(tmp_path / "local.log", "final_consensus")
     assert made["step"] == 10 and made["replicas"] == [2, 2], made
+    assert read_events(tmp_path / "local.log", "observer_cycle_failed") == []
+    [done] = read_events(tmp_path / "local.log", "coordinator_done")
+    assert done["source"] == "final states"
 
 
 def test_coordinator_pulls_a_bounded_sample_of_a_larger_stage(tmp_path):
