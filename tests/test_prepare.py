@@ -313,6 +313,15 @@ def _the_consensus_stands_alone(run: Path, prepared: Path, tmp_path: Path, capsy
     assert code == 2 and "--data PATH" in err, err
     code, _, err = run_main(capsys, "eval", "model.safetensors", "--data", str(prepared))
     assert code == 0, err
+    # README's --init-from of the export: without the run's data the line says which settings
+    # match the weights; with them, it trains on.
+    small = ("--steps", "2", "--eval-every", "2", "--stages", "2", "--replicas", "1", "--set", "model.seq_len=32",
+             "--set", "data.batch_size=2", "--set", "run.eval_batches=1")
+    code, _, err = run_main(capsys, "simulate", "--init-from", "hf", "--out", "more", *small)
+    assert code == 2 and "--set data.source=tokens --set data.paths=DIR" in err, err
+    code, _, err = run_main(capsys, "simulate", "--init-from", "hf", "--out", "more", *small,
+                            "--set", "data.source=tokens", "--set", f"data.paths={prepared}")
+    assert code == 0, err
 
 
 def _exported_run_loads_in_transformers(run: Path, prepared: Path, tmp_path: Path, capsys) -> None:
