@@ -71,18 +71,23 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
                  port=server.port, out=str(out), curve=started.curve is not None)
         try:
-            finished = observer.run(stop)
-            if finished and not cfg.coordinator.exit_when_finished:  # a Deployment restarts what exits
-                log.info("serving_final_status", final=observer.status.final)
-                stop.wait()
+            _observe_until_done(cfg, observer, stop, log)
         finally:
             server.stop()
             if scalar_log is not None:
                 scalar_log.close()
             log.info("coordinator_stopped", evaluations=observer.status.evaluations,
                      run_finished=observer.status.final is not None)
-        if finished and observer.status.final is not None:  # the run's last line: where its model is
+        if observer.status.final is not None:  # the run's last line: where its model is
             log.info("coordinator_done", **observer.status.final)
+
+
+def _observe_until_done(cfg, observer, stop, log) -> None:
+    """Observe until stopped or the run finished; then, unless coordinator.exit_when_finished,
+    keep serving its final status until stopped (a Kubernetes Deployment restarts what exits)."""
+    if observer.run(stop) and not cfg.coordinator.exit_when_finished:
+        log.info("serving_final_status", final=observer.status.final)
+        stop.wait()
 
 
 def _status_server(cfg, observer, metrics):

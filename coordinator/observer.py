@@ -18,39 +18,27 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from coordinator.final_states import FINISH_CHECK_S, FinalStates
+from coordinator.observations import EvalResult, ObserverStatus, SpreadResult, StageSample
 from coordinator.pull import PulledReplica, SnapshotPuller
 from noloco_rt.algo.diagnostics import perplexity
-from noloco_rt.algo.spread_sample import finite_or_none
 from noloco_rt.config import Config
 from noloco_rt.config.toml_out import redact_url
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
-from noloco_rt.scored_consensus import (
-    ScoredConsensus,
-    WorkerCheckpoints,
-    consensus_of_found,
-    read_store_checkpoints,
-    read_worker_checkpoints,
-    write_scored_consensus,
-)
+from noloco_rt.scored_consensus import consensus_of_found, write_scored_consensus
 from noloco_rt.staged_model import staged_model
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.run_mark import finished_steps, run_is_over
 
-FINISH_CHECK_S = 2.0
-"""How often the coordinator looks for the run-finished mark."""
-FINAL_STATES_WAIT_S = 60.0
-"""After the mark: how long the final states may take to appear in the store (a stage's
-writer writes its final state before its finished mark, so normally they are there)."""
 PULL_ATTEMPTS_PER_STAGE = 3
 SPARE_SPREAD_PULLS_PER_STAGE = 3
 """Failed spread pulls of a stage replaced by other members before its sample shrinks."""
@@ -72,85 +60,6 @@ class StageChain:
         return self.model
 
 
-@dataclass
-class EvalResult:
-    time: float
-    step: int
-    """Lowest inner step among the replicas used (they are pulled at slightly different times)."""
-    val_loss: float
-    val_ppl: float
-    replicas: dict[int, str]
-
-
-@dataclass
-class SpreadResult:
-    time: float
-    step: int
-    spread: float
-    """Over all stages: exact when every live replica was pulled, else an estimate."""
-    spread_low: float
-    spread_high: float | None
-    """The 95% interval of spread; None: unbounded (fewer than 3 replicas of a larger stage)."""
-    spread_by_stage: list[float]
-    spread_low_by_stage: list[float]
-    spread_high_by_stage: list[float | None]
-    replicas_per_stage: list[int]
-    """Replicas pulled and averaged per stage: the sample."""
-    live_per_stage: list[int]
-    """Live replicas per stage the sample was drawn from."""
-    pulls_per_stage: list[int]
-    """Pulls made per stage this cycle (failed ones included)."""
-    consensus_val_loss: float | None
-    consensus_path: str | None
-
-    @classmethod
-    def of(cls, scored: ScoredConsensus, pulls_per_stage: list[int]) -> SpreadResult:
-        stages = scored.stage_estimates
-        return cls(time=time.time(), step=scored.step, spread=scored.spread, spread_low=scored.estimate.low,
-                   spread_high=finite_or_none(scored.estimate.high), spread_by_stage=scored.spread_by_stage,
-                   spread_low_by_stage=[e.low for e in stages],
-                   spread_high_by_stage=[finite_or_none(e.high) for e in stages],
-                   replicas_per_stage=scored.replicas_per_stage, live_per_stage=scored.replicas_live,
-                   pulls_per_stage=pulls_per_stage, consensus_val_loss=scored.val_loss,
-                   consensus_path=str(scored.path))
-
-
-@dataclass
-class StageSample:
-    """The replicas of one stage pulled for a spread measurement."""
-
-    pulled: list[PulledReplica]
-    live: int
-    """Live members of the stage when the sample was drawn."""
-    pulls: int
-    """Pulls made, failed ones included."""
-
-
-@dataclass
-class ObserverStatus:
-    run_id: str
-    started_at: float
-    members_per_stage: dict[int, int] = field(default_factory=dict)
-    outer_steps_by_stage: dict[int, dict[str, int]] = field(default_factory=dict)
-    """Outer steps by kind (matched, partial, local, dropped_late, failed) over the stage's live members."""
-    redis_available: bool = True
-    pulls_ok: int = 0
-    pulls_failed: int = 0
-    evaluations: int = 0
-    spread_measurements: int = 0
-    last_eval: EvalResult | None = None
-    last_spread: SpreadResult | None = None
-    final: dict[str, Any] | None = None
-    """The run's model once it finished (run.steps reached): scored, where it was written and
-    what it was made of; None while the run goes on."""
-    note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["uptime_s"] = round(time.time() - self.started_at, 1)
-        return data
-
-
 class Observer:
     def __init__(self, cfg: Config, membership: Membership, puller: SnapshotPuller, *, out_dir: Path,
                  metrics: Any, log: Any, rng: random.Random | None = None, scalar_log: Any = None) -> None:
@@ -166,6 +75,7 @@ class Observer:
         self.chain = StageChain(cfg)
         self.val_batches = load_validation_batches(cfg)
         self.status = ObserverStatus(run_id=cfg.run.run_id, started_at=time.time())
+        self.final_states = FinalStates(cfg, membership, log)
         self._lock = threading.Lock()
 
     def status_json(self) -> dict[str, Any]:
@@ -207,7 +117,7 @@ class Observer:
         last measurement's consensus stays, and the status says so and names the command that
         makes the final one."""
         path = self.out_dir / "consensus.safetensors"
-        found = self._final_states(stop)
+        found = self.final_states.wait(stop)
         if found is None and stop.is_set():  # stopped meanwhile (`up` stops it once its workers are done)
             self.log.info("final_consensus_not_made", reason="stopped before the final states were read")
             return None
@@ -234,39 +144,6 @@ class Observer:
         with self._lock:
             self.status.final = final
         return final
-
-    def _read_final_states(self) -> WorkerCheckpoints | None:
-        """The store's final states; without a store, the workers' checkpoints in this machine's
-        checkpoint folder (all of a run's workers here: `up`, or `launch` of every stage on one
-        node beside the coordinator); None when neither can be read."""
-        if not self.cfg.store.url:
-            folder = self._checkpoint_folder()
-            return read_worker_checkpoints(folder, self.cfg) if folder.is_dir() else None
-        try:
-            return read_store_checkpoints(self.cfg)
-        except (OSError, StoreError) as exc:
-            self.log.warning("store_unreadable", store=redact_url(self.cfg.store.url), error=str(exc))
-            return None
-
-    def _checkpoint_folder(self) -> Path:
-        return Path(self.cfg.paths.checkpoint_dir or Path(self.cfg.paths.out_dir) / "checkpoints")
-
-    def _final_states(self, stop: threading.Event) -> WorkerCheckpoints | None:
-        """Every replica's final state in the store (each stage's checkpoints of its newest outer
-        step), once no worker of the run is left (the last stage's other replicas may still be
-        writing theirs when the first marks the run finished) and stage 0's hold run.steps;
-        None when that does not come within FINAL_STATES_WAIT_S (or the store cannot be read)."""
-        if not self.cfg.store.url and not self._checkpoint_folder().is_dir():
-            return None  # nowhere to find them: the workers ran on other machines
-        deadline = time.monotonic() + FINAL_STATES_WAIT_S
-        while True:
-            settled = not self.membership.live_members(stage=None, states=None) or time.monotonic() >= deadline
-            found = self._read_final_states() if settled else None
-            if found is not None and not found.missing_stages() \
-                    and min(found.inner_steps_by_stage[0]) >= self.cfg.run.steps:
-                return found
-            if time.monotonic() >= deadline or stop.wait(FINISH_CHECK_S):
-                return None
 
     def _guarded(self, cycle: Any, stop: threading.Event) -> None:
         try:

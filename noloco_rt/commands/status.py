@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from noloco_rt.cli import config_options
+
+if TYPE_CHECKING:  # the command imports these when it runs, so that `--help` stays fast
+    from noloco_rt.commands.status_rows import RunSummary
+    from noloco_rt.membership.table import Membership
 
 
 @click.command()
@@ -29,14 +34,7 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
         raise click.UsageError("--redis-url (or network.redis_url) is required")
 
     from noloco_rt.cli import OneLineError
-    from noloco_rt.commands.status_rows import (
-        RunSummary,
-        json_lines,
-        outer_steps_line,
-        plain_table,
-        progress_line,
-        runs_listing,
-    )
+    from noloco_rt.commands.status_rows import json_lines, plain_table, runs_listing
     from noloco_rt.config.toml_out import redact_url
     from noloco_rt.membership.redis_access import check_access, connect_network
     from noloco_rt.membership.table import Membership
@@ -52,28 +50,10 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
             raise OneLineError(f"Redis at {redact_url(cfg.network.redis_url)} is unreachable")
         return records
 
-    def summary(table: Membership, records: list) -> RunSummary:
-        return RunSummary(run_id=table.run_id, workers=len(records), stages=len(table.stages()),
-                          finished_steps=table.run_finished_steps(), marks=table.high_water.by_stage())
-
     def title(records: list) -> str:
-        marks = progress_line(membership.high_water.by_stage())
-        finished = membership.run_finished_steps()
-        outer = outer_steps_line(records)
-        return (f"run {cfg.run.run_id}: {len(records)} workers" + (f" ({marks})" if marks else "")
-                + (f"; finished ({finished} steps)" if finished is not None else "") + (f"\n{outer}" if outer else ""))
+        return _title(_summary(membership, records), records)
 
-    def other_runs() -> list[RunSummary]:
-        """When our run is not in this Redis at all: the runs that are (a run id not passed)."""
-        found = []
-        for run_id in membership.run_ids() or []:
-            table = Membership(client, run_id=run_id)
-            found.append(summary(table, table.live_members(stage=None, states=None)))
-        return found
-
-    records = members()
-    ours = summary(membership, records)
-    if ours.empty and (runs := other_runs()):
+    if _summary(membership, members()).empty and (runs := _other_runs(membership)):
         if as_json:
             click.echo("".join(json_lines([], time.time(), run) for run in runs), nl=False)
         else:
@@ -84,11 +64,39 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
         def render_text() -> str:
             records = members()
             if as_json:
-                return json_lines(records, time.time(), summary(membership, records))
+                return json_lines(records, time.time(), _summary(membership, records))
             return plain_table(title(records), records, time.time())
         _print_repeatedly(render_text, watch, interval)
         return
     _rich_status(members, title, watch, interval)
+
+
+def _summary(table: Membership, records: list) -> RunSummary:
+    """The run `table` reads, with its listed `records`."""
+    from noloco_rt.commands.status_rows import RunSummary
+
+    return RunSummary(run_id=table.run_id, workers=len(records), stages=len(table.stages()),
+                      finished_steps=table.run_finished_steps(), marks=table.high_water.by_stage())
+
+
+def _title(run: RunSummary, records: list) -> str:
+    from noloco_rt.commands.status_rows import outer_steps_line, progress_line
+
+    marks, outer = progress_line(run.marks), outer_steps_line(records)
+    return (f"run {run.run_id}: {len(records)} workers" + (f" ({marks})" if marks else "")
+            + (f"; finished ({run.finished_steps} steps)" if run.finished_steps is not None else "")
+            + (f"\n{outer}" if outer else ""))
+
+
+def _other_runs(membership: Membership) -> list[RunSummary]:
+    """When our run is not in this Redis at all: the runs that are (a run id not passed)."""
+    from noloco_rt.membership.table import Membership
+
+    found = []
+    for run_id in membership.run_ids() or []:
+        table = Membership(membership.client, run_id=run_id)
+        found.append(_summary(table, table.live_members(stage=None, states=None)))
+    return found
 
 
 def _print_repeatedly(render, watch: bool, interval: float) -> None:
