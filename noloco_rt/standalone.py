@@ -13,7 +13,7 @@ from pathlib import Path
 
 from noloco_rt.config import Config
 from noloco_rt.config.prepared_manifest import find_prepared_dir, read_manifest, run_tokenizer_path
-from noloco_rt.counts import is_count
+from noloco_rt.counts import count_in_text
 
 TOKENIZER_KEY = "tokenizer_json"
 EOS_KEY = "eos_token_id"
@@ -54,11 +54,7 @@ def embedded_tokenizer(metadata: Mapping[str, str]) -> str | None:
 
 def embedded_eos_id(metadata: Mapping[str, str]) -> int | None:
     """The end-of-document id a consensus carries, if it is a count."""
-    raw = metadata.get(EOS_KEY)
-    if not isinstance(raw, str) or not raw.isdigit() or len(raw) > 12:
-        return None
-    value = int(raw)
-    return value if is_count(value) else None
+    return count_in_text(metadata.get(EOS_KEY), max_digits=12)
 
 
 def write_embedded_tokenizer(metadata: Mapping[str, str], path: Path) -> Path | None:

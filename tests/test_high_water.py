@@ -36,8 +36,9 @@ def test_a_mark_that_is_not_a_count_refuses_seeding_and_status_leaves_it_out():
     # as designed, saying why, instead of crashing on int("x").
     with EmbeddedRedis() as server:
         membership = Membership(connect(server.url), run_id="default")
-        membership.client.hset("noloco:default:high-water", mapping={"1": "x", "2": "-4", "0": "3"})
+        membership.client.hset("noloco:default:high-water", mapping={"1": "x", "2": "-4", "0": "3", "3": "²"})
         assert membership.high_water.of(1) == MALFORMED_MARK and membership.high_water.of(2) == MALFORMED_MARK
+        assert membership.high_water.of(3) == MALFORMED_MARK  # a digit to str.isdigit, not to int()
         with pytest.raises(StageProgressLost, match="not a step count"):
             check_may_seed(1, membership.high_water.of(1), allow_reseed=False)
         assert membership.high_water.by_stage() == {0: (3, 0)}

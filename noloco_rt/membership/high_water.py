@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from noloco_rt.counts import count_in_text
 from noloco_rt.membership.layout import TableKeys
 from noloco_rt.membership.redis_access import REDIS_ERRORS
 
@@ -33,10 +34,8 @@ MALFORMED_MARK = -1
 
 def parse_mark(value: Any) -> int | None:
     """A mark as Redis returns it: a non-negative count, or None when it is not one (pure)."""
-    text = value.decode() if isinstance(value, bytes) else value
-    if not isinstance(text, str) or not text.isdigit() or len(text) > 18:
-        return None
-    return int(text)
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    return count_in_text(text)
 
 
 class StageHighWater:
