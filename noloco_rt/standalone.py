@@ -8,7 +8,9 @@ Written from the run's own config (the user's: trusted to name local files); rea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from noloco_rt.config import Config
@@ -57,10 +59,14 @@ def embedded_eos_id(metadata: Mapping[str, str]) -> int | None:
     return count_in_text(metadata.get(EOS_KEY), max_digits=12)
 
 
-def write_embedded_tokenizer(metadata: Mapping[str, str], path: Path) -> Path | None:
-    """The carried tokenizer.json written to `path` (None: the file carries none)."""
+@contextmanager
+def carried_tokenizer_file(metadata: Mapping[str, str]) -> Iterator[Path | None]:
+    """The tokenizer.json the file carries, as a file while the block runs (None: it carries none)."""
     text = embedded_tokenizer(metadata)
     if text is None:
-        return None
-    path.write_text(text, encoding="utf-8")
-    return path
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="noloco-tokenizer-") as scratch:
+        path = Path(scratch) / "tokenizer.json"
+        path.write_text(text, encoding="utf-8")
+        yield path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,16 +50,16 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
     cfg, model, metadata = load_for_command(checkpoint, "cpu", presets_only="export")
     cfg, file_data = with_user_files(cfg, data=data_paths, tokenizer=tokenizer)
     from noloco_rt.standalone import (
+        carried_tokenizer_file,
         embedded_eos_id,
         embedded_tokenizer,
         run_eos_id,
-        write_embedded_tokenizer,
     )
 
     chosen = _named_tokenizer(cfg, tokenizer)
-    with tempfile.TemporaryDirectory(prefix="noloco-export-") as scratch:
+    with carried_tokenizer_file(metadata) as carried:
         if chosen is None and not tokenizer and not data_paths:  # the one the file carries
-            chosen = write_embedded_tokenizer(metadata, Path(scratch) / "tokenizer.json")
+            chosen = carried
         eos = run_eos_id(cfg) if data_paths else embedded_eos_id(metadata)
         try:
             written = write_hf_folder(out, cfg, model, force=force, tokenizer=chosen, eos_token_id=eos)

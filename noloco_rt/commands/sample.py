@@ -74,13 +74,10 @@ def _run_codec(cfg: Config, file_data: DataConfig, checkpoint: Path, metadata: d
 
 def _carried_codec(metadata: dict[str, str]) -> TextCodec | None:
     """A codec of the tokenizer the consensus carries, if it carries one."""
-    import tempfile
-
     from noloco_rt.prepare.tokenizer import TextCodec
-    from noloco_rt.standalone import embedded_eos_id, write_embedded_tokenizer
+    from noloco_rt.standalone import carried_tokenizer_file, embedded_eos_id
 
-    with tempfile.TemporaryDirectory(prefix="noloco-sample-") as scratch:
-        path = write_embedded_tokenizer(metadata, Path(scratch) / "tokenizer.json")
+    with carried_tokenizer_file(metadata) as path:
         return TextCodec(path, embedded_eos_id(metadata)) if path is not None else None  # read at once
 
 
