@@ -21,6 +21,7 @@ from noloco_rt.algo.spread_sample import (
 )
 from noloco_rt.checkpoint import CHECKPOINT_VERSION
 from noloco_rt.config import Config
+from noloco_rt.counts import is_count
 from noloco_rt.evaluation import Batch, validation_loss
 from noloco_rt.export import (
     ExportError,
@@ -58,16 +59,27 @@ def _usable_slow(state: Any, cfg: Config, shapes: list[list[tuple[str, torch.Siz
 class WorkerCheckpoints:
     """The usable checkpoints of one run in a folder, and what was left out."""
 
+    cfg: Config = field(repr=False)
+    """The run the checkpoints must belong to."""
     replicas_by_stage: list[list[list[torch.Tensor]]]
     """Per stage, every replica's slow weights (float32)."""
     inner_steps_by_stage: list[list[int]]
     """Per stage, the clock of each checkpoint used: its inner steps, plus any a pull skipped."""
     skipped: list[tuple[Path | str, str]] = field(default_factory=list)
     """(file, reason) for every *.pt not used: unreadable, another run, wrong stage or shapes."""
+    shapes: list[list[tuple[str, torch.Size]]] = field(default_factory=list, repr=False)
+    """Per stage, its parameters' (name, shape): what a checkpoint must hold."""
 
-    def add(self, path: Path | str, state: Any, cfg: Config, shapes: list[list[tuple[str, torch.Size]]]) -> None:
+    @classmethod
+    def for_run(cls, cfg: Config) -> WorkerCheckpoints:
+        """None yet, for the run `cfg` describes."""
+        shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
+        return cls(cfg, replicas_by_stage=[[] for _ in shapes], inner_steps_by_stage=[[] for _ in shapes],
+                   shapes=shapes)
+
+    def add(self, path: Path | str, state: Any) -> None:
         """One worker's state (loaded from `path`): used, or recorded as skipped with its reason."""
-        usable = _usable_slow(state, cfg, shapes)
+        usable = _usable_slow(state, self.cfg, self.shapes)
         if isinstance(usable, str):
             self.skipped.append((path, usable))
             return
@@ -75,7 +87,7 @@ class WorkerCheckpoints:
         self.replicas_by_stage[stage].append([t.float() for t in slow])
         counters = state.get("counters") or {}
         clock = counters.get("clock_steps", counters.get("inner_steps", 0))
-        self.inner_steps_by_stage[stage].append(clock if isinstance(clock, int) and clock >= 0 else 0)
+        self.inner_steps_by_stage[stage].append(clock if is_count(clock) else 0)
 
     def missing_stages(self) -> list[int]:
         return [s for s, replicas in enumerate(self.replicas_by_stage) if not replicas]
@@ -109,15 +121,14 @@ def checkpoint_files(sources: Sequence[Path]) -> list[Path]:
 
 def read_checkpoint_files(paths: Sequence[Path], cfg: Config) -> WorkerCheckpoints:
     """read_worker_checkpoints of given files (gathered from several machines, say)."""
-    shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
-    found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps_by_stage=[[] for _ in shapes])
+    found = WorkerCheckpoints.for_run(cfg)
     for path in paths:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many types for a damaged or foreign file
             found.skipped.append((path, f"cannot be read: {type(exc).__name__}: {exc}"))
             continue
-        found.add(path, state, cfg, shapes)
+        found.add(path, state)
     return found
 
 
@@ -131,14 +142,13 @@ def read_store_checkpoints(cfg: Config) -> WorkerCheckpoints:
 
     store = RunStore(cfg.store.url)
     checkpoints = StageCheckpoints(store, cfg.run.run_id)
-    shapes = [stage_parameter_shapes(cfg, s) for s in range(cfg.pipeline.stages)]
-    found = WorkerCheckpoints(replicas_by_stage=[[] for _ in shapes], inner_steps_by_stage=[[] for _ in shapes])
+    found = WorkerCheckpoints.for_run(cfg)
     for stage in range(cfg.pipeline.stages):
         where = f"{store.shown}/{cfg.run.run_id}/stage-{stage}"
         states, problems = checkpoints.newest_step_states(stage)
         found.skipped.extend((where, problem) for problem in problems)
         for loaded in states:
-            found.add(f"{where}/{loaded.info.data_file}", loaded.state, cfg, shapes)
+            found.add(f"{where}/{loaded.info.data_file}", loaded.state)
     return found
 
 
