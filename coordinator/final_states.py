@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from noloco_rt.config import Config
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 from noloco_rt.membership.table import Membership
 from noloco_rt.scored_consensus import (
     WorkerCheckpoints,

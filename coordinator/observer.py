@@ -29,7 +29,7 @@ from coordinator.observations import EvalResult, ObserverStatus, SpreadResult, S
 from coordinator.pull import PulledReplica, SnapshotPuller
 from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.config import Config
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord

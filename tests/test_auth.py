@@ -22,7 +22,7 @@ import zmq.auth
 
 from noloco_rt.cli import main
 from noloco_rt.config import ConfigError, load_config
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.net import messages

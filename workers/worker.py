@@ -28,7 +28,7 @@ import zmq
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 from noloco_rt.data import DataCursor
 from noloco_rt.init_weights import initial_replica
 from noloco_rt.logs import get_logger

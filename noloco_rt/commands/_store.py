@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from noloco_rt.cli import OneLineError
 from noloco_rt.config import Config
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 
 
 def check_store(cfg: Config) -> None:

@@ -67,7 +67,7 @@ def consensus(sources: tuple[Path, ...], from_store: bool, out: Path, as_json: b
 
 
 def _from_store(cfg):
-    from noloco_rt.config.toml_out import redact_url
+    from noloco_rt.config.redaction import redact_url
     from noloco_rt.scored_consensus import read_store_checkpoints
     from noloco_rt.store.backend import StoreError
 

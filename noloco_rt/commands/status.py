@@ -35,7 +35,7 @@ def status(redis_url: str | None, as_json: bool, watch: bool, interval: float, c
 
     from noloco_rt.cli import OneLineError
     from noloco_rt.commands.status_rows import json_lines, plain_table, runs_listing
-    from noloco_rt.config.toml_out import redact_url
+    from noloco_rt.config.redaction import redact_url
     from noloco_rt.membership.redis_access import check_access, connect_network
     from noloco_rt.membership.table import Membership
 

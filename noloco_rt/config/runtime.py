@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from noloco_rt.config.choices import DELTA_CODECS, SNAPSHOT_CODECS
 from noloco_rt.config.errors import require, require_choice
+from noloco_rt.config.redaction import redact_url
 
 MIN_BANDWIDTH_MBIT_S = 0.01
 
@@ -60,8 +61,6 @@ class NetworkConfig:
     network nobody else reaches."""
 
     def __post_init__(self) -> None:
-        from noloco_rt.config.toml_out import redact_url  # that module reads this one's classes
-
         shown_url = redact_url(self.redis_url)  # never echo a password
         tls = {n: getattr(self, n) for n in ("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")}
         if any(tls.values()) and self.redis_url:  # empty: given by the environment (a run dir's config.toml)

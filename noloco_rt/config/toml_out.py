@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
+from noloco_rt.config.redaction import redact_url
 from noloco_rt.config.schema import SECTIONS, Config, is_fault_injection
 
 
@@ -70,18 +70,3 @@ def config_to_toml(config: Config, *, redact: bool = False) -> str:
                 lines.append(f"{name} = {toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    parsed = urlparse(url)
-    try:
-        if parsed.password is None:
-            return url
-        user = parsed.username or ""
-        host = parsed.hostname or ""
-        port = f":{parsed.port}" if parsed.port else ""
-    except ValueError:  # a malformed port: hide everything before the host
-        return urlunparse(parsed._replace(netloc="***@" + parsed.netloc.rpartition("@")[2])) \
-            if "@" in parsed.netloc else url
-    return urlunparse(parsed._replace(netloc=f"{user}:***@{host}{port}"))

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import redis
 
 from noloco_rt.config import ConfigError, NetworkConfig
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 
 # An AuthenticationError is a ConnectionError and NOPERM (an ACL change) a ResponseError: during a
 # run both are handled like an outage (cached view, retries) but logged as access errors.

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from noloco_rt.checkpoint import atomic_write_bytes
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 
 
 class StoreError(RuntimeError):

@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 from noloco_rt.store.backend import RunStore, StoreError
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from noloco_rt.config import Config
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 from workers.supervise.launch import STOP_MARGIN_S
 from workers.supervise.supervisor import ProcessSpec
 

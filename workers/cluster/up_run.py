@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from noloco_rt.commands._model_option import model_name
 from noloco_rt.config import Config
-from noloco_rt.config.toml_out import redact_url
+from noloco_rt.config.redaction import redact_url
 from noloco_rt.logs import get_logger
 from noloco_rt.process import set_event_from_signal_handler
 from noloco_rt.tb_log import open_scalar_log
