@@ -17,6 +17,7 @@ full speed. Its blocked share is left out of the "fast workers" column.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,9 @@ from workers.cluster.local_cluster import one_sided_share, read_events
 
 STOP_PERIOD_S = 1.0
 SLOWED = "s0-r0"
+
+Disturbance = Callable[[Path, threading.Event], None]
+"""Something done to a running `up` from outside (its run directory, set when it has ended)."""
 
 
 @dataclass
@@ -55,6 +60,10 @@ class RunFigures:
     """Outer steps taken early because a partner's push for them had arrived."""
     jumped: int = 0
     """Outer steps never taken: a pull to a later one went over them."""
+    skipped: int = 0
+    """Inner steps pulls moved clocks over (never trained)."""
+    trained: dict[str, int] = field(default_factory=dict)
+    """Worker name -> microbatches whose backward it completed (its last incarnation's count)."""
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -67,7 +76,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(f"expected STAGESxREPLICAS:STEPS, e.g. 2x4:300, got {text!r}") from None
 
 
-def _duty_cycle(out: Path, duty: float, done: threading.Event) -> None:
+def _duty_cycle(out: Path, done: threading.Event, *, duty: float) -> None:
     """Stop and continue the slowed worker's process, found by its pid file, until `done`."""
     pid = None
     while not done.is_set() and pid is None:
@@ -102,14 +111,18 @@ def _pid_of(up_log: Path, name: str) -> int | None:
 
 
 def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed: int, tmp: Path,
-           settings: list[str] = ()) -> RunFigures:
+           settings: Sequence[str] = (), disturb: Disturbance | None = None) -> RunFigures:
+    """One `up` run in tmp/SxR-SEED; `duty` > 0 slows one worker, `disturb(out, done)` runs
+    beside the run in a thread of its own until `done` is set (the parity benchmark's faults)."""
+    if duty > 0:
+        disturb = functools.partial(_duty_cycle, duty=duty)
     out = tmp / f"{stages}x{replicas}-{seed}"
     command = [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(stages), "--replicas", str(replicas),
                "--steps", str(steps), "--out", str(out), "--no-tensorboard", "--set", f"outer.h={h}",
                "--set", f"run.seed={seed}", *(arg for value in settings for arg in ("--set", value))]
     out.mkdir(parents=True)
     done = threading.Event()
-    stopper = threading.Thread(target=_duty_cycle, args=(out, duty, done), daemon=True) if duty > 0 else None
+    stopper = threading.Thread(target=disturb, args=(out, done), daemon=True) if disturb is not None else None
     started = time.monotonic()
     with (out / "up.log").open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -146,6 +159,8 @@ def figures_of(out: Path, *, wall_s: float) -> RunFigures:
             figures.dropped += summary[-1]["dropped"]
             figures.pulled += summary[-1].get("pulled_outer_steps", 0)
             figures.jumped += summary[-1].get("skipped_outer_steps", 0)
+            figures.skipped += summary[-1].get("skipped_steps", 0)
+            figures.trained[name] = summary[-1].get("microbatches", 0)
             span = record_seconds(events[-1]["timestamp"]) - record_seconds(events[0]["timestamp"])
             figures.blocked[name] = summary[-1]["outer_blocked_s"] / span if span > 0 else 0.0
     figures.one_sided = one_sided_share({n: [names.get(u, u) for u in us] for n, us in used.items()})
