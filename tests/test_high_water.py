@@ -117,3 +117,19 @@ def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(t
             if allowed.poll() is None:
                 allowed.kill()
                 allowed.wait()
+
+
+def test_a_late_worker_of_a_stage_that_finished_exits_0_instead_of_3(tmp_path):
+    """Its peers reached run.steps and left while a later stage still trains (no run-finished
+    mark yet): nothing to train and nobody to bootstrap from, which is not an error."""
+    with EmbeddedRedis() as server:
+        membership = Membership(connect(server.url), run_id="default")
+        membership.client.hset("noloco:default:high-water", "0", "7")
+        assert membership.mark_stage_finished(0)
+        late = subprocess.run([*CLI, "worker", "--stage", "0", "--redis-url", server.url, "--name", "late",
+                               "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"],
+                              capture_output=True, text=True, timeout=120, env=_env())
+        assert late.returncode == 0, late.stderr[-3000:]
+        events = [json.loads(line)["event"] for line in late.stderr.splitlines() if line.startswith("{")]
+        assert "stage_already_finished" in events and "member_online" not in events
+        assert membership.stage_finished(0)  # never registered: the mark still tells stage 1

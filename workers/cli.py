@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -150,7 +150,20 @@ def _run_already_over(cfg: Config, stage: int, name: str, membership: Membership
         if marked is not None and marked > cfg.run.steps:
             log.warning("run_finished_mark_ignored", finished_steps=marked, run_steps=cfg.run.steps,
                         note="the run-finished mark names more steps than run.steps: not this run's finish")
-        return False
+        return _stage_already_over(stage, membership, log)
     log.warning("run_already_finished", finished_steps=marked,
                 note="the run's last stage finished before this worker started: nothing to train, exit 0")
+    return True
+
+
+def _stage_already_over(stage: int, membership: Membership, log: Any) -> bool:
+    """Our stage's workers finished and none is left, while a later stage still trains: a
+    late joiner (a slow start, a Job's late pod) has nothing to train and nobody to take the
+    stage's state from. Without this it would find the stage past step 0 and exit 3 to be
+    retried. Checked before we register: registering clears the mark."""
+    if not membership.stage_finished(stage) or membership.live_members(stage=stage, states=None):
+        return False
+    log.warning("stage_already_finished",
+                note="this stage's workers finished before this worker started and none is left: "
+                     "nothing to train, exit 0")
     return True
