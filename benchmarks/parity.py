@@ -10,7 +10,7 @@ Per seed: one simulation, then `up` runs of the same config in three scenarios:
   SIGSTOP of --hold seconds, alternately, on a random worker (benchmarks/parity_faults.py).
 
 Equal tokens: every stage-0 replica feeds B = pipeline.max_inflight microbatches per inner
-step in the runtime, so the simulation is given data.microbatches = B. Both consensus files
+step, in the runtime and the simulation alike (one setting). Both consensus files
 (the replicas' average) are scored by `noloco-rt eval` on the same validation tokens; the
 spread is each run's final one over all replicas. Runtime columns say where it departs from
 the lockstep algorithm: microbatches trained against the simulation's, inner steps skipped
@@ -57,7 +57,7 @@ def score(consensus: Path) -> float:
 
 
 def run_simulator(args: argparse.Namespace, seed: int, folder: Path) -> dict[str, Any]:
-    settings = [*shared_settings(args), f"data.microbatches={args.inflight}"]
+    settings = shared_settings(args)
     command = [sys.executable, "-m", "noloco_rt.cli", "simulate", "--stages", str(args.stages),
                "--replicas", str(args.replicas), "--steps", str(args.steps), "--seed", str(seed),
                "--eval-every", str(args.steps), "--out", str(folder),
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--h", type=int, default=10, help="outer.h (make up's)")
     parser.add_argument("--inflight", type=int, default=4,
-                        help="microbatches per inner step: pipeline.max_inflight, and the simulation's data.microbatches")
+                        help="microbatches per inner step of both sides (pipeline.max_inflight)")
     parser.add_argument("--scenarios", type=lambda t: parse_list(t, str), default=list(SCENARIOS))
     parser.add_argument("--every", type=float, default=40.0, help="seconds between faults (faults scenario)")
     parser.add_argument("--hold", type=float, default=3.0, help="SIGSTOP length, seconds (faults scenario)")

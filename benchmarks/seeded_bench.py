@@ -39,6 +39,9 @@ def add_run_flags(parser: argparse.ArgumentParser, *, default_out: Path) -> None
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--microbatches", type=positive_int, default=1,
+                        help="microbatches per inner step (pipeline.max_inflight): 1 for the figures in "
+                             "benchmarks/README.md; 4 is what up and simulate train by default")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=None,
@@ -51,7 +54,8 @@ def add_run_flags(parser: argparse.ArgumentParser, *, default_out: Path) -> None
 
 def run_flag_assignments(args: argparse.Namespace) -> list[str]:
     shape = [f"run.steps={args.steps}", f"pipeline.replicas={args.replicas}", f"pipeline.stages={args.stages}",
-             f"model.preset={args.preset}", f"run.eval_every={args.eval_every}",
+             f"model.preset={args.preset}", f"pipeline.max_inflight={args.microbatches}",
+             f"run.eval_every={args.eval_every}",
              f"run.eval_batches={args.eval_batches}"]
     if args.warmup_steps is not None:
         shape.append(f"optim.warmup_steps={args.warmup_steps}")

@@ -120,7 +120,7 @@ def resolved_config(cfg: Config, choice: MemoryChoice) -> Config:
 def inflight_or_default(cfg: Config) -> int:
     """pipeline.max_inflight where no device decides it (the simulator, benchmarks' token
     counts on the CPU): the explicit number, or the default."""
-    return cfg.pipeline.max_inflight or DEFAULT_MAX_INFLIGHT
+    return cfg.pipeline.microbatches_per_step
 
 
 @dataclass(frozen=True)

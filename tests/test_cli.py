@@ -94,7 +94,7 @@ def test_simulate_writes_run_directory(tmp_path):
     out = tmp_path / "run"
     result = run_cli("simulate", "--method", "noloco", "--stages", "2", "--replicas", "2", "--steps", "20",
                      "--eval-every", "10", "--out", str(out), "--set", "run.eval_batches=2",
-                     "--set", "outer.h=10")
+                     "--set", "outer.h=10", "--set", "pipeline.max_inflight=1")
     assert result.returncode == 0, result.stderr
     events = [json.loads(line)["event"] for line in result.stderr.splitlines() if line.startswith("{")]
     assert events[0] == "simulation_started" and events[-1] == "simulation_done"

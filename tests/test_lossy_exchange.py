@@ -24,10 +24,10 @@ def _cfg(codec: str = "shuffle-zstd", *, method: str = "noloco", pairing: str = 
     return load_config(environ={}, overrides=[{
         "outer": {"method": method, "h": 4, "pairing": pairing, **outer},
         "worker": {"snapshot_codec": codec},
-        "pipeline": {"stages": 2, "replicas": 4},
+        "pipeline": {"stages": 2, "replicas": 4, "max_inflight": 1},
         "run": {"steps": 8, "eval_batches": 1},
         "model": {"seq_len": 16},
-        "data": {"batch_size": 4, "microbatches": 1},
+        "data": {"batch_size": 4},
     }])
 
 
@@ -121,8 +121,8 @@ def test_lossy_rounds_keep_the_replicas_mean_exactly(corpus, codec):
     worker = {"delta_codec": codec, "theta_every": 4} if codec.startswith("topk") else {"snapshot_codec": codec}
     cfg = load_config(environ={}, overrides=[{
         "outer": {"method": "noloco", "h": 4, "overlap": False}, "worker": worker,
-        "pipeline": {"stages": 1, "replicas": 4}, "run": {"steps": 8, "eval_batches": 1},
-        "model": {"seq_len": 16}, "data": {"batch_size": 4, "microbatches": 1}}])
+        "pipeline": {"stages": 1, "replicas": 4, "max_inflight": 1}, "run": {"steps": 8, "eval_batches": 1},
+        "model": {"seq_len": 16}, "data": {"batch_size": 4}}])
     sim = Simulation(cfg, corpus=corpus)
     for _ in range(7):
         sim.train_step()

@@ -139,7 +139,7 @@ def test_simulate_and_eval_take_the_own_model_too(tmp_path):
     runner = CliRunner()
     result = runner.invoke(cli, ["simulate", "--model", EXAMPLE, "--stages", "2", "--replicas", "2", "--steps", "20",
                                  "--eval-every", "20", "--out", str(out), "--set", "outer.h=5",
-                                 "--set", "optim.warmup_steps=2"])
+                                 "--set", "optim.warmup_steps=2", "--set", "pipeline.max_inflight=1"])
     assert result.exit_code == 0, result.output
     unnamed = runner.invoke(cli, ["eval", str(out / "consensus.safetensors"), "--json"])
     assert unnamed.exit_code == 2 and "--model MODULE:FUNCTION" in unnamed.output, unnamed.output

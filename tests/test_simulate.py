@@ -29,7 +29,7 @@ def corpus():
 def _config(method: str, replicas: int = 3, **run):
     return load_config(environ={}, overrides=[{
         "outer": {"method": method, "h": 20},
-        "pipeline": {"stages": 2, "replicas": replicas},
+        "pipeline": {"stages": 2, "replicas": replicas, "max_inflight": 1},  # one microbatch per inner step
         "run": {"steps": 100, "eval_every": 50, "eval_batches": 4, **run},
         "optim": {"warmup_steps": 20},
     }])
@@ -68,13 +68,13 @@ def test_balanced_routing_gives_every_next_stage_replica_its_share(corpus):
     assert sim.route_stats.sequences == [[240, 240, 240], [240, 240, 240]]  # batch_size 8
 
 
-def _tiny(replicas: int, routing: str, steps: int, method: str = "noloco", **data):
+def _tiny(replicas: int, routing: str, steps: int, method: str = "noloco", microbatches: int = 1):
     return load_config(environ={}, overrides=[{
         "outer": {"method": method, "h": 2},
-        "pipeline": {"stages": 2, "replicas": replicas},
+        "pipeline": {"stages": 2, "replicas": replicas, "max_inflight": microbatches},
         "run": {"steps": steps, "eval_batches": 1},
         "model": {"seq_len": 16},
-        "data": {"batch_size": 4, "microbatches": 1, **data},
+        "data": {"batch_size": 4},
         "routing": {"simulation": routing},
     }])
 

@@ -20,10 +20,10 @@ def _cfg(method: str, *, overlap: bool, delay: int = 0, steps: int = 12, correct
     return load_config(environ={}, overrides=[{
         "outer": {"method": method, "h": 4, "overlap": overlap, "simulated_delay_steps": delay,
                   "overlap_correction": correction},
-        "pipeline": {"stages": 2, "replicas": 4},
+        "pipeline": {"stages": 2, "replicas": 4, "max_inflight": 1},
         "run": {"steps": steps, "eval_batches": 1},
         "model": {"seq_len": 16},
-        "data": {"batch_size": 4, "microbatches": 1},
+        "data": {"batch_size": 4},
         # Lossless: a lossy codec's rounding of nearly equal weights may differ by one step.
         "worker": {"snapshot_codec": "shuffle-zstd"},
     }])

@@ -24,7 +24,7 @@ def _sequences_per_replica(plan, stages: int) -> list[Counter]:
     return counts
 
 
-@given(routing=st.sampled_from(["balanced", "balanced-sequence"]), replicas=st.integers(1, 6),
+@given(routing=st.sampled_from(["balanced", "balanced-sequence", "fixed"]), replicas=st.integers(1, 6),
        stages=st.integers(1, 4), microbatches=st.integers(1, 3), batch_size=st.integers(1, 5),
        seed=st.integers(0, 10**6))
 def test_balanced_plans_give_every_replica_batch_size_times_microbatches_sequences(
@@ -55,6 +55,12 @@ def test_p2c_plans_are_whole_microbatches_divided_by_what_arrived():
     assert not plan.grads_are_means
     assert [(hop.origin, hop.microbatch) for hop in plan.hops] == [(o, m) for o in range(3) for m in range(2)]
     assert all(hop.rows == (0, 1, 2, 3) and hop.loss_weight == 1.0 for hop in plan.hops)
+
+
+def test_fixed_plans_keep_every_microbatch_on_its_origins_column():
+    plan = plan_step("fixed", replicas=3, stages=3, microbatches=2, batch_size=4, rng=random.Random(0))
+    assert [hop.path for hop in plan.hops] == [(o, o, o) for o in range(3) for _ in range(2)]
+    assert [hop.microbatch for hop in plan.hops] == [0, 1] * 3
 
 
 def test_unknown_routing():

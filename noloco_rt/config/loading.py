@@ -82,6 +82,11 @@ def _coerce(qualified: str, value: Any, annotation: Any) -> Any:
     raise TypeError(f"unsupported config field type {annotation!r} for {qualified}")
 
 
+MOVED_FIELDS = {"data.microbatches": "pipeline.max_inflight, the microbatches per inner step of up and "
+                                     "simulate alike (one number, so that both train the same tokens)"}
+"""Fields a config may still name from an older version: what to set instead."""
+
+
 def _merge(target: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str) -> None:
     for section, values in layer.items():
         if section not in SECTIONS:
@@ -90,6 +95,9 @@ def _merge(target: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: 
             raise ConfigError(section, values, f"must be a table of fields in {origin}")
         known = _field_types(SECTIONS[section])
         for name, value in values.items():
+            if f"{section}.{name}" in MOVED_FIELDS:
+                raise ConfigError(f"{section}.{name}", value,
+                                  f"no longer a field ({origin}): set {MOVED_FIELDS[f'{section}.{name}']}")
             if name not in known:
                 raise ConfigError(f"{section}.{name}", value,
                                   f"unknown field in {origin}; {section} has {', '.join(known)}")

@@ -25,7 +25,7 @@ METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
 OVERLAP_CORRECTIONS = ("provisional", "deferred")
 ROUTING_POLICIES = ("balanced", "p2c", "random")
-SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "p2c", "random")
+SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "fixed", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 LOG_FORMATS = ("auto", "json", "console")
@@ -143,9 +143,7 @@ class DataConfig:
     val_percent: float = 5.0
     """Share of files (by path hash) held out for validation."""
     batch_size: int = 8
-    """Sequences per microbatch."""
-    microbatches: int = 1
-    """Microbatches each stage-0 replica feeds per inner step."""
+    """Sequences per microbatch (pipeline.max_inflight microbatches make an inner step)."""
 
     def __post_init__(self) -> None:
         require_choice("data", "source", self.source, DATA_SOURCES)
@@ -156,7 +154,6 @@ class DataConfig:
                  "must be between 0 and 100 (exclusive)")
         require(1 <= self.batch_size <= MAX_BATCH, "data", "batch_size", self.batch_size,
                 f"must be between 1 and {MAX_BATCH}")
-        require(self.microbatches >= 1, "data", "microbatches", self.microbatches, "must be >= 1")
 
 
 @dataclass(kw_only=True)
@@ -313,10 +310,12 @@ class PipelineConfig:
     replicas: int = 2
     """Replicas per stage (the simulator; live workers decide it in a real run)."""
     max_inflight: int = 0
-    """B: forwards a worker accepts (stage 0: originates) before it waits for their gradients
-    and steps. 0: from memory (noloco_rt.memory_fit): 4 where worker.memory_budget_gb holds
-    them (turning activation checkpointing on if model.activation_checkpointing = auto and it
-    must), else the most that fit, at least 1; on the CPU always 4."""
+    """B: microbatches per inner step. Every stage-0 replica feeds B microbatches of
+    data.batch_size sequences; a worker accepts (stage 0: originates) B forwards before it
+    waits for their gradients and steps. The simulator trains the same B. 0: from memory
+    (noloco_rt.memory_fit): 4 where worker.memory_budget_gb holds them (turning activation
+    checkpointing on if model.activation_checkpointing = auto and it must), else the most
+    that fit, at least 1; on the CPU and in the simulator always 4."""
     wire_dtype: str = "float16"
     """How activations and gradients travel between stages: float32 (exact), bfloat16,
     float16 (default: half the bytes, val loss within +0.07 % median over 6 seeds,
@@ -329,6 +328,12 @@ class PipelineConfig:
         require(self.replicas >= 1, "pipeline", "replicas", self.replicas, "must be >= 1")
         require(self.max_inflight >= 0, "pipeline", "max_inflight", self.max_inflight,
                 "must be >= 1, or 0 to derive it from the memory budget")
+
+    @property
+    def microbatches_per_step(self) -> int:
+        """B where no device decides it (the simulator, a CPU worker): the explicit number, or
+        the default."""
+        return self.max_inflight or DEFAULT_MAX_INFLIGHT
 
 
 @dataclass(kw_only=True)
@@ -343,10 +348,11 @@ class RoutingConfig:
     random: uniform. Re-sends are always load-aware (p2c)."""
     simulation: str = "balanced"
     """The simulator's routing. balanced: a step-seeded permutation per stage sends every
-    replica exactly data.microbatches microbatches per step; balanced-sequence: the same per
-    sequence (the authors' granularity), every replica gets exactly batch_size · microbatches
-    sequences; p2c / random: each microbatch hops as workers route it, so a replica that
-    receives nothing skips its inner step (kept for comparison)."""
+    replica exactly B (pipeline.max_inflight) microbatches per step; balanced-sequence: the
+    same per sequence (the authors' granularity), every replica gets exactly batch_size · B
+    sequences; fixed: replica i of stage 0 always feeds replica i of every later stage (no
+    routing, the paper's ablation); p2c / random: each microbatch hops as workers route it,
+    so a replica that receives nothing skips its inner step (kept for comparison)."""
 
     def __post_init__(self) -> None:
         require_choice("routing", "policy", self.policy, ROUTING_POLICIES)

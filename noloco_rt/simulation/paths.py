@@ -31,6 +31,15 @@ def balanced_routes(replicas: int, stages: int, per_replica: int, rng: random.Ra
     return paths
 
 
+def fixed_routes(replicas: int, stages: int, per_replica: int) -> list[Path]:
+    """Paths of one inner step without routing: unit k of stage-0 replica i stays on replica
+    i at every stage, so each column of the pipeline trains alone between outer steps (the
+    paper's ablation of random routing). In the order of balanced_routes."""
+    if replicas < 1 or stages < 1 or per_replica < 1:
+        raise ValueError(f"need replicas, stages, per_replica >= 1, got {replicas}, {stages}, {per_replica}")
+    return [[k // per_replica] * stages for k in range(replicas * per_replica)]
+
+
 def load_aware_routes(replicas: int, stages: int, per_replica: int, rng: random.Random,
                       policy: str) -> list[Path]:
     """Paths of one inner step routed hop by hop as workers do (route_next_hop on the

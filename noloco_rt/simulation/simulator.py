@@ -136,13 +136,14 @@ class Simulation:
         """The routes of the coming inner step: a function of (run seed, step) alone."""
         cfg = self.cfg
         return plan_step(cfg.routing.simulation, replicas=cfg.pipeline.replicas, stages=cfg.pipeline.stages,
-                         microbatches=cfg.data.microbatches, batch_size=cfg.data.batch_size,
+                         microbatches=cfg.pipeline.microbatches_per_step, batch_size=cfg.data.batch_size,
                          rng=step_rng(cfg.run.seed, self.step, "route"))
 
     def accumulate(self, plan: StepPlan) -> float:
         """Every pass of `plan`, gradients summed into the replicas it crossed; returns the
         mean training loss over sequences."""
-        batches = [[shard.next_batch() for _ in range(self.cfg.data.microbatches)] for shard in self.shards]
+        per_step = self.cfg.pipeline.microbatches_per_step
+        batches = [[shard.next_batch() for _ in range(per_step)] for shard in self.shards]
         loss_sum, rows_seen = 0.0, 0
         for hop in plan.hops:
             inputs, targets = batches[hop.origin][hop.microbatch]
@@ -168,7 +169,7 @@ class Simulation:
     def _inner_steps(self, grads_are_means: bool) -> None:
         if self.outer.method == "ddp":  # all-reduce: every replica steps on the stage's mean gradient
             replicas = self.cfg.pipeline.replicas
-            weight = 1.0 / (replicas if grads_are_means else replicas * self.cfg.data.microbatches)
+            weight = 1.0 / (replicas if grads_are_means else replicas * self.cfg.pipeline.microbatches_per_step)
             for stage_replicas in self.replicas:
                 average_gradients([r.parameters for r in stage_replicas], [weight] * replicas)
                 for replica in stage_replicas:

@@ -3,7 +3,8 @@
 Pure: the routes come from routing.py and a generator passed in. balanced routes whole
 microbatches and balanced-sequence single sequences (the authors' granularity) through
 seeded permutations, so every replica of every stage gets exactly its share and takes
-its inner step; p2c and random route microbatches hop by hop as workers do.
+its inner step; fixed keeps each microbatch on its origin's replica index at every stage
+(no routing: the ablation); p2c and random route microbatches hop by hop as workers do.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from noloco_rt.config import SIMULATION_ROUTINGS
-from noloco_rt.simulation.paths import Path, balanced_routes, load_aware_routes
+from noloco_rt.simulation.paths import Path, balanced_routes, fixed_routes, load_aware_routes
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,11 @@ def plan_step(routing: str, *, replicas: int, stages: int, microbatches: int, ba
         return StepPlan(hops=hops, grads_are_means=True)
     if routing == "balanced":
         paths = balanced_routes(replicas, stages, microbatches, rng)
+    elif routing == "fixed":
+        paths = fixed_routes(replicas, stages, microbatches)
     else:  # p2c or random: the workers' policies
         paths = load_aware_routes(replicas, stages, microbatches, rng, routing)
-    balanced = routing == "balanced"
+    balanced = routing in ("balanced", "fixed")  # every replica gets exactly its share
     all_rows = tuple(range(batch_size))
     hops = [Hop(k // microbatches, k % microbatches, tuple(path), all_rows,
                 loss_weight=1.0 / microbatches if balanced else 1.0) for k, path in enumerate(paths)]
