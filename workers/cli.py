@@ -140,7 +140,8 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
 
 
 def _run_already_over(cfg: Config, stage: int, name: str, membership: Membership) -> bool:
-    """The run's last stage finished before we started (workers/run_finished.py): say so."""
+    """The run's last stage finished before we started (workers/run_finished.py), or our own
+    stage did and left nobody: say so."""
     from noloco_rt.logs import get_logger
     from workers.run_finished import finished_steps, run_is_over
 
@@ -161,7 +162,7 @@ def _stage_already_over(stage: int, membership: Membership, log: Any) -> bool:
     late joiner (a slow start, a Job's late pod) has nothing to train and nobody to take the
     stage's state from. Without this it would find the stage past step 0 and exit 3 to be
     retried. Checked before we register: registering clears the mark."""
-    if not membership.stage_finished(stage) or membership.live_members(stage=stage, states=None):
+    if not membership.stage_finished(stage) or membership.live_members(stage=stage):  # ONLINE: a donor
         return False
     log.warning("stage_already_finished",
                 note="this stage's workers finished before this worker started and none is left: "
