@@ -63,7 +63,8 @@ class RunFigures:
     skipped: int = 0
     """Inner steps pulls moved clocks over (never trained)."""
     trained: dict[str, int] = field(default_factory=dict)
-    """Worker name -> microbatches whose backward it completed (its last incarnation's count)."""
+    """Worker name -> microbatches whose backward its incarnations completed (a SIGKILLed
+    incarnation writes no summary: a lower bound where workers were killed)."""
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -160,7 +161,7 @@ def figures_of(out: Path, *, wall_s: float) -> RunFigures:
             figures.pulled += summary[-1].get("pulled_outer_steps", 0)
             figures.jumped += summary[-1].get("skipped_outer_steps", 0)
             figures.skipped += summary[-1].get("skipped_steps", 0)
-            figures.trained[name] = summary[-1].get("microbatches", 0)
+            figures.trained[name] = figures.trained.get(name, 0) + summary[-1].get("microbatches", 0)
             span = record_seconds(events[-1]["timestamp"]) - record_seconds(events[0]["timestamp"])
             figures.blocked[name] = summary[-1]["outer_blocked_s"] / span if span > 0 else 0.0
     figures.one_sided = one_sided_share({n: [names.get(u, u) for u in us] for n, us in used.items()})
