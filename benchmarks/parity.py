@@ -15,7 +15,8 @@ step, in the runtime and the simulation alike (one setting). Both consensus file
 spread is each run's final one over all replicas. Runtime columns say where it departs from
 the lockstep algorithm: microbatches trained against the simulation's, inner steps skipped
 by pulls, and how late corrections landed. Each run's folder keeps a result.json, and a
-rerun reuses it: hours of runs survive an interruption.
+rerun reuses it: hours of runs survive an interruption, and --report-only tables what
+has finished so far.
 """
 
 from __future__ import annotations
@@ -108,6 +109,17 @@ def cached(folder: Path, run: Any) -> dict[str, Any]:
     return result
 
 
+def finished_runs(out: Path, labels: list[str], seeds: list[int]) -> dict[str, dict[int, dict[str, Any]]]:
+    """--report-only: the result.json of every run already finished, nothing run."""
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    for label in labels:
+        found = {seed: json.loads(path.read_text()) for seed in seeds
+                 if (path := out / "runs" / label / f"seed{seed}" / RESULT).exists()}
+        if found:
+            results[label] = found
+    return results
+
+
 def run_all(args: argparse.Namespace) -> dict[str, dict[int, dict[str, Any]]]:
     """Scenario by scenario, every seed of one before the next: an interrupted benchmark
     leaves whole rows (the simulator and fault-free first)."""
@@ -167,11 +179,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="passed on to both sides (repeatable)")
     parser.add_argument("--out", type=Path, required=True, help="runs go to OUT/runs, the table to OUT/parity.md")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: the table of the runs already finished under OUT/runs")
     args = parser.parse_args(argv)
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenario {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}")
-    results = run_all(args)
+    results = (finished_runs(args.out, ["simulator", *args.scenarios], args.seeds) if args.report_only
+               else run_all(args))
+    if "simulator" not in results:
+        parser.error(f"no finished simulation under {args.out / 'runs'}: every ratio is against it")
     (args.out / "parity.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                       "results": results}, indent=2))
     title = (f"Runtime against simulator: tiny {args.stages} × {args.replicas}, {args.steps} inner steps, "

@@ -124,12 +124,16 @@ def test_a_late_worker_of_a_stage_that_finished_exits_0_instead_of_3(tmp_path):
     mark yet): nothing to train and nobody to bootstrap from, which is not an error."""
     with EmbeddedRedis() as server:
         membership = Membership(connect(server.url), run_id="default")
-        membership.client.hset("noloco:default:high-water", "0", "7")
+        membership.client.hset("noloco:default:high-water", "0", "7")  # outer step 7 of h = 10: step 70
         assert membership.mark_stage_finished(0)
-        late = subprocess.run([*CLI, "worker", "--stage", "0", "--redis-url", server.url, "--name", "late",
-                               "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"],
-                              capture_output=True, text=True, timeout=120, env=_env())
+        args = [*CLI, "worker", "--stage", "0", "--redis-url", server.url, "--name", "late", "--set", "outer.h=10",
+                "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"]
+        late = subprocess.run([*args, "--steps", "70"], capture_output=True, text=True, timeout=120, env=_env())
         assert late.returncode == 0, late.stderr[-3000:]
         events = [json.loads(line)["event"] for line in late.stderr.splitlines() if line.startswith("{")]
         assert "stage_already_finished" in events and "member_online" not in events
         assert membership.stage_finished(0)  # never registered: the mark still tells stage 1
+        # A run extended past what the stage reached is not over: no donor, no checkpoint, exit 3.
+        extended = subprocess.run([*args, "--steps", "80"], capture_output=True, text=True, timeout=120, env=_env())
+        assert extended.returncode == 3, extended.stderr[-3000:]
+        assert "stage_already_finished" not in extended.stderr

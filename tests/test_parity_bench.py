@@ -75,3 +75,15 @@ def test_injector_stops_then_kills_real_processes_until_told_to_stop(tmp_path):
         for p in workers:
             p.kill()
             p.wait()
+
+
+def test_report_only_reads_what_finished_and_skips_the_rest(tmp_path):
+    from benchmarks.parity import finished_runs
+
+    for label, seed in (("simulator", 0), ("simulator", 1), ("faults", 0)):
+        folder = tmp_path / "runs" / label / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(_run(2.0, 400)))
+    (tmp_path / "runs" / "fault-free" / "seed0").mkdir(parents=True)  # started, never finished
+    found = finished_runs(tmp_path, ["simulator", "fault-free", "faults"], [0, 1, 2])
+    assert {label: sorted(runs) for label, runs in found.items()} == {"simulator": [0, 1], "faults": [0]}

@@ -151,20 +151,24 @@ def _run_already_over(cfg: Config, stage: int, name: str, membership: Membership
         if marked is not None and marked > cfg.run.steps:
             log.warning("run_finished_mark_ignored", finished_steps=marked, run_steps=cfg.run.steps,
                         note="the run-finished mark names more steps than run.steps: not this run's finish")
-        return _stage_already_over(stage, membership, log)
+        return _stage_already_over(cfg, stage, membership, log)
     log.warning("run_already_finished", finished_steps=marked,
                 note="the run's last stage finished before this worker started: nothing to train, exit 0")
     return True
 
 
-def _stage_already_over(stage: int, membership: Membership, log: Any) -> bool:
-    """Our stage's workers finished and none is left, while a later stage still trains: a
-    late joiner (a slow start, a Job's late pod) has nothing to train and nobody to take the
-    stage's state from. Without this it would find the stage past step 0 and exit 3 to be
-    retried. Checked before we register: registering clears the mark."""
+def _stage_already_over(cfg: Config, stage: int, membership: Membership, log: Any) -> bool:
+    """Our stage's workers finished this config's steps and none is left, while a later stage
+    still trains: a late joiner (a slow start, a Job's late pod) has nothing to train and
+    nobody to take the stage's state from. Without this it would find the stage past step 0
+    and exit 3 to be retried. A config with more steps than the stage reached goes on (a run
+    extended from its checkpoints). Checked before we register: registering clears the mark."""
     if not membership.stage_finished(stage) or membership.live_members(stage=stage):  # ONLINE: a donor
         return False
-    log.warning("stage_already_finished",
-                note="this stage's workers finished before this worker started and none is left: "
-                     "nothing to train, exit 0")
+    reached = membership.high_water.of(stage)  # outer steps; None: unknown, MALFORMED_MARK: not a count
+    if reached is None or reached < 0 or reached * cfg.outer.resolved().h < cfg.run.steps:
+        return False
+    log.warning("stage_already_finished", outer_step=reached,
+                note="this stage's workers finished this run's steps before this worker started and none is "
+                     "left: nothing to train, exit 0")
     return True
