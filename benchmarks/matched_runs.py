@@ -81,7 +81,7 @@ def _duty_cycle(out: Path, done: threading.Event, *, duty: float) -> None:
     """Stop and continue the slowed worker's process, found by its pid file, until `done`."""
     pid = None
     while not done.is_set() and pid is None:
-        pid = _pid_of(out / "up.log", SLOWED)
+        pid = worker_pids(out / "up.log").get(SLOWED)
         done.wait(0.2)
     while pid is not None and not done.is_set():
         try:
@@ -98,17 +98,20 @@ def _duty_cycle(out: Path, done: threading.Event, *, duty: float) -> None:
             pass
 
 
-def _pid_of(up_log: Path, name: str) -> int | None:
+def worker_pids(up_log: Path) -> dict[str, int]:
+    """Worker name -> pid of its newest incarnation, from `up`'s log so far (process_started
+    lines; a restart logs a new one)."""
+    pids: dict[str, int] = {}
     if not up_log.exists():
-        return None
+        return pids
     for line in up_log.read_text().splitlines():
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        if event.get("event") == "process_started" and event.get("name") == name:
-            return int(event["pid"])
-    return None
+        if event.get("event") == "process_started" and str(event.get("name", "")).startswith("s"):
+            pids[event["name"]] = int(event["pid"])
+    return pids
 
 
 def run_up(stages: int, replicas: int, steps: int, h: int, *, duty: float, seed: int, tmp: Path,

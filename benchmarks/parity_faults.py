@@ -4,12 +4,11 @@ from a peer or its checkpoint) and SIGSTOP for a few seconds (a stalled machine)
 worker drawn at random. Light on purpose: one fault every `every_s` seconds, so that the
 run's loss shows what elasticity costs, not a cluster that never settles.
 
-The workers' pids come from `up`'s own log (process_started lines; a restart logs a new one).
+The workers' pids come from `up`'s own log (benchmarks.matched_runs.worker_pids).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -17,6 +16,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchmarks.matched_runs import worker_pids
 
 KINDS = ("sigkill", "sigstop")
 
@@ -28,21 +29,6 @@ class InjectedFaults:
     by_kind: Counter = field(default_factory=Counter)
     missed: int = 0
     """Faults whose worker had no live process at the time (restarting or finished)."""
-
-
-def worker_pids(up_log: Path) -> dict[str, int]:
-    """Worker name -> pid of its newest incarnation, from up's log so far."""
-    pids: dict[str, int] = {}
-    if not up_log.exists():
-        return pids
-    for line in up_log.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("event") == "process_started" and str(event.get("name", "")).startswith("s"):
-            pids[event["name"]] = int(event["pid"])
-    return pids
 
 
 def inject(up_log: Path, *, seed: int, every_s: float, hold_s: float, done: threading.Event,

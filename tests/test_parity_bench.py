@@ -9,8 +9,9 @@ import sys
 import threading
 import time
 
+from benchmarks.matched_runs import worker_pids
 from benchmarks.parity import cached, rows
-from benchmarks.parity_faults import InjectedFaults, inject, worker_pids
+from benchmarks.parity_faults import InjectedFaults, inject
 
 
 def _run(loss: float, trained: int, **extra) -> dict:
