@@ -32,7 +32,6 @@ from benchmarks.table import emit, markdown_table
 from noloco_rt.config import Config, load_config, parse_assignment
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.logs import LogRecord, read_json_lines, record_seconds
-from noloco_rt.memory_fit import inflight_or_default
 from noloco_rt.model import build_stage, stage_layer_range
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
@@ -278,7 +277,7 @@ def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float
     """The runtime's runs and the plain loops of one preset: their rows and the gate's failures."""
     settings = runtime_settings(preset, args)
     cfg = runtime_config(settings)
-    sequences = inflight_or_default(cfg) * cfg.data.batch_size  # 0 (from memory) keeps 4 wherever 4 fit
+    sequences = cfg.pipeline.microbatches_per_step * cfg.data.batch_size  # 0 (from memory) keeps 4 wherever 4 fit
     tokens_per_step, vocab = sequences * cfg.model.seq_len, cfg.model.vocab_size
     rows, failures = [], []
     for stages, replicas in args.shapes:

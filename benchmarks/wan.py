@@ -37,7 +37,6 @@ from benchmarks.table import emit, markdown_table
 from noloco_rt.config import load_config
 from noloco_rt.logs import read_json_lines, record_seconds
 from noloco_rt.membership.embedded_redis import redis_server_binary
-from noloco_rt.memory_fit import inflight_or_default
 from noloco_rt.scored_consensus import consensus_of_checkpoints
 from workers.faults import netns
 from workers.faults.netns import LinkSpec
@@ -170,7 +169,7 @@ def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
     """Stage 0's tokens/s: per stage-0 worker, the inner steps between its first and last
     progress lines over the time between them (start-up and shutdown left out), summed."""
     cfg = load_config(environ={}, overrides=[{"model": {"preset": trial.preset}}])
-    tokens_per_step = inflight_or_default(cfg) * cfg.data.batch_size * cfg.model.seq_len  # B microbatches a step
+    tokens_per_step = cfg.pipeline.microbatches_per_step * cfg.data.batch_size * cfg.model.seq_len  # B microbatches a step
     rate, spans = 0.0, []
     for path in logs.glob("s0-*.log"):
         events, _ = read_json_lines(path)

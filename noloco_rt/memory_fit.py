@@ -117,12 +117,6 @@ def resolved_config(cfg: Config, choice: MemoryChoice) -> Config:
         model=dataclasses.replace(cfg.model, activation_checkpointing="on" if choice.activation_checkpointing else "off"))
 
 
-def inflight_or_default(cfg: Config) -> int:
-    """pipeline.max_inflight where no device decides it (the simulator, benchmarks' token
-    counts on the CPU): the explicit number, or the default."""
-    return cfg.pipeline.microbatches_per_step
-
-
 @dataclass(frozen=True)
 class Fit:
     stages: int

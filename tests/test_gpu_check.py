@@ -29,7 +29,6 @@ from benchmarks.gpu_check import (
     worker_figures,
 )
 from benchmarks.plain_loop import compile_skip_reason, run_plain_loop
-from noloco_rt.memory_fit import inflight_or_default
 
 
 def stamp(second: float) -> str:
@@ -160,7 +159,7 @@ def test_every_preset_runs_with_the_default_settings():
     for preset in ("small", "125m", "1b"):
         cfg = runtime_config(runtime_settings(preset, args))
         assert (cfg.pipeline.max_inflight, cfg.model.seq_len, cfg.outer.h) == (0, 1024, 10)
-        assert inflight_or_default(cfg) * cfg.data.batch_size == 32  # 32 x 1024 tokens per step
+        assert cfg.pipeline.microbatches_per_step * cfg.data.batch_size == 32  # 32 x 1024 tokens per step
 
 
 def test_a_run_past_its_time_is_ended_with_code_124_and_others_give_their_output():

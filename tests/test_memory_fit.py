@@ -11,7 +11,6 @@ from noloco_rt.memory_fit import (
     budget_bytes,
     choose,
     fit_stages,
-    inflight_or_default,
     plan_settings,
     resolved_config,
     worst_peak,
@@ -78,7 +77,7 @@ def test_a_worker_on_the_cpu_resolves_the_config_every_reader_sees() -> None:
     cfg = load_config(environ={}, overrides=[{"model": {"preset": "tiny"}}])
     resolved = resolved_config(cfg, memory_choice(cfg, torch.device("cpu")))
     assert (resolved.pipeline.max_inflight, resolved.model.activation_checkpointing) == (4, "off")
-    assert inflight_or_default(cfg) == 4 and inflight_or_default(resolved) == 4
+    assert cfg.pipeline.microbatches_per_step == 4 and resolved.pipeline.microbatches_per_step == 4
     budgeted = load_config(environ={}, overrides=[{"model": {"preset": "small", "seq_len": 512},
                                                    "worker": {"memory_budget_gb": 0.3}}])
     choice = memory_choice(budgeted, torch.device("cpu"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from noloco_rt.config import Config
-from noloco_rt.memory_fit import MemoryChoice, budget_bytes, choose, inflight_or_default
+from noloco_rt.memory_fit import MemoryChoice, budget_bytes, choose
 
 
 def pick_device(local_rank: int) -> torch.device:
@@ -39,7 +39,7 @@ def memory_choice(cfg: Config, device: torch.device, environ: Mapping[str, str] 
     the budget is worker.memory_budget_gb, or the CUDA device's memory over the workers sharing it.
     Your own model (model.factory) is not planned: the configured in-flight count or the default."""
     if cfg.model.factory:
-        return MemoryChoice(max_inflight=inflight_or_default(cfg), activation_checkpointing=False,
+        return MemoryChoice(max_inflight=cfg.pipeline.microbatches_per_step, activation_checkpointing=False,
                             budget_bytes=None, peak_bytes=0, fits=True)
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     budget = budget_bytes(cfg.worker.memory_budget_gb, device_type=device.type, device_total_bytes=total,

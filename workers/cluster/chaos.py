@@ -35,7 +35,6 @@ from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
 from noloco_rt.config import Config
 from noloco_rt.logs import configure_logging
-from noloco_rt.memory_fit import inflight_or_default
 from workers.cluster.chaos_faults import FullDisk, Partitions
 from workers.cluster.chaos_report import invariants, render
 from workers.cluster.chaos_schedule import ALL_KINDS, FAULT_KINDS, Fault, build_schedule
@@ -127,7 +126,7 @@ def chaos(steps: int, seed: int, every_s: float, kinds: str, hold_s: float, reco
     schedule = build_schedule(seed, timeout_s, every_s, names, wanted, hold_s=hold_s, recover_s=recover_s)
     report["faulty"] = run_phase(cfg, out / "faulty", steps, schedule, stall_bound_s, timeout_s,
                                  extra_env=data_faults_env(net_loss, net_delay_ms), min_faults=min_faults)
-    report["invariants"] = invariants(report["faulty"], inflight_or_default(cfg), stall_bound_s, report.get("baseline"))
+    report["invariants"] = invariants(report["faulty"], cfg.pipeline.microbatches_per_step, stall_bound_s, report.get("baseline"))
     report["failed"] = [name for name, check in report["invariants"].items() if not check["ok"]]
     (out / "chaos.json").write_text(json.dumps(report, indent=2, default=str))
     click.echo(render(report))

@@ -10,7 +10,6 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
-from noloco_rt.memory_fit import inflight_or_default
 from noloco_rt.net import wire_dtype
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.routing.peers import PeerView
@@ -67,7 +66,7 @@ class DataContext:
     def budget(self) -> int:
         """Microbatches per inner step (B): forwards accepted, or originated by the first stage
         (the worker resolved pipeline.max_inflight = 0 for its memory; the default otherwise)."""
-        return inflight_or_default(self.cfg)
+        return self.cfg.pipeline.microbatches_per_step
 
     def drop(self, microbatch_id: int, reason: str) -> None:
         """A microbatch is lost: counted, with its reason, and logged."""
