@@ -11,7 +11,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.seed_stats import Row, RunsBySeed, SeedRange, summarise
+from benchmarks.seed_stats import (
+    AlongRun,
+    Row,
+    RunsBySeed,
+    SeedRange,
+    ratio_along_run,
+    summarise,
+    thinned,
+)
 from benchmarks.table import markdown_table
 from noloco_rt.plots import save_figure
 
@@ -33,6 +41,31 @@ def rows_table(title: str, label_header: str, rows: Sequence[Row], baselines: Se
              *[fmt_range(row.ratios.get(b), 4) for b in baselines],
              f"{row.final_spread_mean:.3e}", fmt_range(row.pearson, 3, empty="n/a (spread constant)"),
              "-" if row.fewer_bytes is None else f"{row.fewer_bytes:.1f}x", f"{row.wall_s_mean:.0f}"] for row in rows]
+    return markdown_table(title, header, body)
+
+
+ALONG_RUN_ROWS = 10
+
+
+def along_run_table(title: str, runs: Mapping[str, RunsBySeed], baselines: Sequence[str]) -> str:
+    """Every label's ppl over each baseline's at (at most ALONG_RUN_ROWS) evaluation steps,
+    seed by seed then mean [min–max]: how a gap closes along the run. Empty text when no
+    baseline ran or nothing else did."""
+    order = {name: i for i, name in enumerate(baselines)}
+    pairs = {(label, base): ratio_along_run(runs[label], runs[base])
+             for base in baselines if base in runs for label in runs
+             if label != base and order.get(label, len(order)) > order[base]}  # diloco / ddp, not also ddp / diloco
+    pairs = {pair: points for pair, points in pairs.items() if points}
+    if not pairs:
+        return ""
+    (first_label, first_base), first_points = next(iter(pairs.items()))
+    by_step: dict[tuple[str, str], dict[int, AlongRun]] = {
+        pair: {point.step: point for point in points} for pair, points in pairs.items()}
+    header = ["inner step", "lr", f"{first_base} ppl", *[f"{label} / {base}" for label, base in pairs]]
+    body = [[point.step, f"{point.lr:.1e}", fmt_range(point.baseline_ppl, 3),
+             *[fmt_range(by_step[pair][point.step].ratio, 4) if point.step in by_step[pair] else "-"
+               for pair in pairs]]
+            for point in thinned(first_points, ALONG_RUN_ROWS)]
     return markdown_table(title, header, body)
 
 
@@ -90,4 +123,5 @@ def tables_from_json(path: Path, *, title: str, label_header: str) -> str:
         runs = {label: {int(seed): run for seed, run in by_seed.items()} for label, by_seed in section["runs"].items()}
         baselines = [next(iter(runs))]
         texts.append(rows_table(f"{title}, {group}", label_header, summarise(runs, baselines), baselines))
-    return "\n".join(texts)
+        texts.append(along_run_table(f"{title}, {group}, along the run", runs, baselines))
+    return "\n".join(text for text in texts if text)

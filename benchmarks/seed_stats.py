@@ -117,3 +117,41 @@ def fewer_bytes(runs: RunsBySeed) -> float | None:
 def summarise(all_runs: Mapping[str, RunsBySeed], baselines: Sequence[str]) -> list[Row]:
     """One Row per label, in the mapping's order."""
     return [summarise_label(label, runs, all_runs, baselines) for label, runs in all_runs.items()]
+
+
+@dataclass(frozen=True)
+class AlongRun:
+    """One evaluation step of a run compared with its baseline: ratios seed by seed."""
+
+    step: int
+    lr: float
+    baseline_ppl: SeedRange
+    ratio: SeedRange
+
+
+def _ppl_by_step(run: Run) -> dict[int, tuple[float, float]]:
+    return {int(r["step"]): (float(r["val_ppl"]), float(r["lr"])) for r in run["records"] if r["step"] > 0}
+
+
+def ratio_along_run(runs: RunsBySeed, baseline: RunsBySeed) -> list[AlongRun]:
+    """label ppl / baseline ppl at every evaluation step that every shared seed of both
+    evaluated (seed by seed, then averaged), first to last; empty when no seed is shared."""
+    seeds = [seed for seed in sorted(runs) if seed in baseline]
+    if not seeds:
+        return []
+    ours = {seed: _ppl_by_step(runs[seed]) for seed in seeds}
+    theirs = {seed: _ppl_by_step(baseline[seed]) for seed in seeds}
+    steps = set.intersection(*(set(ours[s]) & set(theirs[s]) for s in seeds))
+    return [AlongRun(step=step, lr=theirs[seeds[0]][step][1],
+                     baseline_ppl=seed_range([theirs[s][step][0] for s in seeds]),
+                     ratio=seed_range([ours[s][step][0] / theirs[s][step][0] for s in seeds]))
+            for step in sorted(steps)]
+
+
+def thinned(points: Sequence[AlongRun], most: int) -> list[AlongRun]:
+    """At most `most` points, evenly spaced, the last always kept (a table, not a plot)."""
+    if len(points) <= most:
+        return list(points)
+    stride = math.ceil(len(points) / most)
+    kept = list(points[len(points) - 1::-stride])[::-1]
+    return kept[-most:]

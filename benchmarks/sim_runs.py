@@ -69,7 +69,22 @@ def run_job(job: SimJob, out_root: Path) -> dict[str, Any]:
     started = time.monotonic()
     records = run_simulation(cfg, out_root / job.run_dir_name)
     return {"group": job.group, "label": job.label, "seed": job.seed, "wall_s": time.monotonic() - started,
-            "outer": dict(cfg.outer.resolved().__dict__), "records": records_as_dicts(records)}
+            "job": dataclasses.asdict(job), "outer": dict(cfg.outer.resolved().__dict__),
+            "records": records_as_dicts(records)}
+
+
+def finished_result(job: SimJob, out_root: Path) -> dict[str, Any] | None:
+    """The result an earlier invocation wrote for this very job (same config file, assignments,
+    seed and threads), so a benchmark of hours stopped half-way resumes where it was; None
+    when there is none, it is unreadable, or it was run with anything different."""
+    path = out_root / job.run_dir_name / RESULT_FILE
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict) or result.get("job") != json.loads(json.dumps(dataclasses.asdict(job))):
+        return None
+    return result
 
 
 def progress_line(result: dict[str, Any], done: int, total: int) -> str:
@@ -92,10 +107,11 @@ class _Progress:
         self.results: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
 
-    def finished(self, job: SimJob, result: dict[str, Any]) -> None:
+    def finished(self, job: SimJob, result: dict[str, Any], *, kept: bool = False) -> None:
         with self.lock:
             self.results[job.run_dir_name] = result
-            print(progress_line(result, len(self.results), self.total), flush=True)
+            line = progress_line(result, len(self.results), self.total)
+            print(line + ("  (kept from an earlier run)" if kept else ""), flush=True)
 
 
 def _run_lane(lane: int, pending: queue.SimpleQueue[SimJob], out_root: Path, progress: _Progress,
@@ -128,20 +144,29 @@ def _run_lane(lane: int, pending: queue.SimpleQueue[SimJob], out_root: Path, pro
 
 def run_jobs(jobs: Sequence[SimJob], out_root: Path, *, parallel: int) -> list[dict[str, Any]]:
     """Run every job, at most `parallel` at a time in child processes; results come back in
-    the order of `jobs`. Nothing outlives the call."""
+    the order of `jobs`. A job whose result an earlier call wrote under out_root is not run
+    again (finished_result). Nothing outlives the call."""
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, got {parallel}")
     out_root.mkdir(parents=True, exist_ok=True)
     pending: queue.SimpleQueue[SimJob] = queue.SimpleQueue()
-    for job in jobs:
-        pending.put(job)
     progress, stop = _Progress(len(jobs)), threading.Event()
-    lanes = min(parallel, len(jobs))
+    to_run = 0
+    for job in jobs:
+        earlier = finished_result(job, out_root)
+        if earlier is not None:
+            progress.finished(job, earlier, kept=True)
+        else:
+            pending.put(job)
+            to_run += 1
+    lanes = min(parallel, to_run)
     threads = max((job.threads for job in jobs), default=1)
-    with ThreadPoolExecutor(max_workers=lanes) as pool:
-        futures = [pool.submit(_run_lane, lane, pending, out_root, progress, stop, threads) for lane in range(lanes)]
-        for future in futures:
-            future.result()
+    if lanes:  # none when every job was kept from an earlier run
+        with ThreadPoolExecutor(max_workers=lanes) as pool:
+            futures = [pool.submit(_run_lane, lane, pending, out_root, progress, stop, threads)
+                       for lane in range(lanes)]
+            for future in futures:
+                future.result()
     return [progress.results[job.run_dir_name] for job in jobs]
 
 

@@ -10,14 +10,16 @@ import math
 import pytest
 
 from benchmarks import ablation, convergence
-from benchmarks.seed_report import fmt_range, ppl_band
+from benchmarks.seed_report import along_run_table, fmt_range, ppl_band
 from benchmarks.seed_stats import (
     SeedRange,
     pearson,
+    ratio_along_run,
     ratios_per_seed,
     seed_range,
     spread_lr_pearson,
     summarise,
+    thinned,
 )
 from benchmarks.seeded_bench import parse_seeds
 
@@ -70,6 +72,35 @@ def test_summarise_rows_with_per_seed_ratios():
     assert ratio.mean == pytest.approx(1.15)
     assert noloco.final_spread_mean == 3.0
     assert noloco.pearson == SeedRange(1.0, 1.0, 1.0, 2)
+
+
+def test_ratio_along_run_seed_by_seed_on_steps_every_seed_evaluated():
+    ddp = {0: _run([9, 4.0, 2.0], [0, 0, 0], [1, 0.5, 0.1]), 1: _run([9, 5.0, 4.0], [0, 0, 0], [1, 0.5, 0.1])}
+    noloco = {0: _run([9, 6.0, 2.2], [0, 1, 1], [1, 0.5, 0.1]), 1: _run([9, 6.0], [0, 1], [1, 0.5]),
+              2: _run([9, 1.0, 1.0], [0, 1, 1], [1, 0.5, 0.1])}  # seed 2: no baseline, left out
+    first, = ratio_along_run(noloco, ddp)  # step 20: seed 1 never got there; step 0 is untrained
+    assert (first.step, first.lr) == (10, 0.5)
+    assert first.baseline_ppl == SeedRange(4.5, 4.0, 5.0, 2)
+    assert (first.ratio.lo, first.ratio.mean, first.ratio.hi) == pytest.approx((1.2, 1.35, 1.5))
+    assert ratio_along_run(noloco, {}) == []
+
+
+def test_thinned_keeps_the_last_point_and_at_most_n():
+    points = list(range(1, 24))
+    kept = thinned(points, 10)  # type: ignore[arg-type]  # any sequence thins alike
+    assert len(kept) <= 10 and kept[-1] == 23 and kept == sorted(kept)
+    assert thinned(points[:5], 10) == points[:5]
+
+
+def test_along_run_table_each_label_over_each_earlier_baseline():
+    ddp = {0: _run([9, 4.0, 2.0], [0, 0, 0], [1, 0.5, 0.1])}
+    diloco = {0: _run([9, 8.0, 3.0], [0, 0, 0], [1, 0.5, 0.1])}
+    noloco = {0: _run([9, 6.0, 2.4], [0, 1, 1], [1, 0.5, 0.1])}
+    text = along_run_table("t", {"ddp": ddp, "diloco": diloco, "noloco": noloco}, ["ddp", "diloco"])
+    header = next(line for line in text.splitlines() if line.startswith("| inner step"))
+    assert header == "| inner step | lr | ddp ppl | diloco / ddp | noloco / ddp | noloco / diloco |"
+    assert "| 20 | 1.0e-01 | 2.000 | 1.5000 | 1.2000 | 0.8000 |" in text
+    assert along_run_table("t", {"noloco": noloco}, ["ddp"]) == ""  # no baseline ran
 
 
 def test_ppl_band_and_range_format():
@@ -149,6 +180,16 @@ def test_ablation_end_to_end(tmp_path, capsys):
     assert math.isfinite(rows["h4"]["ratios"]["base"]["mean"])
     assert capsys.readouterr().out.count("seed") >= 4  # one progress line per finished run
     assert (tmp_path / "ablation_runs" / "defaults" / "h4" / "seed1" / "metrics.jsonl").is_file()
+    # Run again with one more variant: finished runs are kept, only the new one trains.
+    metrics = tmp_path / "ablation_runs" / "defaults" / "h4" / "seed1" / "metrics.jsonl"
+    written = metrics.stat().st_mtime_ns
+    ablation.main([*TINY, "--out", str(tmp_path), "--variant", "base:", "--variant", "h4:--set outer.h=4",
+                   "--variant", "h2:--set outer.h=2"])
+    out = capsys.readouterr().out
+    assert out.count("(kept from an earlier run)") == 4 and out.count(" h2 seed ") == 2
+    assert metrics.stat().st_mtime_ns == written
+    again = _assert_report(tmp_path, "ablation", ["base", "h4", "h2"], "base")
+    assert again["h4"]["ppl"] == rows["h4"]["ppl"]
 
 
 def test_convergence_end_to_end(tmp_path):
@@ -157,6 +198,8 @@ def test_convergence_end_to_end(tmp_path):
     rows = _assert_report(tmp_path, "convergence", ["ddp", "noloco"], "ddp")
     assert rows["noloco"]["ratios"]["diloco"] is None  # no diloco in this run
     assert rows["ddp"]["final_spread_mean"] == 0.0
+    table = (tmp_path / "convergence.md").read_text()
+    assert "along the run" in table and "| inner step | lr | ddp ppl | noloco / ddp |" in table
 
 
 def test_ablation_report_only_reprints_a_written_report_with_bytes(tmp_path, capsys):
