@@ -25,6 +25,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks import seeded_bench as bench
+from benchmarks.seed_report import tables_from_json
 from benchmarks.sim_runs import SimJob
 
 
@@ -63,7 +64,17 @@ def main(argv: list[str] | None = None) -> str:
                         metavar="NAME=CONFIG_FILE", help="repeatable; default: defaults= (built-in config)")
     parser.add_argument("--baselines", type=parse_methods, default=["ddp", "diloco"],
                         help="methods every other is compared with, seed by seed")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the tables of OUT/convergence.json again (nothing is run)")
     args = parser.parse_args(argv)
+    if args.report_only:
+        report = args.out / "convergence.json"
+        if not report.is_file():
+            parser.error(f"--report-only: {report} does not exist")
+        text = tables_from_json(report, title=f"Convergence ({report})", label_header="method",
+                                baselines=args.baselines)
+        print(text)
+        return text
     args.recipes = args.recipes or [("defaults", None)]
     if len({name for name, _ in args.recipes}) != len(args.recipes):
         parser.error("recipe names must be distinct")

@@ -114,14 +114,14 @@ def plot_ppl_bands(groups: Mapping[str, Mapping[str, RunsBySeed]], path: Path, *
     save_figure(fig, path, title)
 
 
-def tables_from_json(path: Path, *, title: str, label_header: str) -> str:
+def tables_from_json(path: Path, *, title: str, label_header: str, baselines: Sequence[str] = ()) -> str:
     """The markdown tables of a written report (OUT/{stem}.json) again, with today's columns;
-    the first label of each group is its baseline."""
+    compared with `baselines` where given, else with the first label of each group."""
     data = json.loads(path.read_text())
     texts = []
     for group, section in data.items():
         runs = {label: {int(seed): run for seed, run in by_seed.items()} for label, by_seed in section["runs"].items()}
-        baselines = [next(iter(runs))]
-        texts.append(rows_table(f"{title}, {group}", label_header, summarise(runs, baselines), baselines))
-        texts.append(along_run_table(f"{title}, {group}, along the run", runs, baselines))
+        bases = list(baselines) or [next(iter(runs))]
+        texts.append(rows_table(f"{title}, {group}", label_header, summarise(runs, bases), bases))
+        texts.append(along_run_table(f"{title}, {group}, along the run", runs, bases))
     return "\n".join(text for text in texts if text)

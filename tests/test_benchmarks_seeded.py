@@ -200,6 +200,8 @@ def test_convergence_end_to_end(tmp_path):
     assert rows["ddp"]["final_spread_mean"] == 0.0
     table = (tmp_path / "convergence.md").read_text()
     assert "along the run" in table and "| inner step | lr | ddp ppl | noloco / ddp |" in table
+    again = convergence.main(["--out", str(tmp_path), "--report-only"])
+    assert "| inner step | lr | ddp ppl | noloco / ddp |" in again and "| noloco | 4 | 2 |" in again
 
 
 def test_ablation_report_only_reprints_a_written_report_with_bytes(tmp_path, capsys):
