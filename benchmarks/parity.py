@@ -109,6 +109,25 @@ def cached(folder: Path, run: Any) -> dict[str, Any]:
     return result
 
 
+def restore_from_report(out: Path) -> int:
+    """Write back OUT/runs/LABEL/seedN/result.json for each run OUT/parity.json holds and
+    OUT/runs lacks: parity.json is what is kept (runs/ folders are not committed), so a later
+    invocation, on another machine too, tables or extends what earlier ones finished.
+    Returns how many were restored."""
+    report = out / "parity.json"
+    if not report.is_file():
+        return 0
+    restored = 0
+    for label, by_seed in json.loads(report.read_text()).get("results", {}).items():
+        for seed, result in by_seed.items():
+            path = out / "runs" / label / f"seed{int(seed)}" / RESULT
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(result, indent=2))
+                restored += 1
+    return restored
+
+
 def finished_runs(out: Path, labels: list[str], seeds: list[int]) -> dict[str, dict[int, dict[str, Any]]]:
     """--report-only: the result.json of every run already finished, nothing run."""
     results: dict[str, dict[int, dict[str, Any]]] = {}
@@ -185,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenario {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}")
+    restored = restore_from_report(args.out)
+    if restored:
+        print(f"{restored} finished runs restored from {args.out / 'parity.json'}", flush=True)
     results = (finished_runs(args.out, ["simulator", *args.scenarios], args.seeds) if args.report_only
                else run_all(args))
     if "simulator" not in results:

@@ -88,3 +88,17 @@ def test_report_only_reads_what_finished_and_skips_the_rest(tmp_path):
     (tmp_path / "runs" / "fault-free" / "seed0").mkdir(parents=True)  # started, never finished
     found = finished_runs(tmp_path, ["simulator", "fault-free", "faults"], [0, 1, 2])
     assert {label: sorted(runs) for label, runs in found.items()} == {"simulator": [0, 1], "faults": [0]}
+
+
+def test_runs_kept_only_in_parity_json_are_restored_and_tabled(tmp_path, capsys):
+    from benchmarks.parity import main
+
+    results = {"simulator": {"0": _run(2.0, 400), "1": _run(2.2, 400)}, "fault-free": {"0": _run(2.1, 396)}}
+    (tmp_path / "parity.json").write_text(json.dumps({"args": {}, "results": results}))
+    main(["--out", str(tmp_path), "--seeds", "0,1", "--scenarios", "fault-free", "--report-only"])
+    out = capsys.readouterr().out
+    assert "3 finished runs restored" in out
+    assert json.loads((tmp_path / "runs" / "simulator" / "seed1" / "result.json").read_text())["val_loss"] == 2.2
+    assert "| fault-free | 1 | 2.1000 [2.1000–2.1000] | 1.0500 [1.0500–1.0500] |" in (tmp_path / "parity.md").read_text()
+    main(["--out", str(tmp_path), "--seeds", "0,1", "--scenarios", "fault-free", "--report-only"])
+    assert "restored" not in capsys.readouterr().out  # nothing missing the second time
