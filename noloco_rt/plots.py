@@ -8,6 +8,7 @@ caller knows H, else where the logged outer-step counts put them.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ SPREAD_BAND_LABEL = "train loss: min–max over replicas"
 
 def save_figure(fig: Any, path: Path, title: str) -> None:
     """Title, layout, write the PNG (creating its folder) and free the figure."""
-    if title:
-        fig.suptitle(title)
+    if title:  # wrapped to the figure's width: a one-panel figure clipped a long title
+        width_chars = max(30, int(fig.get_figwidth() * 9))
+        fig.suptitle(textwrap.fill(title, width_chars))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -16,6 +16,7 @@ from noloco_rt.plots import (
     outer_steps_every,
     outer_steps_logged,
     plot_distributed_run,
+    save_figure,
 )
 
 
@@ -105,3 +106,12 @@ def test_simulate_curves_mark_outer_steps_beside_the_spread():
     assert outer_lines(loss_ax) == [25, 50, 75, 100]
     logged = curves_figure(records)  # no H: two outer steps first counted at 50, two more at 100
     assert outer_lines(logged.axes[0]) == [25, 50, 75, 100]
+
+
+def test_a_long_title_is_wrapped_to_the_figure_not_clipped(tmp_path):
+    fig = plt.figure(figsize=(6, 4.5))
+    save_figure(fig, tmp_path / "f.png", "Convergence, 2 stages x 4 replicas, preset tiny, 5000 inner steps, seeds 0,1,2")
+    title = fig.get_suptitle()
+    assert "\n" in title and max(len(line) for line in title.splitlines()) <= 54
+    assert title.replace("\n", " ").endswith("seeds 0,1,2")
+    assert (tmp_path / "f.png").stat().st_size > 0
