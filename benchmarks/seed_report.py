@@ -58,7 +58,7 @@ def along_run_table(title: str, runs: Mapping[str, RunsBySeed], baselines: Seque
     pairs = {pair: points for pair, points in pairs.items() if points}
     if not pairs:
         return ""
-    (first_label, first_base), first_points = next(iter(pairs.items()))
+    (_, first_base), first_points = next(iter(pairs.items()))
     by_step: dict[tuple[str, str], dict[int, AlongRun]] = {
         pair: {point.step: point for point in points} for pair, points in pairs.items()}
     header = ["inner step", "lr", f"{first_base} ppl", *[f"{label} / {base}" for label, base in pairs]]

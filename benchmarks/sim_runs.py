@@ -76,7 +76,8 @@ def run_job(job: SimJob, out_root: Path) -> dict[str, Any]:
 def finished_result(job: SimJob, out_root: Path) -> dict[str, Any] | None:
     """The result an earlier invocation wrote for this very job (same config file, assignments,
     seed and threads), so a benchmark of hours stopped half-way resumes where it was; None
-    when there is none, it is unreadable, or it was run with anything different."""
+    when there is none, it is unreadable, or it was run with anything different. The code is
+    not compared: delete OUT to rerun after changing what a simulation computes."""
     path = out_root / job.run_dir_name / RESULT_FILE
     try:
         result = json.loads(path.read_text())
