@@ -69,6 +69,16 @@ def along_run_table(title: str, runs: Mapping[str, RunsBySeed], baselines: Seque
     return markdown_table(title, header, body)
 
 
+def group_tables(title: str, label_header: str, runs: Mapping[str, RunsBySeed], baselines: Sequence[str],
+                 rows: Sequence[Row] | None = None) -> str:
+    """One group's report: its rows table, then its along-the-run table where there is one.
+    `rows` when the caller summarised already."""
+    rows = summarise(runs, baselines) if rows is None else rows
+    texts = [rows_table(title, label_header, rows, baselines),
+             along_run_table(f"{title}, along the run", runs, baselines)]
+    return "\n".join(text for text in texts if text)
+
+
 def _finite_or_none(value: Any) -> Any:
     """JSON has no NaN: write null (e.g. Pearson of ddp, whose spread is always 0)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -121,7 +131,5 @@ def tables_from_json(path: Path, *, title: str, label_header: str, baselines: Se
     texts = []
     for group, section in data.items():
         runs = {label: {int(seed): run for seed, run in by_seed.items()} for label, by_seed in section["runs"].items()}
-        bases = list(baselines) or [next(iter(runs))]
-        texts.append(rows_table(f"{title}, {group}", label_header, summarise(runs, bases), bases))
-        texts.append(along_run_table(f"{title}, {group}, along the run", runs, bases))
-    return "\n".join(text for text in texts if text)
+        texts.append(group_tables(f"{title}, {group}", label_header, runs, list(baselines) or [next(iter(runs))]))
+    return "\n".join(texts)

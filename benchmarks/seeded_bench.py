@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.seed_report import along_run_table, plot_ppl_bands, report_json, rows_table
+from benchmarks.seed_report import group_tables, plot_ppl_bands, report_json
 from benchmarks.seed_stats import RunsBySeed, summarise
 from benchmarks.sim_runs import SimJob, check_jobs, run_jobs
 
@@ -94,9 +94,8 @@ def run_and_report(jobs: Sequence[SimJob], *, out: Path, stem: str, label_header
     for group, runs in groups.items():
         rows = summarise(runs, baselines)
         sections[group] = (rows, runs)
-        texts.append(rows_table(f"{title}, {group}", label_header, rows, baselines))
-        texts.append(along_run_table(f"{title}, {group}, along the run", runs, baselines))
-    text = "\n".join(t for t in texts if t)
+        texts.append(group_tables(f"{title}, {group}", label_header, runs, baselines, rows))
+    text = "\n".join(texts)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.md").write_text(text)
