@@ -57,7 +57,8 @@ RUN if [ -n "${TORCH_FIND_LINKS}" ]; then \
       pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; \
     fi
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# the hf extra: --model hf:PATH (transformers) works in the image as on bare metal
+RUN pip install --no-cache-dir "$(ls /wheels/*.whl)[hf]" && rm -rf /wheels
 RUN groupadd --gid 10001 noloco \
  && useradd --uid 10001 --gid noloco --create-home --home-dir /home/noloco noloco \
  && mkdir -p /var/lib/noloco \

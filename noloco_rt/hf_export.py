@@ -77,19 +77,26 @@ def run_tokenizer_file(cfg: Config) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def write_hf_folder(out: Path, cfg: Config, model: PipelineStage, *, force: bool = False,
+def write_hf_folder(out: Path, cfg: Config, model: PipelineStage | torch.nn.Module, *, force: bool = False,
                     tokenizer: Path | None = None, eos_token_id: int | None = None) -> list[Path]:
     """Write the folder, with `tokenizer` (a tokenizer.json the caller chose) as its
     tokenizer.json and `eos_token_id` (the end-of-document token) in its configs; returns the
     files written."""
     check_out_dir(out, force=force)
-    if not model.is_first or not model.is_last:
+    if cfg.model.factory.startswith("hf:"):  # a transformers folder's model: its own names and config
+        from noloco_rt.hf_model.export import hf_folder_config, hf_weights
+
+        tensors, config = hf_weights(model), hf_folder_config(cfg.model.factory, eos_token_id)
+    elif not model.is_first or not model.is_last:
         raise HFExportError("only a whole model (one stage holding every layer) can be exported")
+    else:
+        tensors = hf_state_dict(model)
+        config = hf_config(model.shape, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                           eos_token_id=eos_token_id)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "config.json", out / WEIGHTS_FILE, out / "generation_config.json"]
-    _write_weights(out / WEIGHTS_FILE, hf_state_dict(model))
-    _write_json(written[0], hf_config(model.shape, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
-                                      eos_token_id=eos_token_id))
+    _write_weights(out / WEIGHTS_FILE, tensors)
+    _write_json(written[0], config)
     _write_json(written[2], generation_config(eos_token_id))
     if tokenizer is not None:
         shutil.copyfile(tokenizer, out / "tokenizer.json")

@@ -79,7 +79,16 @@ class StagedModel:
 
 def staged_model(cfg: Config) -> StagedModel:
     """The run's model: model.factory's when set, else the built-in preset."""
-    model = load_factory(cfg.model.factory)(cfg) if cfg.model.factory else preset_model(cfg)
+    if cfg.model.factory.startswith("hf:"):
+        from noloco_rt.hf_model.build import hf_staged_model
+        from noloco_rt.hf_model.families import UnstageableModel
+
+        try:
+            model = hf_staged_model(cfg)
+        except UnstageableModel as exc:
+            raise StagedModelError(f"model.factory {cfg.model.factory}: {exc}") from None
+    else:
+        model = load_factory(cfg.model.factory)(cfg) if cfg.model.factory else preset_model(cfg)
     return checked(model, cfg)
 
 

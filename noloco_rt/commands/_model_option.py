@@ -19,9 +19,10 @@ class UnusableModel(OneLineError):
 
 
 def model_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--model", "model_factory", default=None, metavar="MODULE:FUNCTION",
+    return click.option("--model", "model_factory", default=None, metavar="MODULE:FUNCTION|hf:PATH",
                         help="Train your own model: package.module:function or path/to/file.py:function, "
-                             "returning a noloco_rt.staged_model.StagedModel (model.factory; docs/own-model.md).")(func)
+                             "returning a noloco_rt.staged_model.StagedModel, or hf:PATH, a transformers "
+                             "causal-LM folder (model.factory; docs/own-model.md).")(func)
 
 
 def model_value(reference: str | None) -> str | None:
@@ -29,6 +30,8 @@ def model_value(reference: str | None) -> str | None:
     run elsewhere; a dotted module name as given."""
     if reference is None:
         return None
+    if reference.startswith("hf:"):
+        return f"hf:{Path(reference[3:]).expanduser().resolve()}"
     module, sep, function = reference.rpartition(":")
     if sep and (module.endswith(".py") or "/" in module):
         return f"{Path(module).resolve()}:{function}"
@@ -37,6 +40,8 @@ def model_value(reference: str | None) -> str | None:
 
 def model_name(cfg: Config) -> str:
     """The run's model in a few words: the preset's name, or model.factory's function."""
+    if cfg.model.factory.startswith("hf:"):
+        return f"Hugging Face model {Path(cfg.model.factory[3:]).name}"
     return f"own model {cfg.model.factory.rpartition(':')[2]}" if cfg.model.factory else f"preset {cfg.model.preset}"
 
 

@@ -15,6 +15,7 @@ from noloco_rt.commands._consensus import (
     tokenizer_option,
     with_user_files,
 )
+from noloco_rt.commands._model_option import model_value
 
 if TYPE_CHECKING:
     from noloco_rt.config import Config
@@ -30,8 +31,11 @@ FORMATS = ("hf",)
 @click.option("--force", is_flag=True, help="Write into OUT even if it is not empty.")
 @tokenizer_option
 @data_option
+@click.option("--model", "model_folder", default=None, metavar="hf:PATH",
+              help="For a CHECKPOINT of a Hugging Face model (model.factory hf:PATH): the folder it was "
+                   "trained from, whose architecture the export writes back.")
 def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | None,
-           data_paths: tuple[str, ...]) -> None:
+           data_paths: tuple[str, ...], model_folder: str | None) -> None:
     """Write CHECKPOINT (a consensus .safetensors file) to the folder OUT as config.json,
     model.safetensors and generation_config.json (and tokenizer.json when you name one:
     --tokenizer, or --data of a `prepare`d directory; a file never picks local files to copy),
@@ -47,7 +51,10 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
         raise UnusableCheckpoint(f"{out}: cannot be read ({exc})") from None
     from noloco_rt.commands._consensus import load_for_command
 
-    cfg, model, metadata = load_for_command(checkpoint, "cpu", presets_only="export")
+    if model_folder is not None and not model_folder.startswith("hf:"):
+        raise click.BadParameter("export writes the built-in presets and hf:PATH models only", param_hint="--model")
+    cfg, model, metadata = load_for_command(checkpoint, "cpu", presets_only=None if model_folder else "export",
+                                            factory=model_value(model_folder))
     cfg, file_data = with_user_files(cfg, data=data_paths, tokenizer=tokenizer)
     from noloco_rt.standalone import (
         carried_tokenizer_file,
@@ -76,7 +83,9 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
         click.echo(f"note: {checkpoint} was trained on token ids ({files_named(file_data)}); a file never picks "
                    f"local files to copy: name its tokenizer (--tokenizer FILE or --data DIR) to include it",
                    err=True)
-    click.echo(f"{out}: {', '.join(path.name for path in written)} ({fmt}, preset {cfg.model.preset})")
+    from noloco_rt.commands._model_option import model_name
+
+    click.echo(f"{out}: {', '.join(path.name for path in written)} ({fmt}, {model_name(cfg)})")
 
 
 def _named_tokenizer(cfg: Config, tokenizer: str | None) -> Path | None:

@@ -102,13 +102,15 @@ class ModelConfig:
     factory: str = ""
     """Empty: the built-in preset. Else your own model: "package.module:function" or
     "path/to/file.py:function", a function of the run's Config returning a
-    noloco_rt.staged_model.StagedModel (its stages, loss and data; docs/own-model.md).
+    noloco_rt.staged_model.StagedModel (its stages, loss and data; docs/own-model.md), or
+    "hf:PATH", a transformers causal-LM folder (config.json, weights optional) staged
+    from transformers' own modules on the run's token data.
     Every worker and the coordinator import it, so it must be importable where they run.
     preset, init_from and the memory planning do not apply to it."""
 
     def __post_init__(self) -> None:
         require(not self.factory or _is_factory_reference(self.factory), "model", "factory", self.factory,
-                "must be package.module:function or path/to/file.py:function")
+                "must be package.module:function, path/to/file.py:function or hf:PATH")
         require(not (self.factory and self.init_from), "model", "init_from", self.init_from,
                 "applies to the built-in presets only, not with model.factory")
         require_choice("model", "precision", self.precision, PRECISIONS)
@@ -122,7 +124,10 @@ class ModelConfig:
 
 
 def _is_factory_reference(text: str) -> bool:
-    """module:function, the module dotted or a .py path, the function an identifier."""
+    """module:function, the module dotted or a .py path, the function an identifier; or
+    hf:PATH, a transformers model folder."""
+    if text.startswith("hf:"):
+        return bool(text[3:].strip())
     module, sep, function = text.rpartition(":")
     return bool(sep and module.strip() and function.isidentifier())
 

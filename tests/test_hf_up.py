@@ -1,0 +1,83 @@
+"""`up --model hf:PATH` with real workers (and `simulate` for the families whose staged code
+is the same as one trained by `up`), then `export` to a folder transformers loads."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from noloco_rt.cli import cli
+from noloco_rt.export import load_consensus
+from tests.hf_folders import write_folder
+from tests.test_up import finish, marked_processes, start_up
+
+pytest.importorskip("transformers", reason="transformers is a dev dependency: pip install -e '.[dev]'")
+
+
+def _matched(outer_steps: str, stage: int) -> int:
+    return int(outer_steps.split(f"stage {stage}: ")[1].split(" of ")[0])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_up_trains_a_transformers_folder_and_export_writes_it_back(tmp_path, family):
+    """2 stages x 2 replicas of a small random model, one per staged code path (rotary
+    positions, learned positions): every worker finishes, both stages take matched outer
+    steps, the consensus beats the folder's own weights on the run's validation data, and the
+    exported folder loads with AutoModelForCausalLM and gives the consensus's logits."""
+    folder, out, mark = tmp_path / family, tmp_path / "run", uuid.uuid4().hex
+    write_folder(folder, family)
+    factory = f"hf:{folder}"
+    process = start_up(out, steps=40, mark=mark, **{"model.factory": factory, "pipeline.stages": 2,
+                                                    "pipeline.replicas": 2, "optim.warmup_steps": 5})
+    code, output = finish(process, 240)
+    assert code == 0, output[-4000:]
+    assert marked_processes(mark) == []
+    done = next(json.loads(line) for line in output.splitlines() if '"up_done"' in line)
+    assert _matched(done["outer_steps"], 0) >= 1 and _matched(done["outer_steps"], 1) >= 1, done["outer_steps"]
+    print(f"{family} up:", done["outer_steps"])
+    _check_trained_and_exported(tmp_path, out / "consensus.safetensors", factory, family)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_simulate_trains_the_other_families_and_export_writes_them_back(tmp_path, family):
+    """Qwen2 (attention biases) and Mistral (a sliding window shorter than the sequence) are
+    staged by the same code as Llama; the simulator trains them 2 x 2 in one process."""
+    folder, out = tmp_path / family, tmp_path / "sim"
+    write_folder(folder, family)
+    factory = f"hf:{folder}"
+    result = CliRunner().invoke(cli, ["simulate", "--model", factory, "--stages", "2", "--replicas", "2",
+                                      "--steps", "24", "--eval-every", "24", "--out", str(out),
+                                      "--set", "outer.h=5", "--set", "optim.warmup_steps=5",
+                                      "--set", "pipeline.max_inflight=2"])
+    assert result.exit_code == 0, result.output
+    _check_trained_and_exported(tmp_path, out / "consensus.safetensors", factory, family)
+
+
+def _check_trained_and_exported(tmp_path, consensus_file, factory: str, family: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    runner = CliRunner()
+    scored = runner.invoke(cli, ["eval", str(consensus_file), "--model", factory, "--json"])
+    assert scored.exit_code == 0, scored.output
+    losses = json.loads(scored.output.strip().splitlines()[-1])
+    print(f"{family}:", losses)
+    assert losses["val_loss"] < min(0.8 * math.log(256), losses["untrained_val_loss"]), losses
+
+    unnamed = runner.invoke(cli, ["export", str(consensus_file), str(tmp_path / "x")])
+    assert unnamed.exit_code == 2 and "name its folder: --model hf:PATH" in unnamed.output, unnamed.output
+    exported = runner.invoke(cli, ["export", str(consensus_file), str(tmp_path / "hf"), "--model", factory])
+    assert exported.exit_code == 0, exported.output
+    assert "Hugging Face model" in exported.output
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert loaded.config.model_type == family
+    assert "_name_or_path" not in json.loads((tmp_path / "hf" / "config.json").read_text())
+    _, consensus, _ = load_consensus(consensus_file, factory=factory)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, consensus.eval()(ids), atol=1e-4, rtol=0)
