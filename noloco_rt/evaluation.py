@@ -81,12 +81,13 @@ class Codec(Protocol):
 
 @torch.no_grad()
 def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature: float, top_k: int | None,
-             seed: int, context_len: int, codec: Codec | None = None) -> str:
+             seed: int, context_len: int, codec: Codec | None = None, vocab_size: int | None = None) -> str:
     """Continue `prompt` by `max_new_tokens` tokens (bytes unless `codec` is given) and
     return only the new text.
 
     The model sees the last `context_len` tokens (the length it was trained on); an
-    empty prompt starts as a new document does. Same seed, same text.
+    empty prompt starts as a new document does. Same seed, same text. `vocab_size`: sample
+    only the first ids (the data's, where the model's vocabulary is larger).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -106,7 +107,8 @@ def generate(model: nn.Module, prompt: str, *, max_new_tokens: int, temperature:
         for _ in range(max_new_tokens):
             context = torch.tensor([tokens[-context_len:]], dtype=torch.long, device=device)  # (1, T)
             logits = model(context)[0, -1]  # (V,) at the last position
-            token = _next_token(logits, temperature, top_k, generator, None if codec else BYTE_VOCAB_SIZE)
+            limit = vocab_size if vocab_size is not None else (None if codec else BYTE_VOCAB_SIZE)
+            token = _next_token(logits, temperature, top_k, generator, limit)
             tokens.append(token)
             new.append(token)
     finally:

@@ -41,6 +41,7 @@ def test_up_trains_a_transformers_folder_and_export_writes_it_back(tmp_path, fam
     done = next(json.loads(line) for line in output.splitlines() if '"up_done"' in line)
     assert _matched(done["outer_steps"], 0) >= 1 and _matched(done["outer_steps"], 1) >= 1, done["outer_steps"]
     print(f"{family} up:", done["outer_steps"])
+    assert f"noloco-rt sample {out / 'consensus.safetensors'} --model {factory} --prompt" in done["next"], done["next"]
     _check_trained_and_exported(tmp_path, out / "consensus.safetensors", factory, family)
 
 
@@ -69,8 +70,11 @@ def _check_trained_and_exported(tmp_path, consensus_file, factory: str, family: 
     print(f"{family}:", losses)
     assert losses["val_loss"] < min(0.8 * math.log(256), losses["untrained_val_loss"]), losses
 
-    unnamed = runner.invoke(cli, ["export", str(consensus_file), str(tmp_path / "x")])
-    assert unnamed.exit_code == 2 and "name its folder: --model hf:PATH" in unnamed.output, unnamed.output
+    for command in (["export", str(consensus_file), str(tmp_path / "x")], ["sample", str(consensus_file), "--prompt", "x"]):
+        unnamed = runner.invoke(cli, command)
+        assert unnamed.exit_code == 2 and "name its folder: --model hf:PATH" in unnamed.output, unnamed.output
+    sampled = runner.invoke(cli, ["sample", str(consensus_file), "--prompt", "def ", "--tokens", "20", "--model", factory])
+    assert sampled.exit_code == 0 and sampled.output.startswith("def ") and len(sampled.output) > 8, sampled.output
     exported = runner.invoke(cli, ["export", str(consensus_file), str(tmp_path / "hf"), "--model", factory])
     assert exported.exit_code == 0, exported.output
     assert "Hugging Face model" in exported.output

@@ -90,7 +90,7 @@ def load_for_command(path: Path, device: str, *, presets_only: str | None = None
     try:
         cfg, model, metadata = load_consensus(path, device=device, factory=factory or "")
     except OwnModelNotNamed as exc:
-        if exc.factory.startswith("hf:") and presets_only != "sample":
+        if exc.factory.startswith("hf:"):
             raise UnusableCheckpoint(f"{path} holds a Hugging Face model ({exc.factory!r}): a file never picks "
                                      f"local files to read; name its folder: --model hf:PATH") from None
         if presets_only:
