@@ -47,7 +47,8 @@ def _run(options) -> dict | None:
               help="A Hugging Face tokenizer.json to encode with.")
 @click.option("--train-bpe", type=click.IntRange(min=1), default=None, metavar="VOCAB",
               help="Train a byte-level BPE of VOCAB tokens on the training documents instead.")
-@click.option("--jsonl-field", default="text", show_default=True, help="Field holding the text in *.jsonl inputs.")
+@click.option("--text-field", "--jsonl-field", "jsonl_field", default="text", show_default=True,
+              help="Field holding the text in *.jsonl inputs, column in Parquet and Arrow ones.")
 @click.option("--val-percent", type=click.FloatRange(min=0, max=100, min_open=True, max_open=True), default=5.0,
               show_default=True, help="Share of documents held out for validation (by a hash, deterministic).")
 @click.option("--shard-tokens", type=click.IntRange(min=1), default=1 << 26, show_default=True,
@@ -60,7 +61,8 @@ def _run(options) -> dict | None:
 def prepare(inputs: tuple[str, ...], out: Path, tokenizer: Path | None, train_bpe: int | None,
             jsonl_field: str, val_percent: float, shard_tokens: int, eos_token: str | None, force: bool,
             kill_after_shards: int | None) -> None:
-    """Tokenize INPUTS (text files, globs, *.jsonl) into train/val shards in OUT.
+    """Tokenize INPUTS (text files, globs, *.jsonl, *.parquet, *.arrow, `datasets.save_to_disk`
+    folders) into train/val shards in OUT.
 
     Rerunning the same command after an interruption continues where it stopped.
     Train on the result with data.source = "tokens" and data.paths = ["OUT"].

@@ -2,8 +2,10 @@
 
 A text file is cut into documents at blank lines once a document reaches DOC_BYTES
 (so one big file still splits into train and validation); a JSONL file gives one
-document per non-blank line, its `field`. Every document carries the byte offset
-just past it, so a rerun can seek to where an interrupted one stopped.
+document per non-blank line, its `field`; a Parquet or Arrow file (and a
+`datasets.save_to_disk` folder, its Arrow files) one per row, its `field` column
+(noloco_rt/prepare/tables.py). Every document carries where it ends (the byte offset
+just past it; a table's row), so a rerun can start where an interrupted one stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from noloco_rt.config.errors import ConfigError
+from noloco_rt.prepare.tables import (
+    TABLE_SUFFIXES,
+    TableError,
+    check_table,
+    dataset_files,
+    table_rows,
+)
 
 DOC_BYTES = 64 * 1024
 MAX_DOC_BYTES = 4 * DOC_BYTES  # a text with no blank line is still cut, at a line end
@@ -39,15 +48,15 @@ class InputError(ConfigError):
 class Source:
     key: str  # the path as matched: the split hashes it, the manifest lists it
     path: Path
-    kind: str  # "text" or "jsonl"
+    kind: str  # "text", "jsonl", "parquet" or "arrow"
     size: int
 
 
 @dataclass(frozen=True)
 class Document:
     text: str
-    index: int  # within its source
-    end: int  # byte offset just past it
+    index: int  # within its source (a table's row)
+    end: int  # byte offset just past it (a table: its share of the file's bytes, for progress)
     line: int  # lines of the source read up to its end (for error messages after a resume)
 
 
@@ -61,23 +70,41 @@ class Position:
 
 
 def expand_inputs(patterns: list[str]) -> list[Source]:
-    """Files and globs -> sources, sorted by path, each file once."""
+    """Files, globs and `datasets.save_to_disk` folders (their Arrow files) -> sources,
+    sorted by path, each file once."""
     found: dict[str, Path] = {}
     for pattern in patterns:
         matches = [Path(m) for m in sorted(glob.glob(os.path.expanduser(pattern), recursive=True))]
         files = [m for m in matches if m.is_file()]
+        for folder in (m for m in matches if m.is_dir()):
+            try:
+                files += dataset_files(folder) or []
+            except TableError as exc:
+                raise InputError(str(exc)) from None
         if not files:
             raise InputError(f"input {pattern!r} matches no file")
         found.update((m.as_posix(), m) for m in files)
-    return [Source(key=key, path=path, kind="jsonl" if path.suffix in JSONL_SUFFIXES else "text",
-                   size=path.stat().st_size) for key, path in sorted(found.items())]
+    return [Source(key=key, path=path, kind=_kind(path), size=path.stat().st_size) for key, path in sorted(found.items())]
 
 
-def check_readable(source: Source) -> None:
+def _kind(path: Path) -> str:
+    if path.suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    return TABLE_SUFFIXES.get(path.suffix, "text")
+
+
+def check_readable(source: Source, field: str = "text") -> None:
     """Refuse, before anything is written, an input that holds no document (an empty file, or
     one of blank space only, would give a prepared directory of 0 tokens) or that is not text:
     a NUL byte or bytes that are not UTF-8 in its first SNIFF_BYTES (an archive, an image, a
-    checkpoint). A text file that goes bad further on is found while it is read."""
+    checkpoint); a table without a text column `field` or without rows. A text file that
+    goes bad further on is found while it is read."""
+    if source.kind in TABLE_SUFFIXES.values():
+        try:
+            check_table(source.path, source.kind, field)
+        except TableError as exc:
+            raise InputError(str(exc)) from None
+        return
     if source.size == 0:
         raise InputError(f"{source.key} is empty (0 bytes): it holds no document; leave it out of the inputs")
     with open(source.path, "rb") as handle:
@@ -128,7 +155,7 @@ def _jsonl_text(line: bytes, source: Source, line_no: int, field: str) -> str:
         raise InputError(f"{source.key}:{line_no}: not a JSON line") from None
     text = record.get(field) if isinstance(record, dict) else None
     if not isinstance(text, str):
-        raise InputError(f"{source.key}:{line_no}: no string field {field!r} (see --jsonl-field)")
+        raise InputError(f"{source.key}:{line_no}: no string field {field!r} (see --text-field)")
     return text
 
 
@@ -141,9 +168,23 @@ def _jsonl_documents(handle: BinaryIO, source: Source, field: str, at: Position)
             index += 1
 
 
+def _table_documents(source: Source, field: str, at: Position) -> Iterator[Document]:
+    """One document per row with text (a null or blank cell is none), from row at.index."""
+    try:
+        rows = check_table(source.path, source.kind, field)
+        for row, text in table_rows(source.path, source.kind, field, at.index):
+            if text and text.strip():
+                yield Document(text, row, source.size * (row + 1) // rows, row + 1)
+    except TableError as exc:
+        raise InputError(str(exc)) from None
+
+
 def documents(source: Source, *, field: str, at: Position | None = None) -> Iterator[Document]:
     """The documents of `source` from position `at` (the start when None)."""
     at = at or Position()
+    if source.kind in TABLE_SUFFIXES.values():
+        yield from _table_documents(source, field, at)
+        return
     with open(source.path, "rb") as handle:
         handle.seek(at.offset)
         if source.kind == "text":

@@ -223,7 +223,7 @@ def run_prepare(options: PrepareOptions, progress: Progress) -> dict[str, Any] |
                          f"{tok.MIN_BPE_VOCAB} tokens (256 bytes and the end-of-document token)")
     sources = expand_inputs(options.inputs)
     for source in sources:
-        check_readable(source)
+        check_readable(source, options.jsonl_field)
     arguments = fingerprint(options, sources)
     made = _missing_top(options.out)
     resuming = (options.out / PROGRESS_NAME).is_file() and not options.force
