@@ -121,7 +121,7 @@ def test_decoding_the_shards_gives_back_the_text(prepared, inputs):
             lines = [json.loads(line)["text"] for line in source.path.read_text().splitlines() if line]
             assert [d.text for d in docs] == lines
         for doc in docs:
-            expected["val" if is_validation(source.key, doc.index, 20.0) else "train"].append(doc.text)
+            expected["val" if is_validation(source.split_key, doc.index, 20.0) else "train"].append(doc.text)
     assert decoded == expected
 
 

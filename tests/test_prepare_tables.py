@@ -63,11 +63,19 @@ def tables(tmp_path_factory, texts) -> Path:
     _save_to_disk(root / "saved", texts)
     # One tokenizer for every run: a BPE trained by each would learn from its own train split.
     train_bpe((t for t in texts if t), 300).save(str(root / "tokenizer.json"))
-    with open(root / "corpus.jsonl", "w", encoding="utf-8") as handle:
-        for text in texts:
-            if text and text.strip():
-                handle.write(json.dumps({"body": text}) + "\n")
+    # The same records as JSONL, beside them under the same names (the split hashes the path).
+    _write_jsonl(root / "corpus.jsonl", texts)
+    share = len(texts) // 2
+    _write_jsonl(root / "saved" / "data-00000-of-00002.jsonl", texts[:share])
+    _write_jsonl(root / "saved" / "data-00001-of-00002.jsonl", texts[share:])
     return root
+
+
+def _write_jsonl(path: Path, texts: list[str | None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for text in texts:
+            handle.write(json.dumps({"body": text}) + "\n" if text and text.strip() else "\n")
 
 
 def _prepare(capsys, inputs: list[Path], out: Path, tokenizer: Path) -> dict:
@@ -77,15 +85,19 @@ def _prepare(capsys, inputs: list[Path], out: Path, tokenizer: Path) -> dict:
     return json.loads((out / "prepared.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["corpus.parquet", "corpus.arrow", "saved"])
-def test_tables_give_the_documents_and_tokens_of_the_same_jsonl(tables, tmp_path, capsys, name):
-    want = _prepare(capsys, [tables / "corpus.jsonl"], tmp_path / "jsonl", tables / "tokenizer.json")
+@pytest.mark.parametrize(("name", "same_as"), [("corpus.parquet", "corpus.jsonl"), ("corpus.arrow", "corpus.jsonl"),
+                                               ("saved", "saved/data-*.jsonl")])
+def test_tables_give_the_shards_of_the_same_records_as_jsonl(tables, tmp_path, capsys, name, same_as):
+    """Shards identical byte for byte: the same documents, split alike (a record's split
+    hashes its file's path less the suffix, and its index among the documents)."""
+    want = _prepare(capsys, [tables / same_as], tmp_path / "jsonl", tables / "tokenizer.json")
     got = _prepare(capsys, [tables / name], tmp_path / "table", tables / "tokenizer.json")
-    documents = ROWS - 2
-    assert sum(want["documents"].values()) == sum(got["documents"].values()) == documents
-    # The split hashes each input's path, so which documents are held out differs; the total does not.
-    assert sum(got["tokens"].values()) == sum(want["tokens"].values())
+    assert sum(got["documents"].values()) == ROWS - 2
     assert got["documents"]["val"] > 0 and got["documents"]["train"] > 0
+    assert got["documents"] == want["documents"] and got["shards"] == want["shards"]
+    shard_files = [s["file"] for split in got["shards"].values() for s in split]
+    assert {f: (tmp_path / "table" / f).read_bytes() for f in shard_files} == \
+        {f: (tmp_path / "jsonl" / f).read_bytes() for f in shard_files}
     kinds = {source["kind"] for source in got["sources"]}
     assert kinds == ({"parquet"} if name.endswith(".parquet") else {"arrow"})
     if name == "saved":
@@ -97,12 +109,37 @@ def test_tables_give_the_documents_and_tokens_of_the_same_jsonl(tables, tmp_path
 def test_reading_resumes_at_a_row_inside_a_row_group_or_batch(tables, texts, name):
     source = expand_inputs([str(tables / name)])[0]
     whole = list(read_documents(source, field="body"))
-    assert [d.index for d in whole] == [i for i, t in enumerate(texts) if t and t.strip()]
+    assert [d.line for d in whole] == [row + 1 for row, t in enumerate(texts) if t and t.strip()]
     assert [d.text for d in whole] == [t for t in texts if t and t.strip()]
+    assert [d.index for d in whole] == list(range(ROWS - 2))
     assert whole[-1].end == source.size and all(a.end <= b.end for a, b in zip(whole, whole[1:], strict=False))
-    for start in (0, 1, 63, 64, 65, 149, 299):
-        resumed = list(read_documents(source, field="body", at=Position(index=start)))
-        assert resumed == [d for d in whole if d.index >= start], start
+    for done in (0, 1, 20, 63, 64, 65, 149, 297):  # documents taken before the interruption
+        at = Position(offset=whole[done - 1].end, index=done, line=whole[done - 1].line) if done else Position()
+        resumed = list(read_documents(source, field="body", at=at))
+        assert resumed == whole[done:], done
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "arrow"])
+def test_a_table_larger_than_the_read_buffer_streams_in_bounded_memory(tmp_path, suffix):
+    """pyarrow's memory pool never holds more than a few record batches of a 24 MB column
+    (Arrow files are memory-mapped: the pool holds nothing of them)."""
+    text = "x" * 2000
+    rows = 12_000
+    table = pa.table({"text": [text] * rows})
+    if suffix == "parquet":
+        pq.write_table(table, tmp_path / "big.parquet", row_group_size=1000, use_dictionary=False,
+                       compression="none")
+    else:
+        _write_stream(tmp_path / "big.arrow", table, rows_per_batch=1000)
+    source = expand_inputs([str(tmp_path / f"big.{suffix}")])[0]
+    column_bytes = len(text) * rows
+    peak, count = 0, 0
+    for _ in read_documents(source, field="text"):
+        count += 1
+        if count % 500 == 0:
+            peak = max(peak, pa.total_allocated_bytes())
+    assert count == rows
+    assert peak < column_bytes / 4, (peak, column_bytes)
 
 
 def test_a_killed_table_run_resumes_to_identical_bytes(tables, tmp_path, capsys):
@@ -115,7 +152,7 @@ def test_a_killed_table_run_resumes_to_identical_bytes(tables, tmp_path, capsys)
                              "--kill-after-shards", "2"], capture_output=True, text=True, timeout=120)
     assert killed.returncode == -9, killed.stderr
     progress = json.loads((out / "prepare-progress.json").read_text())
-    assert 0 < progress["position"]["index"] < ROWS, progress["position"]  # stopped inside the table
+    assert 0 < progress["position"]["line"] < ROWS, progress["position"]  # stopped inside the table
     assert run_main(capsys, *args, "--out", str(out))[0] == 0
     assert _tree(out) == _tree(whole)
 

@@ -51,13 +51,20 @@ class Source:
     kind: str  # "text", "jsonl", "parquet" or "arrow"
     size: int
 
+    @property
+    def split_key(self) -> str:
+        """What the train/validation split hashes with each document's index: the path, less
+        the suffix of a one-document-per-record format, so the same records as JSONL, Parquet
+        or Arrow are split alike."""
+        return self.key if self.kind == "text" else self.key.removesuffix(self.path.suffix)
+
 
 @dataclass(frozen=True)
 class Document:
     text: str
-    index: int  # within its source (a table's row)
-    end: int  # byte offset just past it (a table: its share of the file's bytes, for progress)
-    line: int  # lines of the source read up to its end (for error messages after a resume)
+    index: int  # within its source
+    end: int  # byte offset just past it (a table: its rows' share of the file's bytes, for progress)
+    line: int  # lines (a table: rows) of the source read up to its end; where a table resumes
 
 
 @dataclass(frozen=True)
@@ -169,12 +176,15 @@ def _jsonl_documents(handle: BinaryIO, source: Source, field: str, at: Position)
 
 
 def _table_documents(source: Source, field: str, at: Position) -> Iterator[Document]:
-    """One document per row with text (a null or blank cell is none), from row at.index."""
+    """One document per row with text (a null or blank cell is none, as a blank JSONL line),
+    from row at.line on."""
+    index = at.index
     try:
         rows = check_table(source.path, source.kind, field)
-        for row, text in table_rows(source.path, source.kind, field, at.index):
+        for row, text in table_rows(source.path, source.kind, field, at.line):
             if text and text.strip():
-                yield Document(text, row, source.size * (row + 1) // rows, row + 1)
+                yield Document(text, index, source.size * (row + 1) // rows, row + 1)
+                index += 1
     except TableError as exc:
         raise InputError(str(exc)) from None
 

@@ -104,7 +104,7 @@ def start_state(options: PrepareOptions, arguments: dict[str, Any]) -> PrepareSt
 def _train_documents(sources: list[Source], options: PrepareOptions) -> Iterator[str]:
     for source in sources:
         for doc in documents(source, field=options.jsonl_field):
-            if not is_validation(source.key, doc.index, options.val_percent):
+            if not is_validation(source.split_key, doc.index, options.val_percent):
                 yield doc.text
 
 
@@ -163,7 +163,7 @@ class _Run:
         for batch in self._batches(source):
             encoded = self.tokenizer.encode_batch([d.text for d in batch], add_special_tokens=False)
             for doc, encoding in zip(batch, encoded, strict=True):
-                split = "val" if is_validation(source.key, doc.index, self.options.val_percent) else "train"
+                split = "val" if is_validation(source.split_key, doc.index, self.options.val_percent) else "train"
                 self.state.documents[split] += 1
                 self.state.position = Position(offset=doc.end, index=doc.index + 1, line=doc.line)
                 if self.packer.add(split, encoding.ids, self.eos_id):

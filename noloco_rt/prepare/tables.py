@@ -117,7 +117,8 @@ def table_rows(path: Path, kind: str, field: str, start: int) -> Iterator[tuple[
 
 def _parquet_batches(path: Path, field: str, start: int) -> Iterator[tuple[int, Any]]:
     """(first row, batch) from the row group holding `start` on, the text column only."""
-    table = _pyarrow().parquet.ParquetFile(str(path))
+    # pre_buffer off: pyarrow would otherwise read every remaining row group ahead into memory
+    table = _pyarrow().parquet.ParquetFile(str(path), pre_buffer=False)
     row, group = 0, 0
     while group < table.num_row_groups and row + table.metadata.row_group(group).num_rows <= start:
         row += table.metadata.row_group(group).num_rows
