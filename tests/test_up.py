@@ -33,9 +33,9 @@ FAST = {"worker.heartbeat_interval_s": 0.25, "worker.exchange_timeout_s": 3.0, "
         "coordinator.spread_interval_s": 4.0, "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 4}
 
 
-def start_up(out: Path, *, steps: int, mark: str, **extra: object) -> subprocess.Popen:
+def start_up(out: Path, *, steps: int, mark: str, flags: tuple[str, ...] = (), **extra: object) -> subprocess.Popen:
     args = [sys.executable, "-m", "noloco_rt.cli", "up", "--steps", str(steps), "--out", str(out),
-            "--interval", "0.5"]
+            "--interval", "0.5", *flags]
     for key, value in {**FAST, **extra}.items():
         args += ["--set", f"{key}={value}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
