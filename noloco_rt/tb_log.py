@@ -29,8 +29,9 @@ TAGS = {
     "consensus_val_loss": "consensus/val_loss",
     "consensus_val_ppl": "consensus/val_ppl",
 }
-"""Every scalar name a loop may log, and its tag; `scalars(..., suffix=w)` appends "/w"
-(a worker's name, a stage), so TensorBoard draws one curve per suffix under one heading."""
+"""Every scalar name a loop may log, and its tag; `scalars(..., suffix=s)` appends "/s" (a
+stage, "all"), one chart per suffix; `run=w` (a worker's name) writes to its own event-file
+folder, so the replicas of a stage are curves of one chart, one per worker."""
 
 FLUSH_SECS = 5
 """Event files are flushed this often: a live TensorBoard lags the run by seconds, not minutes."""
@@ -105,7 +106,10 @@ class _Wandb:
         self.run.define_metric("*", step_metric="inner_step")
 
     def add(self, values: Mapping[str, float], step: int, suffix: str = "") -> None:
-        self.run.log({**values, "inner_step": step})  # the suffix is in the tags already
+        # one W&B run holds every curve: a worker's name keeps the replicas of a stage apart
+        named = {f"{name}/{suffix}" if suffix and not name.endswith(f"/{suffix}") else name: value
+                 for name, value in values.items()}
+        self.run.log({**named, "inner_step": step})
 
     def flush(self) -> None:
         pass  # offline runs write as they go
@@ -120,12 +124,12 @@ class ScalarLog:
     def __init__(self, backends: list[Any]) -> None:
         self.backends = backends
 
-    def scalars(self, step: int, values: Mapping[str, float | None], *, suffix: str = "") -> None:
+    def scalars(self, step: int, values: Mapping[str, float | None], *, suffix: str = "", run: str = "") -> None:
         tagged = {tag(name, suffix): float(value) for name, value in values.items()
                   if value is not None and math.isfinite(value)}
         if tagged:
             for backend in self.backends:
-                backend.add(tagged, int(step), suffix)
+                backend.add(tagged, int(step), run or suffix)
 
     def flush(self) -> None:
         for backend in self.backends:

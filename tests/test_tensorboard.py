@@ -135,8 +135,8 @@ class RecordingLog:
     def __init__(self) -> None:
         self.points: list[tuple[int, dict, str]] = []
 
-    def scalars(self, step, values, *, suffix=""):
-        self.points.append((step, dict(values), suffix))
+    def scalars(self, step, values, *, suffix="", run=""):
+        self.points.append((step, dict(values), f"{suffix}:{run}"))
 
 
 def test_up_follows_new_worker_logs_and_every_incarnation_but_not_an_earlier_runs(tmp_path):
@@ -160,8 +160,33 @@ def test_up_follows_new_worker_logs_and_every_incarnation_but_not_an_earlier_run
         handle.write('{"event": "train_progress", "inner_st')  # being written: read next time
     assert curves.poll() == 2
     assert sorted(log.points, key=lambda p: p[2]) == [
-        (5, {"exchange_wire_bytes": 100, "exchange_raw_bytes": 400}, "s0-r0"),
-        (20, {"train_loss": 3.5, "tokens_per_s": 900.0, "lr": 1e-3}, "s1-r0")]
+        (5, {"exchange_wire_bytes": 100, "exchange_raw_bytes": 400}, "stage0:s0-r0"),
+        (20, {"train_loss": 3.5, "tokens_per_s": 900.0, "lr": 1e-3}, "stage1:s1-r0")]
     with (tmp_path / "s0-r0.1.log").open("a") as handle:
         handle.write('ep": 6, "tokens_per_s": 5.0}\n')
-    assert curves.poll() == 1 and log.points[-1] == (6, {"train_loss": None, "tokens_per_s": 5.0, "lr": None}, "s0-r0")
+    assert curves.poll() == 1 and log.points[-1] == (6, {"train_loss": None, "tokens_per_s": 5.0, "lr": None},
+                                                     "stage0:s0-r0")
+
+
+@needs_tensorboard
+def test_the_replicas_of_a_stage_are_curves_of_one_chart(tmp_path):
+    """Each worker writes its own event-file folder under one tag per stage: TensorBoard
+    draws s0-r0 and s0-r1 on the chart train/loss/stage0, s1-r0 on train/loss/stage1."""
+    import json
+
+    from noloco_rt.tb_log import open_scalar_log
+    from workers.cluster.run_curves import WorkerLogCurves, stage_heading
+
+    assert (stage_heading("s0-r1"), stage_heading("s12-r3"), stage_heading("coordinator")) == \
+        ("stage0", "stage12", "coordinator")
+    logs, tb = tmp_path / "logs", tmp_path / "tb"
+    logs.mkdir()
+    log = open_scalar_log(tb, file_per_suffix=True)
+    curves = WorkerLogCurves(logs, ["s0-r0", "s0-r1", "s1-r0"], log)
+    for name, loss in (("s0-r0", 3.0), ("s0-r1", 3.5), ("s1-r0", 4.0)):
+        (logs / f"{name}.0.log").write_text(json.dumps({"event": "train_progress", "inner_step": 10, "loss": loss}) + "\n")
+    assert curves.poll() == 3
+    curves.close()
+    assert read_scalars(tb / "s0-r0")[tag("train_loss", "stage0")] == [(10, 3.0)]
+    assert read_scalars(tb / "s0-r1")[tag("train_loss", "stage0")] == [(10, 3.5)]
+    assert read_scalars(tb / "s1-r0")[tag("train_loss", "stage1")] == [(10, 4.0)]

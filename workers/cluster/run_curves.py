@@ -3,12 +3,13 @@
 Each worker already logs what a person wants to plot (train_progress: loss, tokens/s, lr;
 outer_step_done: bytes exchanged); `up` follows those files (every incarnation, so a
 restarted worker's curve goes on) and hands the figures to one ScalarLog, one curve per
-worker. Files already there when `up` starts belong to an earlier invocation on the same
+worker, the replicas of a stage on one chart. Files already there when `up` starts belong to an earlier invocation on the same
 run directory and are skipped, so a resumed run does not draw its past twice.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,13 @@ def scalars_of(event: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
         return int(event["inner_step"]), {"exchange_wire_bytes": event["wire_bytes"],
                                           "exchange_raw_bytes": event.get("raw_bytes")}
     return None
+
+
+def stage_heading(name: str) -> str:
+    """The chart a worker's curves go to: its stage's ("s1-r0" -> "stage1"), so the replicas
+    of a stage overlay; a name of another form keeps its own chart."""
+    match = re.fullmatch(r"s(\d+)-r\d+", name)
+    return f"stage{match.group(1)}" if match else name
 
 
 class WorkerLogCurves:
@@ -50,7 +58,7 @@ class WorkerLogCurves:
             for record in records:
                 found = scalars_of(record)
                 if found is not None:
-                    self.scalar_log.scalars(found[0], found[1], suffix=name)
+                    self.scalar_log.scalars(found[0], found[1], suffix=stage_heading(name), run=name)
                     written += 1
         return written
 
