@@ -17,6 +17,7 @@ from noloco_rt.data import (
     encode,
     load_corpus,
     validation_batches,
+    validation_capacity,
 )
 from noloco_rt.model import lm_loss
 from noloco_rt.staged_model import staged_model
@@ -26,12 +27,15 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 def load_validation_batches(cfg: Config, *, batches: int | None = None, corpus: Corpus | None = None) -> list[Batch]:
     """The run's fixed validation batches (the same ones the simulator and observer use):
-    your own model's val_batches() when it brings its own data (model.factory)."""
+    your own model's val_batches() when it brings its own data (model.factory). Of the token
+    data, `batches` (default run.eval_batches) but never more than the split holds distinct:
+    more would repeat windows and weigh them twice."""
     if cfg.model.factory and (own := staged_model(cfg)).val_batches is not None:
         return list(own.val_batches())
     corpus = corpus or load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)
+    capacity = validation_capacity(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size)
     return validation_batches(corpus.val, seq_len=cfg.model.seq_len, batch_size=cfg.data.batch_size,
-                              count=batches or cfg.run.eval_batches)
+                              count=max(1, min(batches or cfg.run.eval_batches, capacity)))
 
 
 @torch.no_grad()

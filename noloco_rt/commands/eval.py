@@ -57,9 +57,11 @@ def eval_command(checkpoint: Path, batches: int | None, as_json: bool, model_fac
         click.echo(json.dumps(result))
         return
     step = f", step {metadata['step']}" if "step" in metadata else ""
-    of_what = "" if cfg.model.factory else f" of {cfg.data.batch_size}×{cfg.model.seq_len} tokens"
+    own_data = cfg.model.factory and not cfg.model.factory.startswith("hf:")
+    of_what = "" if own_data else f" of {cfg.data.batch_size}×{cfg.model.seq_len} tokens"
+    every = " (all the split holds)" if batches is None and len(val_batches) < cfg.run.eval_batches else ""
     click.echo(f"{checkpoint} (run {cfg.run.run_id}{step}, {model_name(cfg)}, "
-               f"{len(val_batches)} validation batches{of_what})")
+               f"{len(val_batches)} validation batches{of_what}{every})")
     click.echo(f"{'':<12}{'val_loss':>10}{'val_ppl':>12}")
     click.echo(f"{'checkpoint':<12}{trained:>10.4f}{result['val_ppl']:>12.2f}")
     click.echo(f"{'untrained':<12}{untrained:>10.4f}{result['untrained_val_ppl']:>12.2f}")
@@ -70,8 +72,9 @@ def _validation_batches(cfg: Config, batches: int | None) -> list:
     token data's validation split (no more than it holds)."""
     from noloco_rt.data import load_corpus, validation_capacity
     from noloco_rt.evaluation import load_validation_batches
+    from noloco_rt.staged_model import staged_model
 
-    if cfg.model.factory:
+    if cfg.model.factory and staged_model(cfg).own_data:
         own = load_validation_batches(cfg)
         return own[:batches] if batches is not None else own
     corpus = load_corpus(cfg.data, vocab_size=cfg.model.vocab_size)

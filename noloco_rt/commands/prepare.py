@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
 
 
 def _plain_progress():
-    """Lines for logs: one per input and one per tenth of the bytes."""
-    seen = {"tenth": -1, "what": ""}
+    """Lines for logs: one per input (or phase) and one per tenth of the bytes, with the time
+    left at this pass's rate."""
+    seen: dict = {"tenth": -1, "where": "", "start": None}
 
     def report(done: int, total: int, what: str) -> None:
+        where = what.split(",")[0]  # the input or phase, without its changing rate
         tenth = done * 10 // total if total else 0
-        if what != seen["what"] or tenth != seen["tenth"]:
-            seen.update(tenth=tenth, what=what)
+        if seen["start"] is None or done < seen["start"][1]:  # a new pass (the BPE's, then encoding)
+            seen["start"] = (time.monotonic(), done)
+        if where != seen["where"] or tenth != seen["tenth"]:
+            seen.update(tenth=tenth, where=where)
             share = f"{done * 100 // total}% " if total else ""
-            click.echo(f"prepare: {share}{what}", err=True)
+            click.echo(f"prepare: {share}{what}{_time_left(seen['start'], done, total)}", err=True)
 
     return report
+
+
+def _time_left(start: tuple[float, int], done: int, total: int) -> str:
+    elapsed, gained = time.monotonic() - start[0], done - start[1]
+    if not total or gained <= 0 or elapsed <= 0 or done >= total:
+        return ""
+    return f" ({(total - done) * elapsed / gained:,.0f} s left)"
 
 
 def _run(options) -> dict | None:
@@ -45,8 +57,9 @@ def _run(options) -> dict | None:
               help="Directory for the shards, tokenizer.json and prepared.json.")
 @click.option("--tokenizer", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A Hugging Face tokenizer.json to encode with.")
-@click.option("--train-bpe", type=click.IntRange(min=1), default=None, metavar="VOCAB",
-              help="Train a byte-level BPE of VOCAB tokens on the training documents instead.")
+@click.option("--train-bpe", type=int, default=None, metavar="VOCAB",
+              help="Train a byte-level BPE of VOCAB tokens on the training documents instead: at least "
+                   "257 (the 256 bytes and the end-of-document token), the rest merges.")
 @click.option("--text-field", "--jsonl-field", "jsonl_field", default="text", show_default=True,
               help="Field holding the text in *.jsonl inputs, column in Parquet and Arrow ones.")
 @click.option("--val-percent", type=click.FloatRange(min=0, max=100, min_open=True, max_open=True), default=5.0,
@@ -82,3 +95,19 @@ def prepare(inputs: tuple[str, ...], out: Path, tokenizer: Path | None, train_bp
     if not tokens["val"] or not tokens["train"]:
         click.echo("warning: one split is empty (too few documents); training will hold out the tail "
                    "of the train stream instead", err=True)
+    elif (warning := small_validation_warning(tokens["val"])) is not None:
+        click.echo(warning, err=True)
+
+
+def small_validation_warning(val_tokens: int) -> str | None:
+    """A warning when the validation split holds fewer distinct batches, at the default batch
+    and sequence length, than an evaluation takes by default (evaluations then use fewer)."""
+    from noloco_rt.config.training import DataConfig, ModelConfig, RunConfig
+
+    batch, seq, wanted = DataConfig().batch_size, ModelConfig().seq_len, RunConfig().eval_batches
+    held = ((val_tokens - 1) // seq) // batch
+    if held >= wanted:
+        return None
+    return (f"warning: the validation split holds {val_tokens:,} tokens, {held} distinct batches of {batch}×{seq} "
+            f"(the defaults) where an evaluation takes {wanted} (run.eval_batches): evaluations will use "
+            f"{max(held, 1)}; raise --val-percent for a steadier score")

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from noloco_rt.config.prepared_manifest import (
     write_manifest,
 )
 from noloco_rt.prepare import tokenizer as tok
+from noloco_rt.prepare.changes import describe_change
 from noloco_rt.prepare.documents import (
     Document,
     InputError,
@@ -91,21 +93,30 @@ def start_state(options: PrepareOptions, arguments: dict[str, Any]) -> PrepareSt
             previous = None
         if previous == arguments:
             return None
-        raise InputError(f"{out} holds data prepared with other arguments; use --force to replace it")
+        changed = describe_change(previous if isinstance(previous, dict) else {}, arguments)
+        raise InputError(f"{out} holds data prepared with other arguments ({changed}); use --force to replace it")
     state = load_state(out)
     if state is None:
         return PrepareState(arguments=arguments)
     if state.arguments != arguments:
-        raise InputError(f"{out} holds an interrupted prepare with other arguments; rerun that command "
-                         "to finish it, or use --force to start over")
+        raise InputError(f"{out} holds an interrupted prepare with other arguments "
+                         f"({describe_change(state.arguments, arguments)}); rerun that command to finish it, "
+                         "or use --force to start over")
     return state
 
 
-def _train_documents(sources: list[Source], options: PrepareOptions) -> Iterator[str]:
+def _train_documents(sources: list[Source], options: PrepareOptions, progress: Progress) -> Iterator[str]:
+    """The training documents a BPE learns from, reporting how far the reading is."""
+    total, before = sum(s.size for s in sources), 0
+    what = f"training a byte-level BPE of {options.train_bpe} tokens"
     for source in sources:
         for doc in documents(source, field=options.jsonl_field):
+            if doc.index % ENCODE_BATCH == 0:
+                progress(before + doc.end, total, f"{what}: reading {source.key}")
             if not is_validation(source.split_key, doc.index, options.val_percent):
                 yield doc.text
+        before += source.size
+    progress(total, total, f"{what}: merging")
 
 
 def ready_tokenizer(options: PrepareOptions, sources: list[Source], state: PrepareState, progress: Progress):
@@ -116,8 +127,7 @@ def ready_tokenizer(options: PrepareOptions, sources: list[Source], state: Prepa
             tok.load_tokenizer(options.tokenizer)  # a bad file fails here, before anything is written
             text = options.tokenizer.read_text(encoding="utf-8")  # copied as is: export ships it
         else:
-            progress(0, 0, f"training a byte-level BPE of {options.train_bpe} tokens")
-            text = tok.train_bpe(_train_documents(sources, options), options.train_bpe).to_str(pretty=True)
+            text = tok.train_bpe(_train_documents(sources, options, progress), options.train_bpe).to_str(pretty=True)
         atomic_write_text(path, text)
         state.tokenizer_ready = True
         save_state(options.out, state)
@@ -136,6 +146,8 @@ class _Run:
         self.eos_name, self.eos_id = tok.eos_token(tokenizer, options.eos_token)
         self.packer = ShardPacker(options.out, state, dtype=self.dtype, shard_tokens=options.shard_tokens)
         self.total = sum(s.size for s in sources)
+        self.started, self.tokens = time.monotonic(), 0
+        """This invocation's start and the tokens it encoded: its rate, a resumed run's own."""
 
     def _done_bytes(self) -> int:
         return sum(s.size for s in self.sources[:self.state.source]) + self.state.position.offset
@@ -162,18 +174,25 @@ class _Run:
     def read_source(self, source: Source) -> None:
         for batch in self._batches(source):
             encoded = self.tokenizer.encode_batch([d.text for d in batch], add_special_tokens=False)
+            self.tokens += sum(len(encoding.ids) for encoding in encoded)
             for doc, encoding in zip(batch, encoded, strict=True):
                 split = "val" if is_validation(source.split_key, doc.index, self.options.val_percent) else "train"
                 self.state.documents[split] += 1
                 self.state.position = Position(offset=doc.end, index=doc.index + 1, line=doc.line)
                 if self.packer.add(split, encoding.ids, self.eos_id):
                     self.checkpoint()
-            self.progress(self._done_bytes(), self.total, source.key)
+            rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
+            self.progress(self._done_bytes(), self.total, f"{source.key}, {rate:,.0f} tokens/s")
         self.state.source_documents.append(self.state.position.index)
         self.state.source += 1
         self.state.position = Position()
 
     def run(self) -> dict[str, Any]:
+        done = sum(self.state.documents.values())
+        if done or self.state.source:
+            shards = sum(len(v) for v in self.state.shards.values())
+            self.progress(self._done_bytes(), self.total, f"resumed an interrupted prepare: {done} documents "
+                                                          f"and {shards} shards were already written")
         for source in self.sources[self.state.source:]:
             self.read_source(source)
         self.packer.finish()
