@@ -42,7 +42,9 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     import threading
 
     from coordinator.observer import Observer
+    from coordinator.page_refresher import start_page_refresher
     from coordinator.pull import RateLimiter, SnapshotPuller
+    from coordinator.run_page import RunPage
     from coordinator.server import CoordinatorMetrics
     from noloco_rt.commands._store import check_store
     from noloco_rt.logs import get_logger
@@ -62,13 +64,17 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         membership = Membership(started.client, run_id=cfg.run.run_id)
         puller = SnapshotPuller(cfg, started.ctx, metrics=metrics, log=log,
                                 limiter=RateLimiter(cfg.coordinator.max_pulls_per_s))
-        observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log, scalar_log=scalar_log)
-        server = _status_server(cfg, observer, metrics)
+        page = RunPage(cfg.run.run_id)
+        observer = Observer(cfg, membership, puller, out_dir=out, metrics=metrics, log=log, scalar_log=scalar_log,
+                            page=page)
+        server = _status_server(cfg, observer, metrics, page)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: set_event_from_signal_handler(stop))
         server.start()
-        log.info("coordinator_started", status=f"http://{cfg.network.bind_host}:{server.port}/status",
+        start_page_refresher(page, Membership(started.client, run_id=cfg.run.run_id), stop, log)
+        host = cfg.coordinator.status_host
+        log.info("coordinator_started", page=f"http://{host}:{server.port}/", status=f"http://{host}:{server.port}/status",
                  port=server.port, out=str(out), curve=started.curve is not None)
         try:
             _observe_until_done(cfg, observer, stop, log)
@@ -90,16 +96,17 @@ def _observe_until_done(cfg, observer, stop, log) -> None:
         stop.wait()
 
 
-def _status_server(cfg, observer, metrics):
-    """/status and /metrics on coordinator.status_port; a port in use: one line."""
+def _status_server(cfg, observer, metrics, page):
+    """The live page, /status and /metrics on coordinator.status_host:status_port; a port in
+    use: one line."""
     from coordinator.server import StatusServer
 
+    host = cfg.coordinator.status_host
     try:
-        return StatusServer(cfg.network.bind_host, cfg.coordinator.status_port,
-                            status_json=observer.status_json, registry=metrics.registry)
+        return StatusServer(host, cfg.coordinator.status_port, status_json=observer.status_json,
+                            registry=metrics.registry, page=page)
     except OSError as exc:
-        raise click.ClickException(f"cannot serve on {cfg.network.bind_host}:{cfg.coordinator.status_port}: "
-                                   f"{exc.strerror}") from None
+        raise click.ClickException(f"cannot serve on {host}:{cfg.coordinator.status_port}: {exc.strerror}") from None
 
 
 def _open_curves(cfg, tensorboard_dir: str | None, with_wandb: bool):

@@ -27,6 +27,7 @@ from torch import nn
 from coordinator.final_states import FINISH_CHECK_S, FinalStates
 from coordinator.observations import EvalResult, ObserverStatus, SpreadResult, StageSample
 from coordinator.pull import PulledReplica, SnapshotPuller
+from coordinator.run_page import RunPage
 from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
@@ -62,7 +63,8 @@ class StageChain:
 
 class Observer:
     def __init__(self, cfg: Config, membership: Membership, puller: SnapshotPuller, *, out_dir: Path,
-                 metrics: Any, log: Any, rng: random.Random | None = None, scalar_log: Any = None) -> None:
+                 metrics: Any, log: Any, rng: random.Random | None = None, scalar_log: Any = None,
+                 page: RunPage | None = None) -> None:
         self.cfg = cfg
         self.membership = membership
         self.puller = puller
@@ -72,6 +74,8 @@ class Observer:
         self.rng = rng or random.Random()
         self.scalar_log = scalar_log
         """A noloco_rt.tb_log.ScalarLog for --tensorboard / --wandb, or None."""
+        self.page = page
+        """The live page's state (coordinator/run_page.py): it draws our measurements."""
         self.chain = StageChain(cfg)
         self.val_batches = load_validation_batches(cfg)
         self.status = ObserverStatus(run_id=cfg.run.run_id, started_at=time.time())
@@ -148,9 +152,11 @@ class Observer:
     def _guarded(self, cycle: Any, stop: threading.Event) -> None:
         try:
             cycle(stop)
-        except Exception:  # noqa: BLE001 - an observer bug must not take the status endpoint down
+        except Exception as exc:  # noqa: BLE001 - an observer bug must not take the status endpoint down
             self.log.exception("observer_cycle_failed", cycle=cycle.__name__)
             self.metrics.cycle_failures.inc()
+            if self.page is not None:
+                self.page.add_event("cycle_failed", f"{cycle.__name__} raised {type(exc).__name__}")
 
     def _members_by_stage(self) -> dict[int, list[MemberRecord]]:
         members = self.membership.live_members(stage=None)
@@ -210,6 +216,8 @@ class Observer:
         self.metrics.val_ppl.set(result.val_ppl)
         self.metrics.eval_step.set(result.step)
         self._curves(result.step, {"val_loss": loss, "val_ppl": result.val_ppl})
+        if self.page is not None:
+            self.page.add_point("val_loss", result.step, loss)
         self.log.info("evaluated", step=result.step, val_loss=round(loss, 4), val_ppl=round(result.val_ppl, 3),
                       replicas=result.replicas)
         return result
@@ -236,6 +244,8 @@ class Observer:
             self.status.spread_measurements += 1
         self._export_spread_metrics(result)
         self._curves(step, {"spread": result.spread}, suffix="all")
+        if self.page is not None:
+            self.page.add_point("spread", step, result.spread)
         for stage, spread in enumerate(result.spread_by_stage):
             self._curves(step, {"spread": spread}, suffix=f"stage{stage}")
         self._curves(step, {"consensus_val_loss": scored.val_loss, "consensus_val_ppl": scored.val_ppl})

@@ -1,4 +1,5 @@
-"""The coordinator's metrics and its HTTP endpoint: /status (JSON) and /metrics (Prometheus)."""
+"""The coordinator's metrics and its HTTP endpoint: the live page (/), /status (JSON) and
+/metrics (Prometheus)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from coordinator.page_routes import SECURITY_HEADERS, BadRequest, asset, page_json
+from coordinator.run_page import RunPage
 from noloco_rt.net.http_server import BoundedHTTPServer, send_body, serve_in_thread
 
 
@@ -43,22 +46,42 @@ class CoordinatorMetrics:
 
 
 class StatusServer:
-    """A small threaded HTTP server; the handlers only read (status_json is thread-safe)."""
+    """A small threaded HTTP server; the handlers only read (status_json and the page are
+    thread-safe): the live page at / (coordinator/page_routes.py), /status, /metrics."""
 
     def __init__(self, host: str, port: int, *, status_json: Callable[[], dict[str, Any]],
-                 registry: CollectorRegistry) -> None:
+                 registry: CollectorRegistry, page: RunPage | None = None) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the http.server API
-                if self.path.split("?")[0] == "/status":
-                    body, kind = json.dumps(status_json(), default=str).encode(), "application/json"
-                elif self.path.split("?")[0] == "/metrics":
-                    body, kind = generate_latest(registry), CONTENT_TYPE_LATEST
-                else:
-                    self.send_error(404, "try /status or /metrics")
+                try:
+                    found = self._answer(self.path.split("?")[0])
+                except BadRequest as exc:
+                    self.send_error(400, str(exc))
                     return
-                send_body(self, body, kind)
+                if found is None:
+                    self.send_error(404, "try /, /status or /metrics")
+                    return
+                send_body(self, *found)
+
+            def _answer(self, path: str) -> tuple[bytes, str] | None:
+                if path == "/status":
+                    return json.dumps(status_json(), default=str).encode(), "application/json"
+                if path == "/metrics":
+                    return generate_latest(registry), CONTENT_TYPE_LATEST
+                if page is None:
+                    return None
+                found = asset(path)
+                if found is not None:
+                    return found
+                data = page_json(page, self.path, status_json())
+                return None if data is None else (data, "application/json")
+
+            def end_headers(self) -> None:
+                for name, value in SECURITY_HEADERS.items():
+                    self.send_header(name, value)
+                super().end_headers()
 
             def log_message(self, *_: Any) -> None:  # requests are not worth a log line each
                 outer.requests += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,9 +149,13 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
     assert result["val_loss"] < result["untrained_val_loss"] - 0.5, result
 
 
-def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_path):
-    mark, out = uuid.uuid4().hex, tmp_path / "run"
-    process = start_up(out, steps=100_000, mark=mark)
+def test_a_live_run_shows_on_its_page_and_ctrl_c_shuts_everything_down_gracefully(tmp_path):
+    """A 2 x 2 run: its coordinator's page, rendered by a real headless browser, shows both
+    stages' workers and both curves; Ctrl-C then ends everything within the grace period."""
+    from noloco_rt.membership.embedded_redis import free_port
+
+    mark, out, port = uuid.uuid4().hex, tmp_path / "run", free_port()
+    process = start_up(out, steps=100_000, mark=mark, **{"coordinator.status_port": port})
     try:
         def all_online():
             samples = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "workers"]
@@ -159,6 +164,7 @@ def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_pat
         wait_until(all_online, timeout_s=120, what="4 ONLINE workers training", process=process)
         assert len(marked_processes(mark)) >= 6  # redis, coordinator, 4 workers
         assert_embedded_redis_is_private(marked_processes(mark))
+        check_live_page(f"http://127.0.0.1:{port}", process)
         process.send_signal(signal.SIGINT)
         started = time.monotonic()
         code, output = finish(process, timeout_s=FAST["worker.leave_grace_s"] + 30)
@@ -174,6 +180,36 @@ def test_ctrl_c_shuts_everything_down_gracefully_within_the_grace_period(tmp_pat
         assert '"event": "leaving"' in log_text and '"reason": "leave"' in log_text, log_text[-2000:]
     # ... and what they learned was exported.
     assert (out / "consensus.safetensors").exists() and elapsed < FAST["worker.leave_grace_s"] + 30
+
+
+def check_live_page(url: str, process: subprocess.Popen) -> None:
+    """The page's data holds both stages and both curves; the browser draws them."""
+    import urllib.request
+
+    from tests.browser import ARTIFACTS, browser, render
+
+    def data() -> dict:
+        with urllib.request.urlopen(f"{url}/page/data", timeout=5) as reply:
+            return json.loads(reply.read())
+
+    def drawn() -> dict | None:
+        page = data()
+        ready = ([row["workers"] for row in page["stages"]] == [2, 2] and len(page["curves"]["val_loss"]) >= 2
+                 and len(page["curves"]["spread"]) >= 1)
+        return page if ready else None
+
+    page = wait_until(drawn, timeout_s=90, what="the page's data: 2 stages of 2 and both curves", process=process)
+    assert page["stages"][1]["loss"] is not None and page["stages"][0]["tokens_per_s"] > 0, page
+    if browser() is None:
+        print("SKIPPED the browser part: no chromium here (make test installs it where it can: root and apt)")
+        return
+    dom = render(f"{url}/", screenshot=ARTIFACTS / "live_page.png")
+    print("live page screenshot:", ARTIFACTS / "live_page.png")
+    assert 'data-loaded="yes"' in dom, dom[-3000:]
+    assert dom.count('<tr data-stage="') == 2 and "2 ONLINE" in dom, dom[-3000:]
+    points = [int(n) for n in re.findall(r'class="line" d="[^"]*" data-points="(\d+)"', dom)]
+    assert len(points) == 2 and min(points) >= 1, points
+    assert f"{page['workers']} workers in 2 stages" in dom
 
 
 def assert_embedded_redis_is_private(pids: list[int]) -> None:

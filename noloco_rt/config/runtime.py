@@ -259,7 +259,11 @@ class CoordinatorConfig:
     pull_timeout_s: float = 10.0
     """Deadline of one snapshot pull."""
     status_port: int = 8780
-    """/status (JSON) and /metrics (Prometheus); 0 picks a free port."""
+    """The live page (/), /status (JSON) and /metrics (Prometheus); 0 picks a free port."""
+    status_host: str = "127.0.0.1"
+    """Where status_port listens. Loopback by default: CURVE does not cover this port, so it
+    is not exposed unless you say so (the Kubernetes manifests set 0.0.0.0 behind their
+    Service); reach it from elsewhere through an SSH tunnel or your own access control."""
     exit_when_finished: bool = True
     """Once the run finished and its final model is made: exit 0. False: keep serving /status
     (with `final`) and /metrics until stopped, as a Kubernetes Deployment needs (it restarts a
@@ -272,6 +276,8 @@ class CoordinatorConfig:
         require(self.spread_sample >= 2, "coordinator", "spread_sample", self.spread_sample, "must be >= 2")
         require(0 <= self.status_port <= 65535, "coordinator", "status_port", self.status_port,
                  "must be a port in [0, 65535]")
+        require(bool(self.status_host.strip()), "coordinator", "status_host", self.status_host,
+                "must be a host name or address to listen on")
 
 
 @dataclass(kw_only=True)

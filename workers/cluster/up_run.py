@@ -104,13 +104,19 @@ class UpRun:
 
     # -- processes ------------------------------------------------------------------------
 
+    def _coordinator_url(self) -> str:
+        """Where this machine reaches the coordinator's page (a wildcard address: loopback)."""
+        host = self.cfg.coordinator.status_host
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        return f"http://[{host}]:{self.coordinator_port}" if ":" in host else f"http://{host}:{self.coordinator_port}"
+
     def _specs(self, redis_url: str) -> list[ProcessSpec]:
         from workers.cluster.processes import child_env, run_command, worker_process_specs
         from workers.supervise.supervisor import ProcessSpec
 
         specs = worker_process_specs(self.cfg, self.config_file, self.names_by_stage, redis_url)
         if self.with_coordinator:
-            self.coordinator_port = status_port_for(self.cfg.network.bind_host, self.cfg.coordinator.status_port,
+            self.coordinator_port = status_port_for(self.cfg.coordinator.status_host, self.cfg.coordinator.status_port,
                                                     self.log)
             specs.append(ProcessSpec(name=COORDINATOR, env=child_env(self.cfg, redis_url),
                                      args=run_command(self.config_file, "coordinator", "--status-port",
@@ -161,7 +167,8 @@ class UpRun:
                       steps=self.cfg.run.steps, model=model_name(self.cfg), redis=redact_url(redis_url),
                       out=str(self.out), curve=bool(self.cfg.network.curve_key_dir or self.cfg.network.curve_secret_key),
                       logs=str(self.out / "logs"), tensorboard=str(self.curves_settings.tensorboard or "off"),
-                      status=f"http://127.0.0.1:{self.coordinator_port}/status" if self.with_coordinator else None)
+                      page=f"{self._coordinator_url()}/" if self.with_coordinator else None,
+                      status=f"{self._coordinator_url()}/status" if self.with_coordinator else None)
         metrics = MetricsLog(self.out / "metrics.jsonl")
         self._earlier_logs = set((self.out / "logs").glob("*.log"))
         self._open_curves()  # before the workers start: their log files of earlier runs are skipped
@@ -246,7 +253,7 @@ class UpRun:
         if not self.with_coordinator:
             return None
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.coordinator_port}/status", timeout=0.5) as reply:
+            with urllib.request.urlopen(f"{self._coordinator_url()}/status", timeout=0.5) as reply:
                 return json.loads(reply.read())
         except (OSError, urllib.error.URLError, ValueError):
             return None  # not up yet, restarting, or busy: the next sample will tell
