@@ -26,6 +26,10 @@ from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.data import DataCursor
 
+HF_FACTORY = "noloco_rt.hf_model.build:hf_staged_model"
+"""What model.factory = "hf:PATH" runs: loaded by name, as a user's factory is, so this
+module (which hf_model builds on) never imports it."""
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 """(inputs of stage 0, targets of the loss) for one microbatch."""
 
@@ -79,14 +83,8 @@ class StagedModel:
 
 def staged_model(cfg: Config) -> StagedModel:
     """The run's model: model.factory's when set, else the built-in preset."""
-    if cfg.model.factory.startswith("hf:"):
-        from noloco_rt.hf_model.build import hf_staged_model
-        from noloco_rt.hf_model.families import UnstageableModel
-
-        try:
-            model = hf_staged_model(cfg)
-        except UnstageableModel as exc:
-            raise StagedModelError(f"model.factory {cfg.model.factory}: {exc}") from None
+    if cfg.model.factory.startswith("hf:"):  # a transformers folder: staged by our own factory
+        model = load_factory(HF_FACTORY)(cfg)
     else:
         model = load_factory(cfg.model.factory)(cfg) if cfg.model.factory else preset_model(cfg)
     return checked(model, cfg)

@@ -132,5 +132,5 @@ def test_missing_weights_name_the_first_one(tmp_path):
     save_file(tensors, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
     model = staged_model(_cfg(tmp_path / "m"))
     model.build_stage(0)  # stage 0 does not need the head
-    with pytest.raises(Exception, match="the folder's weights lack lm_head.weight"):
+    with pytest.raises(StagedModelError, match="the folder's weights lack lm_head.weight"):
         model.build_stage(1)

@@ -27,6 +27,7 @@ from noloco_rt.hf_model.families import (
 from noloco_rt.hf_model.split import split_layers
 from noloco_rt.hf_model.stage import HFStage
 from noloco_rt.hf_model.weights import read_weights, weight_files
+from noloco_rt.staged_model import StagedModel, StagedModelError
 
 PREFIX = "hf:"
 
@@ -122,10 +123,17 @@ def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def hf_staged_model(cfg: Any) -> Any:
-    """model.factory = "hf:PATH": the folder's model on the run's token data (the data section)."""
+def hf_staged_model(cfg: Any) -> StagedModel:
+    """model.factory = "hf:PATH": the folder's model on the run's token data (the data
+    section). What cannot be staged: StagedModelError, one line naming it."""
+    try:
+        return _hf_staged_model(cfg)
+    except UnstageableModel as exc:
+        raise StagedModelError(f"model.factory {cfg.model.factory}: {exc}") from None
+
+
+def _hf_staged_model(cfg: Any) -> StagedModel:
     from noloco_rt.model import lm_loss
-    from noloco_rt.staged_model import StagedModel
 
     plan = stage_plan(folder_of(cfg.model.factory), cfg.pipeline.stages)
     vocab = int(plan.config.vocab_size)
@@ -142,7 +150,12 @@ def hf_staged_model(cfg: Any) -> Any:
         ids = targets.numpy(force=True)  # host memory: no device read on the training thread
         return tuple(targets.shape) == (batch, seq) and (ids.size == 0 or (ids.min() >= 0 and ids.max() < vocab))
 
-    return StagedModel(num_stages=cfg.pipeline.stages,
-                       build_stage=lambda k: build_stage(plan, k, seed=cfg.run.seed),
+    def stage(k: int) -> nn.Module:
+        try:
+            return build_stage(plan, k, seed=cfg.run.seed)
+        except UnstageableModel as exc:
+            raise StagedModelError(f"model.factory {cfg.model.factory}: {exc}") from None
+
+    return StagedModel(num_stages=cfg.pipeline.stages, build_stage=stage,
                        loss=lm_loss, input_shape=lambda k: stage_input_shape(plan, batch, seq),
                        targets_ok=targets_ok)
