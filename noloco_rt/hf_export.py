@@ -83,10 +83,10 @@ def write_hf_folder(out: Path, cfg: Config, model: PipelineStage | torch.nn.Modu
     tokenizer.json and `eos_token_id` (the end-of-document token) in its configs; returns the
     files written."""
     check_out_dir(out, force=force)
-    if cfg.model.factory.startswith("hf:"):  # a transformers folder's model: its own names and config
+    if cfg.model.hf_folder is not None:  # a transformers folder's model: its own names and config
         from noloco_rt.hf_model.export import hf_folder_config, hf_weights
 
-        tensors, config = hf_weights(model), hf_folder_config(cfg.model.factory, eos_token_id)
+        tensors, config = hf_weights(model), hf_folder_config(cfg.model.hf_folder, eos_token_id)
     elif not model.is_first or not model.is_last:
         raise HFExportError("only a whole model (one stage holding every layer) can be exported")
     else:

@@ -83,7 +83,7 @@ class StagedModel:
 
 def staged_model(cfg: Config) -> StagedModel:
     """The run's model: model.factory's when set, else the built-in preset."""
-    if cfg.model.factory.startswith("hf:"):  # a transformers folder: staged by our own factory
+    if cfg.model.hf_folder is not None:  # a transformers folder: staged by our own factory
         model = load_factory(HF_FACTORY)(cfg)
     else:
         model = load_factory(cfg.model.factory)(cfg) if cfg.model.factory else preset_model(cfg)

@@ -84,13 +84,14 @@ def load_for_command(path: Path, device: str, *, presets_only: str | None = None
     """load_consensus, with its errors turned into a one-line message. `presets_only`: the
     command's name, when it works on the built-in language models only (not model.factory's);
     `factory`: the model code the user named (--model), the only code a file is built with."""
+    from noloco_rt.config.training import is_hf_reference
     from noloco_rt.export import ExportError, OwnModelNotNamed, load_consensus
     from noloco_rt.staged_model import StagedModelError
 
     try:
         cfg, model, metadata = load_consensus(path, device=device, factory=factory or "")
     except OwnModelNotNamed as exc:
-        if exc.factory.startswith("hf:"):
+        if is_hf_reference(exc.factory):
             raise UnusableCheckpoint(f"{path} holds a Hugging Face model ({exc.factory!r}): a file never picks "
                                      f"local files to read; name its folder: --model hf:PATH") from None
         if presets_only:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from noloco_rt.cli import OneLineError
+from noloco_rt.config.training import HF_PREFIX, is_hf_reference
 
 if TYPE_CHECKING:
     from noloco_rt.config import Config
@@ -30,8 +31,8 @@ def model_value(reference: str | None) -> str | None:
     run elsewhere; a dotted module name as given."""
     if reference is None:
         return None
-    if reference.startswith("hf:"):
-        return f"hf:{Path(reference[3:]).expanduser().resolve()}"
+    if is_hf_reference(reference):
+        return f"{HF_PREFIX}{Path(reference[len(HF_PREFIX):]).expanduser().resolve()}"
     module, sep, function = reference.rpartition(":")
     if sep and (module.endswith(".py") or "/" in module):
         return f"{Path(module).resolve()}:{function}"
@@ -40,8 +41,8 @@ def model_value(reference: str | None) -> str | None:
 
 def model_name(cfg: Config) -> str:
     """The run's model in a few words: the preset's name, or model.factory's function."""
-    if cfg.model.factory.startswith("hf:"):
-        return f"Hugging Face model {Path(cfg.model.factory[3:]).name}"
+    if cfg.model.hf_folder is not None:
+        return f"Hugging Face model {Path(cfg.model.hf_folder).name}"
     return f"own model {cfg.model.factory.rpartition(':')[2]}" if cfg.model.factory else f"preset {cfg.model.preset}"
 
 

@@ -57,7 +57,7 @@ def eval_command(checkpoint: Path, batches: int | None, as_json: bool, model_fac
         click.echo(json.dumps(result))
         return
     step = f", step {metadata['step']}" if "step" in metadata else ""
-    own_data = cfg.model.factory and not cfg.model.factory.startswith("hf:")
+    own_data = cfg.model.factory and cfg.model.hf_folder is None
     of_what = "" if own_data else f" of {cfg.data.batch_size}×{cfg.model.seq_len} tokens"
     every = " (all the split holds)" if batches is None and len(val_batches) < cfg.run.eval_batches else ""
     click.echo(f"{checkpoint} (run {cfg.run.run_id}{step}, {model_name(cfg)}, "

@@ -16,6 +16,7 @@ from noloco_rt.commands._consensus import (
     with_user_files,
 )
 from noloco_rt.commands._model_option import model_value
+from noloco_rt.config.training import is_hf_reference
 
 if TYPE_CHECKING:
     from noloco_rt.config import Config
@@ -51,7 +52,7 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
         raise UnusableCheckpoint(f"{out}: cannot be read ({exc})") from None
     from noloco_rt.commands._consensus import load_for_command
 
-    if model_folder is not None and not model_folder.startswith("hf:"):
+    if model_folder is not None and not is_hf_reference(model_folder):
         raise click.BadParameter("export writes the built-in presets and hf:PATH models only", param_hint="--model")
     cfg, model, metadata = load_for_command(checkpoint, "cpu", presets_only=None if model_folder else "export",
                                             factory=model_value(model_folder))

@@ -108,6 +108,11 @@ class ModelConfig:
     Every worker and the coordinator import it, so it must be importable where they run.
     preset, init_from and the memory planning do not apply to it."""
 
+    @property
+    def hf_folder(self) -> str | None:
+        """The transformers folder factory names (hf:PATH), or None."""
+        return self.factory[len(HF_PREFIX):] if is_hf_reference(self.factory) else None
+
     def __post_init__(self) -> None:
         require(not self.factory or _is_factory_reference(self.factory), "model", "factory", self.factory,
                 "must be package.module:function, path/to/file.py:function or hf:PATH")
@@ -123,11 +128,19 @@ class ModelConfig:
                 f"must be between 2 and {MAX_VOCAB} (token ids are stored as uint32)")
 
 
+HF_PREFIX = "hf:"
+"""model.factory naming a transformers folder (noloco_rt/hf_model) rather than code."""
+
+
+def is_hf_reference(text: str) -> bool:
+    return text.startswith(HF_PREFIX)
+
+
 def _is_factory_reference(text: str) -> bool:
     """module:function, the module dotted or a .py path, the function an identifier; or
     hf:PATH, a transformers model folder."""
-    if text.startswith("hf:"):
-        return bool(text[3:].strip())
+    if is_hf_reference(text):
+        return bool(text[len(HF_PREFIX):].strip())
     module, sep, function = text.rpartition(":")
     return bool(sep and module.strip() and function.isidentifier())
 

@@ -29,16 +29,6 @@ from noloco_rt.hf_model.stage import HFStage
 from noloco_rt.hf_model.weights import read_weights, weight_files
 from noloco_rt.staged_model import StagedModel, StagedModelError
 
-PREFIX = "hf:"
-
-
-def is_hf_reference(factory: str) -> bool:
-    return factory.startswith(PREFIX)
-
-
-def folder_of(factory: str) -> Path:
-    return Path(factory[len(PREFIX):])
-
 
 @dataclass(frozen=True)
 class StagePlan:
@@ -135,7 +125,7 @@ def hf_staged_model(cfg: Any) -> StagedModel:
 def _hf_staged_model(cfg: Any) -> StagedModel:
     from noloco_rt.model import lm_loss
 
-    plan = stage_plan(folder_of(cfg.model.factory), cfg.pipeline.stages)
+    plan = stage_plan(Path(cfg.model.hf_folder), cfg.pipeline.stages)
     vocab = int(plan.config.vocab_size)
     if cfg.model.vocab_size > vocab:
         raise UnstageableModel(f"the run's data has {cfg.model.vocab_size} token ids (model.vocab_size) but "

@@ -5,12 +5,13 @@ the consensus weights under their own names, loadable with AutoModelForCausalLM.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from noloco_rt.hf_model.build import folder_of, load_config
+from noloco_rt.hf_model.build import load_config
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
@@ -23,8 +24,8 @@ def hf_weights(model: nn.Module) -> dict[str, torch.Tensor]:
             for name, tensor in model.state_dict().items()}
 
 
-def hf_folder_config(factory: str, eos_token_id: int | None) -> dict[str, Any]:
-    config = load_config(folder_of(factory))
+def hf_folder_config(folder: str, eos_token_id: int | None) -> dict[str, Any]:
+    config = load_config(Path(folder))
     config.dtype = torch.float32
     if eos_token_id is not None:
         config.eos_token_id = eos_token_id

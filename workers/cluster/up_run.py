@@ -314,7 +314,7 @@ class UpRun:
 def next_commands(cfg: Config, path: Path) -> str:
     """What to run on the consensus, naming the model code and data the run used (a consensus
     file never picks them itself)."""
-    if cfg.model.factory and not cfg.model.factory.startswith("hf:"):
+    if cfg.model.factory and cfg.model.hf_folder is None:
         return f"noloco-rt eval {path} --model {cfg.model.factory}"
     data = "".join(f" --data {shlex.quote(p)}" for p in cfg.data.paths) if cfg.data.source != "stdlib" else ""
     if cfg.model.factory:  # a Hugging Face folder: named, as the data is
