@@ -292,14 +292,15 @@ def bootstrapped_at(out: Path, name: str) -> dict[str, int]:
 
 def assert_tensorboard_curves(out: Path, final: dict, inner_steps: dict[str, int],
                               booted_at: dict[str, int]) -> None:
-    # One event file per worker (OUT/tb/workers/<name>): their steps interleave in time.
+    # One event file per worker (OUT/tb/workers/<name>): their steps interleave in time. Tags
+    # name the stage, so a stage's replicas are curves of one chart.
     for name in ("s0-r0", "s0-r1", "s1-r0", "s1-r1"):
-        worker = read_scalars(out / "tb" / "workers" / name)
+        worker, chart = read_scalars(out / "tb" / "workers" / name), f"stage{name[1]}"
         for scalar in ("tokens_per_s", "lr", "exchange_wire_bytes"):
-            points = worker.get(tag(scalar, name), [])
+            points = worker.get(tag(scalar, chart), [])
             assert points and all(v >= 0 for _, v in points), (name, scalar, sorted(worker))
         if name.startswith("s1"):  # the last stage computes the loss, logged at step 1 and every 10th step
-            steps = [step for step, _ in worker[tag("train_loss", name)]]
+            steps = [step for step, _ in worker[tag("train_loss", chart)]]
             first = 1 if not booted_at[name] else (booted_at[name] // 10 + 1) * 10  # a late starter's first 10th
             assert steps == sorted(steps) and steps[0] == first and steps[-1] == max(1, inner_steps[name] // 10 * 10), \
                 (steps, inner_steps[name], booted_at[name])
