@@ -12,9 +12,10 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 """Screenshots the tests keep (ignored by git): open them to see what the page showed."""
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage")
 """Without the background-networking flags chromium tries to reach Google's hosts, which a
-closed machine refuses many times a second."""
+closed machine refuses many times a second; /dev/shm is small in containers (CI's among them)."""
 
 
 def browser() -> str | None:
