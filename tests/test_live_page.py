@@ -5,6 +5,7 @@ a live run: tests/test_up.py::test_a_live_run_shows_on_its_page_and_ctrl_c_shuts
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -128,3 +129,17 @@ def test_the_routes_answer_the_page_and_refuse_the_rest_over_http():
         assert posted.value.code == 501
     finally:
         server.stop()
+
+
+def test_the_coordinators_host_flag_chooses_where_its_port_listens(monkeypatch):
+    """`coordinator --host` (what the Kubernetes manifests pass) sets coordinator.status_host,
+    the page's interface; without it the port stays on loopback, whatever network.bind_host is."""
+    from coordinator.cli import coordinator_config
+
+    for name in [n for n in os.environ if n.startswith("NOLOCO_")]:
+        monkeypatch.delenv(name)
+    flags = {"redis_url": None, "status_port": None, "out_dir": None, "redis_wait": None}
+    exposed = coordinator_config(None, (), host="0.0.0.0", **flags)
+    assert exposed.coordinator.status_host == "0.0.0.0" and exposed.network.bind_host == "127.0.0.1"
+    default = coordinator_config(None, ("network.bind_host=0.0.0.0",), host=None, **flags)
+    assert default.coordinator.status_host == "127.0.0.1"

@@ -262,8 +262,9 @@ class CoordinatorConfig:
     """The live page (/), /status (JSON) and /metrics (Prometheus); 0 picks a free port."""
     status_host: str = "127.0.0.1"
     """Where status_port listens. Loopback by default: CURVE does not cover this port, so it
-    is not exposed unless you say so (the Kubernetes manifests set 0.0.0.0 behind their
-    Service); reach it from elsewhere through an SSH tunnel or your own access control."""
+    is not exposed unless you say so (the Kubernetes manifests pass `coordinator --host
+    0.0.0.0` behind their Service); reach it from elsewhere through an SSH tunnel or your
+    own access control."""
     exit_when_finished: bool = True
     """Once the run finished and its final model is made: exit 0. False: keep serving /status
     (with `final`) and /metrics until stopped, as a Kubernetes Deployment needs (it restarts a

@@ -118,7 +118,7 @@ def config_toml(p: Profile) -> str:
         f"left_exit_code = {LEFT_EXIT_CODE}",
         f'alive_file = "{ALIVE_FILE}"', f"redis_wait_s = {float(REDIS_WAIT_S)}",
         f"upstream_lost_s = {float(UPSTREAM_LOST_S)}", "",
-        "[coordinator]", f"status_port = {p.status_port}", 'status_host = "0.0.0.0"', "exit_when_finished = false", "",
+        "[coordinator]", f"status_port = {p.status_port}", "exit_when_finished = false", "",
         "[store]", f'url = "{STORE_MOUNT}"', "",
         "[paths]", f'out_dir = "{WORK_MOUNT}"', "",
     ])
