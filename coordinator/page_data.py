@@ -5,10 +5,11 @@ readings (arrivals, departures, restarts, checkpoint failures). Pure: no I/O, no
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from noloco_rt.membership.progress import OUTER_STEP_KINDS, outer_kind_counts
+from noloco_rt.membership.progress import outer_kinds_by_stage
 
 DETAIL_ROWS = 200
 """Workers listed for one stage at most; the rest are counted."""
@@ -24,17 +25,12 @@ def stage_summaries(members: Sequence[Any], restarts: Mapping[str, int]) -> list
     by_stage: dict[int, list[Any]] = {}
     for member in members:
         by_stage.setdefault(int(member.stage), []).append(member)
+    kinds_by_stage = outer_kinds_by_stage(members)  # the same sums `status` and `up` show
     rows = []
     for stage, group in sorted(by_stage.items()):
-        states: dict[str, int] = {}
-        for member in group:
-            states[member.state.value] = states.get(member.state.value, 0) + 1
+        states = Counter(member.state.value for member in group)
         losses = _finite(member.loss for member in group)
         steps = [int(member.inner_step) for member in group]
-        kinds = dict.fromkeys(OUTER_STEP_KINDS, 0)
-        for member in group:
-            for kind, count in outer_kind_counts(member).items():
-                kinds[kind] += count
         rows.append({
             "stage": stage, "workers": len(group), "states": dict(sorted(states.items())),
             "step_min": min(steps), "step_max": max(steps),
@@ -42,7 +38,7 @@ def stage_summaries(members: Sequence[Any], restarts: Mapping[str, int]) -> list
             "tokens_per_s": round(sum(_finite(member.tokens_per_s for member in group)), 1),
             "restarts": sum(restarts.get(member.name, 0) for member in group),
             "checkpoint_failed": sum(int(member.checkpoint_failed) for member in group),
-            "outer_steps": kinds,
+            "outer_steps": kinds_by_stage[stage],
         })
     return rows
 
