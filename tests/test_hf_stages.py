@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -134,3 +135,10 @@ def test_missing_weights_name_the_first_one(tmp_path):
     model.build_stage(0)  # stage 0 does not need the head
     with pytest.raises(StagedModelError, match="the folder's weights lack lm_head.weight"):
         model.build_stage(1)
+
+
+def test_without_transformers_the_refusal_says_what_to_install(tmp_path, monkeypatch):
+    write_folder(tmp_path / "m", "llama", weights=False)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    with pytest.raises(StagedModelError, match=r"needs transformers: pip install 'noloco-rt\[hf\]'"):
+        staged_model(_cfg(tmp_path / "m"))

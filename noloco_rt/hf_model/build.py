@@ -25,7 +25,6 @@ from noloco_rt.hf_model.families import (
     layer_count,
 )
 from noloco_rt.hf_model.split import split_layers
-from noloco_rt.hf_model.stage import HFStage
 from noloco_rt.hf_model.weights import read_weights, weight_files
 from noloco_rt.staged_model import StagedModel, StagedModelError
 
@@ -73,6 +72,9 @@ def load_config(folder: Path) -> Any:
 
 def build_stage(plan: StagePlan, stage: int, *, seed: int) -> nn.Module:
     """Stage `stage` in float32 on the CPU, in training mode."""
+    # stage.py imports transformers: only here, after load_config said it is installed
+    from noloco_rt.hf_model.stage import HFStage
+
     first, last = stage == 0, stage == len(plan.runs) - 1
     if plan.weights is None:
         with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
@@ -94,7 +96,7 @@ def stage_input_shape(plan: StagePlan, batch: int, seq: int) -> tuple[int, int, 
     return (batch, seq, hidden_size(plan.config))
 
 
-def _rebuild_rotary(module: HFStage) -> None:
+def _rebuild_rotary(module: nn.Module) -> None:
     """The rotary tables are not weights (not in the file): made again on the CPU."""
     name = module.family.rotary
     if name is None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import masking_utils  # only hf:PATH runs import this module
 
 from noloco_rt.hf_model.families import Family
 
@@ -60,8 +61,6 @@ class HFStage(nn.Module):
             extra = {"position_embeddings": getattr(base, family.rotary)(hidden, positions), "position_ids": positions}
         for index, layer in getattr(base, family.layers).items():
             hidden = layer(hidden, attention_mask=masks[self.layer_kinds[index]], **extra)
-            if isinstance(hidden, tuple):  # older transformers return (hidden, ...)
-                hidden = hidden[0]
         if not self.last:
             return hidden
         hidden = getattr(base, family.norm)(hidden)
@@ -78,8 +77,6 @@ def _attention_kind(config: Any, index: int) -> str:
 def _mask(kind: str, config: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Any:
     """transformers' own mask for this attention kind (None where its attention can take
     is_causal instead: no padding in training batches)."""
-    from transformers import masking_utils
-
     make = (masking_utils.create_sliding_window_causal_mask if kind == "sliding_attention"
             else masking_utils.create_causal_mask)
     return make(config=config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=positions)
