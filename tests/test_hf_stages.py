@@ -109,6 +109,11 @@ def test_an_unsupported_family_a_missing_config_and_pickled_weights_are_refused(
     (tmp_path / "empty").mkdir()
     with pytest.raises(StagedModelError, match="has no config.json"):
         staged_model(_cfg(tmp_path / "empty"))
+    write_folder(tmp_path / "cross", "gpt2", weights=False)
+    config = json.loads((tmp_path / "cross" / "config.json").read_text())
+    (tmp_path / "cross" / "config.json").write_text(json.dumps({**config, "add_cross_attention": True}))
+    with pytest.raises(StagedModelError, match="gpt2 with cross-attention cannot be staged"):
+        staged_model(_cfg(tmp_path / "cross"))
     write_folder(tmp_path / "pickled", "llama", weights=False)
     (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(StagedModelError, match="only as pytorch_model.bin .a pickle"):
