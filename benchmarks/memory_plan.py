@@ -9,19 +9,24 @@ is measured on the CPU by noloco_rt.memory_tracker, on CUDA by torch.cuda.max_me
 
     PYTHONPATH=. python benchmarks/memory_plan.py                      # tiny and small, CPU
     PYTHONPATH=. python benchmarks/memory_plan.py --presets 125m 1b    # on a CUDA machine
+    PYTHONPATH=. python benchmarks/memory_plan.py --presets --hf-family llama gpt2 qwen2 mistral
+        # random transformers folders of each family (hf:PATH: stages measured on fake tensors)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config, load_config
+from noloco_rt.memory_fit import plan_settings
 from noloco_rt.memory_plan import PlanSettings, stage_memory
 from noloco_rt.memory_tracker import TensorMemoryTracker
 from noloco_rt.model import lm_loss
@@ -30,6 +35,7 @@ from noloco_rt.outer.codec import decode_tensors
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients
 from noloco_rt.outer.snapshot import contribution_parts, contribution_state, encode_snapshot
+from noloco_rt.staged_model import staged_model
 
 MIB = 2**20
 
@@ -55,7 +61,8 @@ def _forward(replica: StageReplica, inputs: torch.Tensor, autocast: torch.dtype 
 def _inputs(s: PlanSettings, stage: int, device: torch.device, generator: torch.Generator) -> torch.Tensor:
     if stage == 0:
         return torch.randint(0, s.vocab_size, (s.micro_batch, s.seq_len), generator=generator).to(device)
-    hidden = torch.randn(s.micro_batch, s.seq_len, s.shape.dim, generator=generator).to(device)
+    width = s.measured[stage - 1].width if s.measured else s.shape.dim
+    hidden = torch.randn(s.micro_batch, s.seq_len, width, generator=generator).to(device)
     return hidden.requires_grad_(True)  # as a received activation is
 
 
@@ -93,7 +100,10 @@ def inner_step(replica: StageReplica, s: PlanSettings, stage: int, device: torch
 def run_outer_period(cfg: Config, s: PlanSettings, stage: int, device: torch.device) -> None:
     """Two inner steps around an overlapped outer step, its buffers held over the second."""
     generator = torch.Generator().manual_seed(stage)
-    replica = StageReplica.create(cfg, stage, device=device)
+    if cfg.model.factory:
+        replica = StageReplica.of_module(staged_model(cfg).build_stage(stage).to(device), cfg)
+    else:
+        replica = StageReplica.create(cfg, stage, device=device)
     coeffs = OuterCoefficients.from_config(cfg.outer.resolved())
     inner_step(replica, s, stage, device, generator)
     before = replica.provisional_outer_step(coeffs)
@@ -126,9 +136,11 @@ def peak_of(device: torch.device) -> Iterator[dict[str, int]]:
         result["peak"] = tracker.peak_bytes
 
 
-def measured_peak(s: PlanSettings, stage: int, device: torch.device | str = "cpu") -> int:
+def measured_peak(s: PlanSettings, stage: int, device: torch.device | str = "cpu", cfg: Config | None = None) -> int:
+    """The peak of a real replica of `stage` over an outer period; `cfg`: the run's (an hf:PATH
+    model's) when the settings came from one, else made from the settings (a preset)."""
     device = torch.device(device)
-    cfg = config_of(s)
+    cfg = cfg or config_of(s)
     with peak_of(device) as result:
         run_outer_period(cfg, s, stage, device)
     return result["peak"]
@@ -156,12 +168,18 @@ def settings_for(preset: str, *, device: torch.device, checkpointing: bool, seq_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--presets", nargs="*", default=["tiny", "small"])
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--max-inflight", type=int, default=4)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--hf", nargs="*", default=[], metavar="FOLDER",
+                        help="transformers folders (hf:PATH) to plan and measure too (vocabulary >= 256)")
+    parser.add_argument("--hf-family", nargs="*", default=[], metavar="MODEL_TYPE",
+                        help="random folders of these transformers families, 256 wide and 4 layers deep")
     args = parser.parse_args()
+    scratch = tempfile.TemporaryDirectory()
+    args.hf += [random_hf_folder(family, Path(scratch.name)) for family in args.hf_family]
     device = torch.device(args.device)
     print(f"device {device}, 2 stages, {args.micro_batch} x {args.seq_len} tokens a microbatch, "
           f"{args.max_inflight} in flight, vocabulary 256\n")
@@ -175,6 +193,37 @@ def main() -> None:
                 row = Row(preset, stage, stage_memory(s, stage).peak, measured_peak(s, stage, device))
                 print(f"| {preset} | {'on' if checkpointing else 'off'} | {stage} | {row.planned / MIB:,.1f} | "
                       f"{row.measured / MIB:,.1f} | {row.ratio:.3f} |", flush=True)
+    for folder in args.hf:
+        cfg = hf_config(folder, device=device, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                        max_inflight=args.max_inflight)
+        s = plan_settings(cfg, device_type=device.type, max_inflight=args.max_inflight, activation_checkpointing=False)
+        for stage in range(s.stages):
+            row = Row(folder, stage, stage_memory(s, stage).peak, measured_peak(s, stage, device, cfg))
+            print(f"| hf:{Path(folder).name} | off | {stage} | {row.planned / MIB:,.1f} | "
+                  f"{row.measured / MIB:,.1f} | {row.ratio:.3f} |", flush=True)
+
+
+def random_hf_folder(family: str, root: Path) -> str:
+    """A transformers folder (config.json, no weights) of `family`, about the small preset's size."""
+    from transformers import AutoConfig
+
+    extra = (dict(bos_token_id=0, eos_token_id=0) if family == "gpt2"
+             else dict(intermediate_size=688, num_key_value_heads=4))
+    AutoConfig.for_model(family, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                         max_position_embeddings=1024, vocab_size=512, tie_word_embeddings=False,
+                         **extra).save_pretrained(root / family)
+    return str(root / family)
+
+
+def hf_config(folder: str, *, device: torch.device, seq_len: int, micro_batch: int, max_inflight: int,
+              stages: int = 2, precision: str | None = None) -> Config:
+    """A run of a transformers folder's model as the benchmark plans it."""
+    return load_config(environ={}, overrides=[{
+        "model": {"factory": f"hf:{Path(folder).resolve()}", "seq_len": seq_len, "vocab_size": 256,
+                  "precision": precision or ("bfloat16" if device.type == "cuda" else "float32")},
+        "data": {"batch_size": micro_batch},
+        "pipeline": {"stages": stages, "max_inflight": max_inflight},
+    }])
 
 
 if __name__ == "__main__":

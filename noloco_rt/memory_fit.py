@@ -1,7 +1,9 @@
 """Settings that fit a memory budget: the in-flight count and activation checkpointing a
 worker uses (pipeline.max_inflight = 0, model.activation_checkpointing = auto), and the
-smallest stage count that fits a budget (`noloco-rt plan --fit-gb`). Pure: the budget
-comes in as a number; the worker reads its device's memory (workers/device.py).
+smallest stage count that fits a budget (`noloco-rt plan --fit-gb`). Pure for the presets:
+the budget comes in as a number; the worker reads its device's memory (workers/device.py).
+An hf:PATH model's stages are measured once per process on fake tensors
+(noloco_rt.hf_model.memory, imported only then); activation checkpointing does not apply to it.
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.training import DEFAULT_MAX_INFLIGHT
-from noloco_rt.memory_plan import PlanSettings, StageMemory, plan
+from noloco_rt.memory_plan import MeasuredStage, PlanSettings, StageMemory, plan
 
 GB = 10**9
 
@@ -26,8 +29,9 @@ class MemoryChoice:
     activation_checkpointing: bool
     budget_bytes: int | None
     """None: no budget (the CPU without worker.memory_budget_gb)."""
-    peak_bytes: int
-    """The plan's largest per-worker peak over the run's stages with these settings."""
+    peak_bytes: int | None
+    """The plan's largest per-worker peak over the run's stages with these settings; None:
+    not planned (a model of your own code, or hf:PATH with no budget to choose for)."""
     fits: bool
 
     @property
@@ -50,29 +54,50 @@ def compute_precision(precision: str, device_type: str) -> str:
 def plan_settings(cfg: Config, *, device_type: str, max_inflight: int, activation_checkpointing: bool) -> PlanSettings:
     """The run's plan inputs with the given in-flight count and checkpointing."""
     outer = cfg.outer.resolved()
+    precision = compute_precision(cfg.model.precision, device_type)
     return PlanSettings(
         preset=cfg.model.preset, stages=cfg.pipeline.stages, micro_batch=cfg.data.batch_size,
         seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size,
-        precision=compute_precision(cfg.model.precision, device_type),
-        activation_checkpointing=activation_checkpointing, max_inflight=max_inflight,
+        precision=precision, activation_checkpointing=activation_checkpointing and not cfg.model.hf_folder,
+        max_inflight=max_inflight,
         wire_dtype=cfg.pipeline.wire_dtype, snapshot_codec=cfg.worker.snapshot_codec,
         group_size=outer.group_size, theta_only=outer.gamma == outer.beta, device=device_type,
-        error_feedback=bool(cfg.worker.delta_codec) and cfg.worker.error_feedback)
+        error_feedback=bool(cfg.worker.delta_codec) and cfg.worker.error_feedback,
+        measured=measured_stages(cfg, precision))
+
+
+def measured_stages(cfg: Config, precision: str) -> tuple[MeasuredStage, ...]:
+    """An hf:PATH model's stages measured (cached per folder and settings); () for a preset."""
+    if not cfg.model.hf_folder:
+        return ()
+    from noloco_rt.hf_model import memory  # torch and transformers: only for such a model
+
+    return memory.measured_stages(cfg.model.hf_folder, cfg.pipeline.stages, cfg.model.seq_len, precision,
+                                  cfg.data.batch_size)
+
+
+def layer_count(cfg: Config) -> int:
+    """Layers the model has: the most stages it can be cut into."""
+    if not cfg.model.hf_folder:
+        return PRESETS[cfg.model.preset].n_layers
+    from noloco_rt.hf_model import build, families
+
+    return families.layer_count(build.stage_plan(Path(cfg.model.hf_folder), 1).config)
 
 
 def worst_peak(stages: list[StageMemory]) -> int:
     return max(stage.peak for stage in stages)
 
 
-def candidates(max_inflight: int, checkpointing: str) -> Iterator[tuple[int, bool]]:
+def candidates(max_inflight: int, checkpointing: str, *, can_checkpoint: bool = True) -> Iterator[tuple[int, bool]]:
     """(in flight, checkpointing) from most to least preferred. The in-flight count is also
     the inner step's batch, so the default count is kept as long as checkpointing (one more
     forward of compute) can make it fit; only then fewer microbatches."""
     counts = [max_inflight] if max_inflight else list(range(DEFAULT_MAX_INFLIGHT, 0, -1))
-    modes = {"on": [True], "off": [False], "auto": [False, True]}[checkpointing]
+    modes = {"on": [True], "off": [False], "auto": [False, True]}[checkpointing] if can_checkpoint else [False]
     for index, count in enumerate(counts):
         for mode in modes:
-            if index > 0 and checkpointing == "auto" and not mode:
+            if index > 0 and len(modes) == 2 and not mode:
                 continue  # fewer microbatches only once checkpointing is on
             yield count, mode
 
@@ -83,12 +108,14 @@ def choose(cfg: Config, *, device_type: str, budget_bytes: int | None) -> Memory
     of a run with the same budget agrees) fits the budget, or the last one if none does."""
     explicit, mode = cfg.pipeline.max_inflight, cfg.model.activation_checkpointing
     if budget_bytes is None:
-        count, checkpointing = explicit or DEFAULT_MAX_INFLIGHT, mode == "on"
+        count, checkpointing = explicit or DEFAULT_MAX_INFLIGHT, mode == "on" and not cfg.model.hf_folder
+        if cfg.model.hf_folder:  # nothing to choose: its stages are not measured (seconds of a worker's start)
+            return MemoryChoice(count, checkpointing, None, None, True)
         peak = worst_peak(plan(plan_settings(cfg, device_type=device_type, max_inflight=count,
                                              activation_checkpointing=checkpointing)))
         return MemoryChoice(count, checkpointing, None, peak, True)
     tried = []
-    for count, checkpointing in candidates(explicit, mode):
+    for count, checkpointing in candidates(explicit, mode, can_checkpoint=not cfg.model.hf_folder):
         peak = worst_peak(plan(plan_settings(cfg, device_type=device_type, max_inflight=count,
                                              activation_checkpointing=checkpointing)))
         tried.append(MemoryChoice(count, checkpointing, budget_bytes, peak, peak <= budget_bytes))
@@ -127,7 +154,7 @@ class Fit:
 def fit_stages(cfg: Config, *, device_type: str, budget: int) -> Fit | None:
     """The fewest stages (and their settings, by `choose`) whose every worker fits `budget`;
     None if even one layer per stage does not."""
-    for stages in range(1, PRESETS[cfg.model.preset].n_layers + 1):
+    for stages in range(1, layer_count(cfg) + 1):
         staged = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, stages=stages))
         choice = choose(staged, device_type=device_type, budget_bytes=budget)
         if choice.fits:

@@ -34,6 +34,12 @@ backward (noloco_rt/model.py), C = dim, F = ffn_dim, H = heads:
 
 Measured on the CPU (float32 and bfloat16 autocast) these match to the byte; the whole
 peak is checked within 15 % by tests/test_memory_plan.py.
+
+A model the formulas do not know (`--model hf:PATH`) comes in measured instead: each stage
+run on fake tensors (shapes, no data: noloco_rt.hf_model.memory) at the run's microbatch and
+one sequence more, which gives what one microbatch keeps and the peak of its first backward
+as a part fixed per microbatch and a part per sequence (MeasuredStage). The weights, optimizers and exchange are the same
+arithmetic on its parameter count.
 """
 
 from __future__ import annotations
@@ -53,6 +59,31 @@ CODEC_BYTES = {"raw": 4.0, "zstd": 4.0, "shuffle-zstd": 4.0, "bf16-shuffle-zstd"
                "int4-zstd": 0.55, "int2-zstd": 0.31}
 PRECISION_BYTES = {"float32": FP32, "bfloat16": BF16}
 OPTIMIZER_STEP_TENSORS = 1  # AdamW's temporary (foreach: the denominator), at most a float32 copy of the parameters
+
+
+@dataclass(frozen=True)
+class MeasuredStage:
+    """One stage of a model measured rather than derived: bytes from a run on fake tensors."""
+
+    params: int
+    layers: int
+    width: int
+    """The stage's output features (what a wire copy carries per token)."""
+    activations_fixed: int
+    """What a microbatch's graph keeps whatever its size (autocast's weight casts)."""
+    activations_per_sequence: int
+    """What it keeps per sequence of model.seq_len tokens: saved tensors, the output, the ids."""
+    backward_fixed: int
+    """The first backward's peak beyond the lasting state, counting that microbatch's own
+    activations and the gradients it allocates: the part fixed per microbatch..."""
+    backward_per_sequence: int
+    """...and the part per sequence."""
+
+    def activations(self, sequences: int) -> int:
+        return self.activations_fixed + sequences * self.activations_per_sequence
+
+    def first_backward(self, sequences: int) -> int:
+        return self.backward_fixed + sequences * self.backward_per_sequence
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,13 +110,18 @@ class PlanSettings:
     device: str = "cpu"
     """cpu: everything is one memory. cuda: the peak is the device's; the exchange's host
     copies and the wire copies are host memory (StageMemory.host)."""
+    measured: tuple[MeasuredStage, ...] = ()
+    """A model's stages measured (hf:PATH), one per stage; the preset is then not used."""
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
+        if self.measured:
+            if len(self.measured) != self.stages:
+                raise ValueError(f"{len(self.measured)} measured stages for stages = {self.stages}")
+        elif self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}: one of {', '.join(PRESETS)}")
-        layers = PRESETS[self.preset].n_layers
-        if not 1 <= self.stages <= layers:
-            raise ValueError(f"stages must be in [1, {layers}] for preset {self.preset}, got {self.stages}")
+        elif not 1 <= self.stages <= PRESETS[self.preset].n_layers:
+            raise ValueError(f"stages must be in [1, {PRESETS[self.preset].n_layers}] for preset {self.preset}, "
+                             f"got {self.stages}")
         for name in ("micro_batch", "seq_len", "vocab_size", "max_inflight", "group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -299,7 +335,7 @@ def wire_copy_bytes(s: PlanSettings, stage: int) -> int:
     """A sent microbatch in wire form (activations and targets), kept until its gradient returns."""
     if stage == s.stages - 1:
         return 0
-    c = s.shape.dim
+    c = s.measured[stage].width if s.measured else s.shape.dim
     per_token = WIRE_BYTES[s.wire_dtype] * c + (FP32 if s.wire_dtype == "int8" else 0) + TOKEN_ID
     return round(s.tokens * per_token)
 
@@ -321,14 +357,30 @@ def stage_memory(s: PlanSettings, stage: int) -> StageMemory:
     if not 0 <= stage < s.stages:
         raise ValueError(f"stage must be in [0, {s.stages}), got {stage}")
     s = as_computed(s)
-    params = stage_params(s.shape, s.vocab_size, s.stages, stage)
     held = held_microbatches(s, stage)
-    activations = microbatch_activation_bytes(s, stage)
-    on_device = s.device == "cuda"
     wire = held * wire_copy_bytes(s, stage)
+    wire_on_device = 0 if s.device == "cuda" else wire
+    if s.measured:
+        measured = s.measured[stage]
+        params, layers, activations = measured.params, measured.layers, measured.activations(s.micro_batch)
+        # the other held microbatches beside the first backward, which counts its own activations
+        backward = (held - 1) * activations + wire_on_device + measured.first_backward(s.micro_batch)
+    else:
+        params = stage_params(s.shape, s.vocab_size, s.stages, stage)
+        layers = stage_layers(s.shape.n_layers, s.stages, stage)
+        activations = microbatch_activation_bytes(s, stage)
+        backward = backward_working_bytes(s, stage, held, activations, wire_on_device)
+    return _stage_memory(s, stage, params=params, layers=layers, held=held, activations=activations, wire=wire,
+                         backward=backward)
+
+
+def _stage_memory(s: PlanSettings, stage: int, *, params: int, layers: int, held: int, activations: int,
+                  wire: int, backward: int) -> StageMemory:
+    """The lasting state from the parameter count, beside a microbatch's activations."""
+    on_device = s.device == "cuda"
     return StageMemory(
         stage=stage,
-        layers=stage_layers(s.shape.n_layers, s.stages, stage),
+        layers=layers,
         params=params,
         weights=FP32 * params,
         grads=FP32 * params,
@@ -339,7 +391,7 @@ def stage_memory(s: PlanSettings, stage: int) -> StageMemory:
         activations_per_microbatch=activations,
         held_microbatches=held,
         wire_copies=wire,
-        backward_working=backward_working_bytes(s, stage, held, activations, 0 if on_device else wire),
+        backward_working=backward,
         step_working=FP32 * params + OPTIMIZER_STEP_TENSORS * FP32 * params,
         outer_working=outer_step_working_bytes(s, params),
     )

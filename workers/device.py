@@ -37,10 +37,11 @@ def workers_sharing_device(environ: Mapping[str, str]) -> int:
 def memory_choice(cfg: Config, device: torch.device, environ: Mapping[str, str] | None = None) -> MemoryChoice:
     """In-flight count and activation checkpointing for this worker (noloco_rt.memory_fit):
     the budget is worker.memory_budget_gb, or the CUDA device's memory over the workers sharing it.
-    Your own model (model.factory) is not planned: the configured in-flight count or the default."""
-    if cfg.model.factory:
+    A model of your own code (model.factory) is not planned: the configured in-flight count or
+    the default; an hf:PATH model is, from its stages measured on fake tensors."""
+    if cfg.model.factory and not cfg.model.hf_folder:
         return MemoryChoice(max_inflight=cfg.pipeline.microbatches_per_step, activation_checkpointing=False,
-                            budget_bytes=None, peak_bytes=0, fits=True)
+                            budget_bytes=None, peak_bytes=None, fits=True)
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     budget = budget_bytes(cfg.worker.memory_budget_gb, device_type=device.type, device_total_bytes=total,
                           workers_sharing=workers_sharing_device(os.environ if environ is None else environ))

@@ -171,7 +171,8 @@ class StageWorker:
         """Our stage's replica on our device, built as the memory plan chose, compiled if asked."""
         (self.log.info if memory.fits else self.log.warning)(
             "memory_plan", max_inflight=memory.max_inflight, activation_checkpointing=memory.activation_checkpointing,
-            planned_peak_gb=round(memory.peak_bytes / 1e9, 2), reason=memory.reason)
+            planned_peak_gb=None if memory.peak_bytes is None else round(memory.peak_bytes / 1e9, 2),
+            reason=memory.reason)
         replica = initial_replica(self.cfg, self.stage, device=self.device, model=self.model)
         if self.cfg.model.init_from:  # what a user asked for is said to be used (a checkpoint or peer still wins)
             self.log.info("init_from_loaded", path=self.cfg.model.init_from, stage=self.stage,

@@ -10,6 +10,7 @@ import click
 
 from noloco_rt.cli import OneLineError, config_options
 from noloco_rt.commands import effective_config
+from noloco_rt.commands._model_option import check_model, model_name, model_option, model_value
 from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.training import ACTIVATION_CHECKPOINTING, PRECISIONS
@@ -20,6 +21,7 @@ from noloco_rt.memory_fit import (
     choose,
     compute_precision,
     fit_stages,
+    layer_count,
     plan_settings,
 )
 from noloco_rt.memory_plan import StageMemory, plan
@@ -68,7 +70,8 @@ def unit_for(stages: list[StageMemory]) -> tuple[str, int]:
 
 
 def describe(cfg: Config, device: str, choice: MemoryChoice) -> str:
-    return (f"preset {cfg.model.preset}, {cfg.pipeline.stages} stages, {cfg.data.batch_size} x {cfg.model.seq_len} "
+    measured = " (its stages measured on fake tensors)" if cfg.model.hf_folder else ""
+    return (f"{model_name(cfg)}{measured}, {cfg.pipeline.stages} stages, {cfg.data.batch_size} x {cfg.model.seq_len} "
             f"tokens a microbatch, vocabulary {cfg.model.vocab_size}, {device}, "
             f"{compute_precision(cfg.model.precision, device)} compute, wire {cfg.pipeline.wire_dtype}, codec {cfg.worker.snapshot_codec}\n{choice.reason}")
 
@@ -100,23 +103,29 @@ def print_plan(cfg: Config, device: str, choice: MemoryChoice) -> None:
               help="Where the workers compute: cuda counts device memory (host copies apart), cpu all of it.")
 @click.option("--fit-gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Find the fewest stages (and in-flight count, checkpointing) whose every worker fits this many GB.")
+@model_option
 @config_options
 def plan_command(config_path: str | None, assignments: tuple[str, ...], device: str, fit_gb: float | None,
-                 **flags: Any) -> None:
+                 model_factory: str | None, **flags: Any) -> None:
     """Memory of each stage's worker: weights, gradients, optimizer states, activations of the
-    microbatches in flight, exchange buffers, and the peak (docs/architecture.md, memory)."""
+    microbatches in flight, exchange buffers, and the peak (docs/architecture.md, memory).
+    A preset's is derived from its shape; an hf:PATH model's stages are measured."""
     cfg = effective_config(config_path, assignments, {
         "model": {"preset": flags["preset"], "seq_len": flags["seq_len"], "vocab_size": flags["vocab_size"],
-                  "precision": flags["precision"], "activation_checkpointing": flags["activation_checkpointing"]},
+                  "precision": flags["precision"], "activation_checkpointing": flags["activation_checkpointing"],
+                  "factory": model_value(model_factory)},
         "data": {"batch_size": flags["micro_batch"]},
         "pipeline": {"stages": flags["stages"], "max_inflight": flags["max_inflight"]},
         "worker": {"memory_budget_gb": flags["memory_gb"]},
     })
+    if cfg.model.factory and not cfg.model.hf_folder:
+        raise OneLineError(f"{model_name(cfg)} is code of your own: its memory cannot be planned (hf:PATH and the "
+                           "presets can); a worker runs it with pipeline.max_inflight, or 4")
+    check_model(cfg)
     if fit_gb is not None:
         fit = fit_stages(cfg, device_type=device, budget=int(fit_gb * GB))
         if fit is None:
-            layers = PRESETS[cfg.model.preset].n_layers
-            raise OneLineError(f"preset {cfg.model.preset} does not fit {fit_gb:g} GB a worker even on {layers} "
+            raise OneLineError(f"{model_name(cfg)} does not fit {fit_gb:g} GB a worker even on {layer_count(cfg)} "
                                "stages (one layer each) with 1 microbatch in flight: lower --micro-batch or --seq-len")
         click.echo(f"fits {fit_gb:g} GB a worker on {fit.stages} stages\n")
         cfg = fit_config(cfg, fit.stages)

@@ -106,7 +106,8 @@ class ModelConfig:
     "hf:PATH", a transformers causal-LM folder (config.json, weights optional) staged
     from transformers' own modules on the run's token data.
     Every worker and the coordinator import it, so it must be importable where they run.
-    preset, init_from and the memory planning do not apply to it."""
+    preset, init_from and activation checkpointing do not apply to it; the memory planning
+    (pipeline.max_inflight = 0, `noloco-rt plan`) does to hf:PATH, whose stages it measures."""
 
     @property
     def hf_folder(self) -> str | None:

@@ -55,7 +55,7 @@ class HFStage(nn.Module):
             hidden = hidden + getattr(base, family.position_embed)(positions)
         if self.first and family.embed_dropout:
             hidden = getattr(base, family.embed_dropout)(hidden)
-        masks = {kind: _mask(kind, self.config, hidden, positions) for kind in set(self.layer_kinds.values())}
+        masks = self.masks(hidden, positions)
         extra: dict[str, Any] = {}
         if family.rotary:
             extra = {"position_embeddings": getattr(base, family.rotary)(hidden, positions), "position_ids": positions}
@@ -65,6 +65,11 @@ class HFStage(nn.Module):
             return hidden
         hidden = getattr(base, family.norm)(hidden)
         return getattr(self, family.head)(hidden)
+
+
+    def masks(self, hidden: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
+        """Each attention kind's mask (noloco_rt.hf_model.memory swaps this while it measures)."""
+        return {kind: _mask(kind, self.config, hidden, positions) for kind in set(self.layer_kinds.values())}
 
 
 def _attention_kind(config: Any, index: int) -> str:
