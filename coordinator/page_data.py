@@ -5,6 +5,7 @@ readings (arrivals, departures, restarts, checkpoint failures). Pure: no I/O, no
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -45,8 +46,14 @@ def stage_summaries(members: Sequence[Any], restarts: Mapping[str, int]) -> list
 
 def stage_workers(members: Sequence[Any], stage: int, restarts: Mapping[str, int], *,
                   now: float, limit: int = DETAIL_ROWS) -> dict[str, Any]:
-    """The workers of one stage by name, at most `limit` of them, and how many more there are."""
-    group = sorted((m for m in members if int(m.stage) == stage), key=lambda m: (m.name, m.worker_id))
+    """The workers of one stage, at most `limit` of them, and how many more there are: those
+    that need a look first (not online, failed checkpoint writes, restarts), then by name
+    with its numbers in order (s0-r2 before s0-r10)."""
+    def order(m: Any) -> tuple[Any, ...]:
+        troubled = m.state.value != "ONLINE" or int(m.checkpoint_failed) > 0 or restarts.get(m.name, 0) > 0
+        return not troubled, _natural(m.name or m.worker_id), m.worker_id
+
+    group = sorted((m for m in members if int(m.stage) == stage), key=order)
     rows = [{"name": m.name or m.worker_id, "worker": m.worker_id, "state": m.state.value,
              "step": int(m.inner_step), "outer_step": int(m.outer_step), "loss": m.loss,
              "tokens_per_s": round(float(m.tokens_per_s), 1), "restarts": restarts.get(m.name, 0),
@@ -83,6 +90,11 @@ def changes(before: Mapping[str, Any], after: Mapping[str, Any],
         else:
             events.append(("vanished", member.name, f"{_label(member)} vanished (its record expired: killed or cut off)"))
     return events
+
+
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A name's sort key with its digit runs as numbers."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
 
 
 def _label(member: Any) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -46,6 +48,11 @@ def test_stage_rows_aggregate_what_a_thousand_workers_would_not_fit():
     detail = stage_workers(many, 0, {}, now=103.0, limit=200)
     assert len(detail["workers"]) == 200 and detail["more"] == 800
     assert detail["workers"][0]["name"] == "s0-r0" and detail["workers"][0]["heartbeat_age_s"] == 3.0
+    assert [w["name"] for w in detail["workers"][:3]] == ["s0-r0", "s0-r1", "s0-r2"]  # not s0-r10 after s0-r1
+    many[500] = member("w500", "s0-r500", 0, failed=2)
+    many[700] = member("w700", "s0-r700", 0, state=WorkerState.JOINING)
+    first = [w["name"] for w in stage_workers(many, 0, {"s0-r900": 1}, now=103.0, limit=200)["workers"][:4]]
+    assert first == ["s0-r500", "s0-r700", "s0-r900", "s0-r0"]  # those that need a look come first
 
 
 def test_changes_name_joins_departures_restarts_and_failed_checkpoints():
@@ -129,6 +136,47 @@ def test_the_routes_answer_the_page_and_refuse_the_rest_over_http():
         assert posted.value.code == 501
     finally:
         server.stop()
+
+
+def test_a_thousand_workers_stay_readable_in_a_real_browser():
+    """1,000 workers in 4 stages: the page's data stays a few kilobytes (a row per stage), and
+    a real browser draws 4 rows and, for the stage the address opens (#stage=2), its first
+    200 workers and how many more there are."""
+    from tests.browser import ARTIFACTS, browser, render
+
+    page = RunPage("big")
+    now = time.time()
+    members = [member(f"w{i}", f"s{i % 4}-r{i // 4}", i % 4, step=100 + i % 7, loss=3.0 + (i % 10) / 10,
+                      matched=i % 3, heartbeat=now - i % 5) for i in range(1000)]
+    members[998] = member("w998", "s2-r249", 2, failed=1, heartbeat=now)  # the last by name, shown first
+    page.refresh(members, now=now)
+    for step in range(0, 5000, 10):
+        page.add_point("val_loss", step, 5.0 - step / 2000)
+        page.add_point("spread", step, 1e-3 + step * 1e-7)
+    server = StatusServer("127.0.0.1", 0, status_json=lambda: {"final": None}, registry=CollectorRegistry(), page=page)
+    server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        with urllib.request.urlopen(f"{base}/page/data", timeout=5) as reply:
+            body = reply.read()
+        data = json.loads(body)
+        assert data["workers"] == 1000 and [row["workers"] for row in data["stages"]] == [250] * 4
+        points = len(data["curves"]["val_loss"]) + len(data["curves"]["spread"])
+        assert len(body) - 40 * points < 8000, len(body)  # beside the curves' points: the 4 rows, not 1,000
+        if browser() is None:
+            print("SKIPPED the browser part: no chromium here (make test installs it where it can: root and apt)")
+            return
+        dom = render(f"{base}/#stage=2", screenshot=ARTIFACTS / "live_page_1000_workers.png")
+    finally:
+        server.stop()
+    assert 'data-loaded="yes"' in dom and "1000 workers in 4 stages" in dom, dom[-3000:]
+    assert dom.count('<tr data-stage="') == 4
+    detail = dom[dom.index('id="workers"'):]
+    detail = detail[:detail.index("</table>")]
+    assert detail.count("<tr>") == 200 + 1 and "s0-r0" not in detail  # the header row too
+    names = re.findall(r"<tr><td>(s\d-r\d+)</td>", detail)
+    assert names[:3] == ["s2-r249", "s2-r0", "s2-r1"] and len(names) == 200, names[:5]
+    assert "and 50 more" in dom
 
 
 def test_the_coordinators_host_flag_chooses_where_its_port_listens(monkeypatch):

@@ -1,9 +1,11 @@
 // The live page of a noloco-rt run: polls page/data every 2 s, draws per-stage rows, two
-// curves and recent events; a stage's workers are fetched when its row is clicked. No
-// library and no network beyond this coordinator: the page works offline.
+// curves and recent events; a stage's workers are fetched when its row is clicked (or the
+// address ends in #stage=K, which a click sets: a link to it opens it). No library and no
+// network beyond this coordinator: the page works offline.
 "use strict";
 const REFRESH_MS = 2000;
-let openStage = null;
+const asked = /^#stage=(\d+)$/.exec(window.location.hash);
+let openStage = asked ? Number(asked[1]) : null;
 
 function cell(text) { const td = document.createElement("td"); td.textContent = text; return td; }
 function fmt(value, digits) { return value === null || value === undefined ? "–" : Number(value).toFixed(digits); }
@@ -22,7 +24,7 @@ function drawStages(rows) {
                         [kinds.matched, kinds.partial, kinds.local, kinds.dropped_late, kinds.failed].join(" / ")]) {
       tr.appendChild(cell(text));
     }
-    tr.addEventListener("click", () => { openStage = row.stage; loadStage(); });
+    tr.addEventListener("click", () => { openStage = row.stage; window.location.hash = `stage=${row.stage}`; loadStage(); });
     return tr;
   }));
 }
