@@ -44,8 +44,8 @@ def real_microbatch(cfg, stage: int, sequences: int, precision: str) -> tuple[in
         return kept, tracker.peak_bytes
 
 
-@pytest.mark.parametrize(("family", "precision"), [("llama", "float32"), ("llama", "bfloat16"),
-                                                   ("gpt2", "float32"), ("mistral", "bfloat16")])
+@pytest.mark.parametrize(("family", "precision"), [("llama", "bfloat16"), ("gpt2", "float32"),
+                                                   ("mistral", "bfloat16")])
 def test_a_stages_measured_bytes_equal_a_real_run_at_another_batch_size(tmp_path, family, precision) -> None:
     """Measured on fake tensors at the run's 3 sequences (and 4, for the slope), equal to the
     byte what real tensors keep and peak at; 5 sequences, extrapolated, too (mistral's window
@@ -64,10 +64,12 @@ def test_a_stages_measured_bytes_equal_a_real_run_at_another_batch_size(tmp_path
     assert [s.layers for s in stages] == [2, 2] and stages[0].width == 32
 
 
-@pytest.mark.parametrize(("family", "stage"), [("llama", 0), ("llama", 1), ("gpt2", 0), ("gpt2", 1)])
+@pytest.mark.parametrize(("family", "stage"), [("llama", 0), ("gpt2", 1)])
 def test_planned_peak_of_an_hf_stage_is_within_15_percent_of_a_real_replicas(tmp_path, family, stage) -> None:
     """A real replica of the stage over an outer period (benchmarks/memory_plan.py): four
-    microbatches held, their backwards, the optimizer step, the exchange's buffers."""
+    microbatches held, their backwards, the optimizer step, the exchange's buffers (stage 0
+    holds four microbatches, the last stage one with its loss; every family and stage at a
+    larger size: benchmarks/README.md)."""
     write_folder(tmp_path / family, family)
     cfg = hf_config(str(tmp_path / family), device=torch.device("cpu"), seq_len=64, micro_batch=4, max_inflight=4)
     s = plan_settings(cfg, device_type="cpu", max_inflight=4, activation_checkpointing=False)
