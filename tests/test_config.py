@@ -53,7 +53,7 @@ def test_environment_types_and_lists():
     ({"NOLOCO_DATA_SOURCE": "files"}, "data.paths", "[]", "needs at least one"),
     ({"NOLOCO_OUTER_NOPE": "1"}, "outer.nope", "'1'", "unknown field"),
     ({"NOLOCO_ROUTING_SIMULATION": "round-robin"}, "routing.simulation", "'round-robin'",
-     "balanced, balanced-sequence, fixed, p2c, random"),
+     "balanced, balanced-sequence, local, fixed, p2c, random"),
     ({"NOLOCO_DATA_MICROBATCHES": "2"}, "data.microbatches", "'2'", "set pipeline.max_inflight"),
     ({"NOLOCO_OPTIM_WARMUP_FRACTION": "1.5"}, "optim.warmup_fraction", "1.5", "[0, 1)"),
     ({"NOLOCO_COORDINATOR_SPREAD_SAMPLE": "1"}, "coordinator.spread_sample", "= 1", ">= 2"),

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from noloco_rt.simulation.paths import site_of
 from noloco_rt.simulation.step_routes import group_by_path, plan_step
 
 
@@ -42,6 +43,31 @@ def test_balanced_plans_give_every_replica_batch_size_times_microbatches_sequenc
     # a pass's mean loss times its weight gives each of its sequences the coefficient
     # 1/share, so a replica's summed gradient is the mean over the share it processed
     assert all(hop.loss_weight / len(hop.rows) == pytest.approx(1 / share) for hop in plan.hops)
+
+
+@given(sites=st.integers(1, 3), per_site=st.integers(1, 4), stages=st.integers(1, 4), microbatches=st.integers(1, 4),
+       far_share=st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]), seed=st.integers(0, 10**6))
+def test_local_plans_are_balanced_and_cross_sites_at_the_asked_share(sites, per_site, stages, microbatches,
+                                                                     far_share, seed):
+    replicas = sites * per_site
+    plan = plan_step("local", replicas=replicas, stages=stages, microbatches=microbatches, batch_size=2,
+                     rng=random.Random(seed), sites=sites, far_share=far_share)
+    for counts in _sequences_per_replica(plan, stages):
+        assert counts == {r: 2 * microbatches for r in range(replicas)}
+    assert plan.grads_are_means and all(hop.path[0] == hop.origin for hop in plan.hops)
+    per_hop = sites * round(far_share * per_site * microbatches) if sites > 1 else 0
+    for stage in range(1, stages):
+        crossed = sum(site_of(hop.path[stage], replicas, sites) != site_of(hop.path[stage - 1], replicas, sites)
+                      for hop in plan.hops)
+        assert crossed == per_hop
+
+
+def test_local_routing_refuses_unequal_sites_and_a_share_outside_0_1():
+    with pytest.raises(ValueError, match="do not split into 3 equal sites"):
+        plan_step("local", replicas=4, stages=2, microbatches=1, batch_size=1, rng=random.Random(0), sites=3)
+    with pytest.raises(ValueError, match="far_share must be in"):
+        plan_step("local", replicas=4, stages=2, microbatches=1, batch_size=1, rng=random.Random(0), sites=2,
+                  far_share=1.5)
 
 
 def test_per_sequence_plans_split_microbatches():

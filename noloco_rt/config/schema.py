@@ -43,6 +43,9 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:
+        if self.routing.simulation == "local":
+            require(self.pipeline.replicas % self.routing.sites == 0, "routing", "sites", self.routing.sites,
+                    f"must divide pipeline.replicas = {self.pipeline.replicas} (equal sites)")
         if self.model.factory:  # your own model: its StagedModel says how many stages it has
             return
         layers = PRESETS[self.model.preset].n_layers

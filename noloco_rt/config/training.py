@@ -25,7 +25,7 @@ METHODS = ("noloco", "diloco", "local", "ddp", "adam")
 OUTER_PAIRINGS = ("matched", "ready", "random-peer")
 OVERLAP_CORRECTIONS = ("provisional", "deferred")
 ROUTING_POLICIES = ("balanced", "p2c", "random")
-SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "fixed", "p2c", "random")
+SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "local", "fixed", "p2c", "random")
 DATA_SOURCES = ("stdlib", "files", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 LOG_FORMATS = ("auto", "json", "console")
@@ -370,9 +370,21 @@ class RoutingConfig:
     replica exactly B (pipeline.max_inflight) microbatches per step; balanced-sequence: the
     same per sequence (the authors' granularity), every replica gets exactly batch_size · B
     sequences; fixed: replica i of stage 0 always feeds replica i of every later stage (no
-    routing, the paper's ablation); p2c / random: each microbatch hops as workers route it,
-    so a replica that receives nothing skips its inner step (kept for comparison)."""
+    routing, the paper's ablation); local: balanced, with each stage's replicas split into
+    routing.sites equal sites and only routing.far_share of the microbatches leaving their
+    site at each hop (two sites joined by a slow link); p2c / random: each microbatch hops as
+    workers route it, so a replica that receives nothing skips its inner step (kept for
+    comparison)."""
+    sites: int = 1
+    """The simulator's sites for routing.simulation = local: each stage's replicas split into
+    this many equal groups (pipeline.replicas must divide evenly)."""
+    far_share: float = 0.5
+    """routing.simulation = local: the share of microbatches sent to another site at each hop
+    (two sites: 0.5 is what balanced routing crosses; 0 keeps every site to itself between
+    outer steps)."""
 
     def __post_init__(self) -> None:
         require_choice("routing", "policy", self.policy, ROUTING_POLICIES)
         require_choice("routing", "simulation", self.simulation, SIMULATION_ROUTINGS)
+        require(self.sites >= 1, "routing", "sites", self.sites, "must be >= 1")
+        require(0.0 <= self.far_share <= 1.0, "routing", "far_share", self.far_share, "must be in [0, 1]")

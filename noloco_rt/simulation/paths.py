@@ -31,6 +31,46 @@ def balanced_routes(replicas: int, stages: int, per_replica: int, rng: random.Ra
     return paths
 
 
+def site_of(replica: int, replicas: int, sites: int) -> int:
+    """The site of a replica when a stage's replicas are split into `sites` equal, contiguous
+    groups (replicas 0..R/S-1 at site 0, and so on)."""
+    return replica * sites // replicas
+
+
+def local_routes(replicas: int, stages: int, per_replica: int, rng: random.Random, *, sites: int,
+                 far_share: float) -> list[Path]:
+    """balanced_routes over `sites` equal groups of replicas, most units staying in their site.
+
+    At every hop, each site sends round(far_share · its units) of them, chosen at random, to
+    one other site (the same offset for every site this hop, drawn from rng, so each site also
+    receives as many as it sends); the rest stay. Within a site, one permutation of what it
+    holds deals the units to its replicas, so every replica of every stage still receives
+    exactly per_replica units. far_share = 1 - 1/sites is about what uniform routing crosses;
+    0 cuts the sites apart between outer steps."""
+    if sites < 1 or replicas % sites:
+        raise ValueError(f"{replicas} replicas do not split into {sites} equal sites")
+    if not 0.0 <= far_share <= 1.0:
+        raise ValueError(f"far_share must be in [0, 1], got {far_share}")
+    per_site = replicas // sites
+    units = replicas * per_replica
+    crossing = round(far_share * per_site * per_replica) if sites > 1 else 0
+    paths = [[k // per_replica] for k in range(units)]
+    for _ in range(1, stages):
+        offset = rng.randrange(1, sites) if sites > 1 else 0
+        arriving: list[list[int]] = [[] for _ in range(sites)]
+        for site in range(sites):
+            held = [k for k in range(units) if site_of(paths[k][-1], replicas, sites) == site]
+            far = set(rng.sample(held, crossing))
+            arriving[(site + offset) % sites].extend(k for k in held if k in far)
+            arriving[site].extend(k for k in held if k not in far)
+        for site, held in enumerate(arriving):
+            slots = list(range(len(held)))
+            rng.shuffle(slots)
+            for k, slot in zip(held, slots, strict=True):
+                paths[k].append(site * per_site + slot // per_replica)
+    return paths
+
+
 def fixed_routes(replicas: int, stages: int, per_replica: int) -> list[Path]:
     """Paths of one inner step without routing: unit k of stage-0 replica i stays on replica
     i at every stage, so each column of the pipeline trains alone between outer steps (the

@@ -137,7 +137,8 @@ class Simulation:
         cfg = self.cfg
         return plan_step(cfg.routing.simulation, replicas=cfg.pipeline.replicas, stages=cfg.pipeline.stages,
                          microbatches=cfg.pipeline.microbatches_per_step, batch_size=cfg.data.batch_size,
-                         rng=step_rng(cfg.run.seed, self.step, "route"))
+                         rng=step_rng(cfg.run.seed, self.step, "route"), sites=cfg.routing.sites,
+                         far_share=cfg.routing.far_share)
 
     def accumulate(self, plan: StepPlan) -> float:
         """Every pass of `plan`, gradients summed into the replicas it crossed; returns the

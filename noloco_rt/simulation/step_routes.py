@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from noloco_rt.config import SIMULATION_ROUTINGS
-from noloco_rt.simulation.paths import Path, balanced_routes, fixed_routes, load_aware_routes
+from noloco_rt.simulation.paths import (
+    Path,
+    balanced_routes,
+    fixed_routes,
+    load_aware_routes,
+    local_routes,
+)
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,9 @@ def group_by_path(paths: Sequence[Path]) -> list[tuple[tuple[int, ...], tuple[in
 
 
 def plan_step(routing: str, *, replicas: int, stages: int, microbatches: int, batch_size: int,
-              rng: random.Random) -> StepPlan:
+              rng: random.Random, sites: int = 1, far_share: float = 0.0) -> StepPlan:
     """The passes of one inner step, stage-0 replicas in order, each feeding `microbatches`
-    microbatches of `batch_size` sequences."""
+    microbatches of `batch_size` sequences (`sites` and `far_share`: routing local's)."""
     if routing not in SIMULATION_ROUTINGS:
         raise ValueError(f"unknown simulator routing {routing!r}; expected one of {', '.join(SIMULATION_ROUTINGS)}")
     share = microbatches * batch_size  # sequences every replica of every stage processes per step
@@ -66,11 +72,13 @@ def plan_step(routing: str, *, replicas: int, stages: int, microbatches: int, ba
         return StepPlan(hops=hops, grads_are_means=True)
     if routing == "balanced":
         paths = balanced_routes(replicas, stages, microbatches, rng)
+    elif routing == "local":
+        paths = local_routes(replicas, stages, microbatches, rng, sites=sites, far_share=far_share)
     elif routing == "fixed":
         paths = fixed_routes(replicas, stages, microbatches)
     else:  # p2c or random: the workers' policies
         paths = load_aware_routes(replicas, stages, microbatches, rng, routing)
-    balanced = routing in ("balanced", "fixed")  # every replica gets exactly its share
+    balanced = routing in ("balanced", "local", "fixed")  # every replica gets exactly its share
     all_rows = tuple(range(batch_size))
     hops = [Hop(k // microbatches, k % microbatches, tuple(path), all_rows,
                 loss_weight=1.0 / microbatches if balanced else 1.0) for k, path in enumerate(paths)]
