@@ -115,3 +115,53 @@ def test_the_deal_sends_a_step_to_both_peers_and_passes_over_a_slow_one():
     view.blacklist.fail("a")
     view.blacklist.fail("b")
     assert view.deal_next_hop(1, deal.slot(7)) == (None, False)
+
+
+class TwoSites:
+    """Stage 0: us ("me", site x) and "o" (site y); stage 1: a and b at site x, c and d at y."""
+
+    SITES = {"me": "x", "o": "y", "a": "x", "b": "x", "c": "y", "d": "y"}
+
+    def view(self, stage):
+        names = ("me", "o") if stage == 0 else ("a", "b", "c", "d")
+        return [MemberRecord(worker_id=w, run_id="r", stage=stage, data_addr=f"tcp://{w}:1", exchange_addr="",
+                             state=WorkerState.ONLINE, site=self.SITES[w]) for w in names]
+
+
+def test_a_worker_that_names_its_site_deals_most_microbatches_inside_it():
+    from collections import Counter
+
+    from noloco_rt.routing.balanced import DealSlot
+
+    view = PeerView(TwoSites(), own_id="me", rng=random.Random(0))
+    assert view.rank(0) == 0 and view.rank(0, site="x") == 0 and view.rank(1, site="y") == 2
+
+    def deal(far_share: float, steps: int = 500) -> Counter:
+        return Counter(view.deal_next_hop(1, DealSlot(seed=3, stage=0, step=step, sender_rank=0, per_sender=4,
+                                                      index=index), site="x", far_share=far_share)[0].worker_id
+                       for step in range(steps) for index in range(4))
+
+    kept = deal(0.0)
+    assert set(kept) == {"a", "b"} and kept["a"] == kept["b"] == 1000  # the site's two, evenly
+    mixed = deal(0.1)
+    far = mixed["c"] + mixed["d"]
+    assert 140 <= far <= 260 and min(mixed.values()) > 0, mixed  # 10 % of 2,000 leave the site
+    assert abs(mixed["a"] - mixed["b"]) < 150 and abs(mixed["c"] - mixed["d"]) < 80
+    assert set(deal(1.0, steps=20)) == {"c", "d"}
+    anywhere = Counter(view.deal_next_hop(1, DealSlot(seed=3, stage=0, step=step, sender_rank=0, per_sender=4,
+                                                      index=0))[0].worker_id for step in range(400))
+    assert set(anywhere) == {"a", "b", "c", "d"}  # no site named: all four
+    nowhere = Counter(view.deal_next_hop(1, DealSlot(seed=3, stage=0, step=step, sender_rank=0, per_sender=4,
+                                                     index=0), site="z", far_share=0.0)[0].worker_id
+                      for step in range(400))
+    assert set(nowhere) == {"a", "b", "c", "d"}  # a site with no next-stage worker deals among all
+
+
+def test_a_member_record_carries_its_site_and_a_bad_one_is_refused():
+    record = MemberRecord(worker_id="w", run_id="r", stage=0, data_addr="tcp://127.0.0.1:1",
+                          exchange_addr="tcp://127.0.0.1:2", state=WorkerState.ONLINE, site="eu-west-1a")
+    assert MemberRecord.from_fields(record.to_fields()).site == "eu-west-1a"
+    assert MemberRecord.from_json(record.to_json()) == record
+    for bad in ("a b", "x" * 64, "site\n"):
+        with pytest.raises(ValueError, match="site"):
+            MemberRecord.from_fields({**record.to_fields(), "site": bad})

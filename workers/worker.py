@@ -198,7 +198,7 @@ class StageWorker:
                             # The cluster key (the same for all): shows operators which key a worker runs with.
                             public_key=self.data.curve.public_key.decode() if self.data.curve else "",
                             heartbeat_time=time.time(), name=self.name,
-                            metrics_addr=self.metrics_addr, **asdict(self.progress()))
+                            metrics_addr=self.metrics_addr, site=self.cfg.worker.site, **asdict(self.progress()))
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -1,8 +1,14 @@
-"""The snapshot codecs and the data path's wire dtypes by name, apart from their implementation.
+"""The snapshot codecs and the data path's wire dtypes by name, apart from their implementation,
+and the form of a worker's site label (worker.site, checked again in every member record).
 
 The config validates worker.snapshot_codec against this list, and the config is read by
 every command; keeping the names here spares that path numpy, torch and zstandard.
 """
+
+import re
+
+SITE_PATTERN = re.compile(r"[A-Za-z0-9._-]{0,63}")
+"""worker.site: empty, or a short label (fullmatch)."""
 
 SNAPSHOT_CODECS = ("raw", "zstd", "shuffle-zstd", "bf16-shuffle-zstd", "int8-zstd", "int4-zstd", "int2-zstd")
 """Codecs of a whole state (θ, or φ and Δ): worker.snapshot_codec."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from noloco_rt.config.choices import DELTA_CODECS, SNAPSHOT_CODECS
+from noloco_rt.config.choices import DELTA_CODECS, SITE_PATTERN, SNAPSHOT_CODECS
 from noloco_rt.config.errors import require, require_choice
 from noloco_rt.config.redaction import redact_url
 
@@ -197,6 +197,12 @@ class WorkerConfig:
     fault_slowdown: float = 1.0
     """FAULT INJECTION, for tests and chaos runs only: a slower GPU. After each inner step
     the worker idles (factor - 1) times that step's duration (1.0: off)."""
+    site: str = ""
+    """Where this worker runs (a data centre, region or cloud zone: letters, digits, '.', '_'
+    and '-', at most 63). Workers that name their sites keep most microbatches among the next
+    stage's workers of their own site and send routing.far_share of them to other sites, so
+    fewer bytes cross the slow links between sites (balanced routing only). Empty: no site,
+    every worker is as near as any."""
     count_host_reads: bool = False
     """DIAGNOSTIC: count the training thread's reads of device values (each a host
     synchronisation on a GPU) and log them as host_reads on every train_progress line, the
@@ -225,6 +231,8 @@ class WorkerConfig:
         # Below a dial-up modem's rate the deadlines it implies run to days: a typo, not a link.
         require(math.isfinite(self.min_bandwidth_mbit_s) and self.min_bandwidth_mbit_s >= MIN_BANDWIDTH_MBIT_S,
                 "worker", "min_bandwidth_mbit_s", self.min_bandwidth_mbit_s, f"must be >= {MIN_BANDWIDTH_MBIT_S}")
+        require(SITE_PATTERN.fullmatch(self.site) is not None, "worker", "site", self.site,
+                "must be at most 63 letters, digits, '.', '_' or '-'")
         require(0 <= self.left_exit_code <= 125, "worker", "left_exit_code", self.left_exit_code,
                 "must be an exit status in [0, 125]")
         require(math.isfinite(self.memory_budget_gb) and self.memory_budget_gb >= 0, "worker", "memory_budget_gb",

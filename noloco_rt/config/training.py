@@ -379,9 +379,10 @@ class RoutingConfig:
     """The simulator's sites for routing.simulation = local: each stage's replicas split into
     this many equal groups (pipeline.replicas must divide evenly)."""
     far_share: float = 0.5
-    """routing.simulation = local: the share of microbatches sent to another site at each hop
-    (two sites: 0.5 is what balanced routing crosses; 0 keeps every site to itself between
-    outer steps)."""
+    """The share of microbatches sent to another site at each hop: by workers that name their
+    site (worker.site), and by the simulator's local routing. Two sites: 0.5 is what balanced
+    routing crosses anyway; 0 keeps every site to itself between outer steps, so only the
+    outer exchange mixes them."""
 
     def __post_init__(self) -> None:
         require_choice("routing", "policy", self.policy, ROUTING_POLICIES)

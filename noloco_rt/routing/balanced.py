@@ -8,6 +8,11 @@ the U senders together fill U·B consecutive slots, so every receiver gets ⌊U�
 ⌈U·B/R⌉ of the step's microbatches, and π changes every step so that who feeds whom is mixed.
 Views that differ for a moment (a join, a death) only make the deal a little uneven.
 
+Workers that name their site (worker.site) deal within it: each slot leaves the site with
+probability far_share (a coin seeded by the slot), and is otherwise dealt among the next
+stage's workers of the sender's own site, the sender ranked among its site's workers; a
+site without next-stage workers, or a far slot with no other site live, deals among all.
+
 A dealt worker that has become slow (its expected cost several times the cheapest
 candidate's: a straggler, a stopped process, a link that degraded) is passed over for the
 load-aware choice, so balance never waits on a bad worker.
@@ -61,6 +66,15 @@ def step_permutation(seed: int, stage: int, step: int, receivers: int) -> tuple[
     order = list(range(receivers))
     random.Random(f"route:{seed}:{stage}:{step}").shuffle(order)
     return tuple(order)
+
+
+def goes_far(slot: DealSlot, far_share: float) -> bool:
+    """Whether this slot's microbatch leaves its sender's site: seeded by the slot, so that a
+    stage's senders cross at far_share on average and a slot decides alike every time."""
+    if far_share <= 0.0 or far_share >= 1.0:
+        return far_share >= 1.0
+    coin = random.Random(f"far:{slot.seed}:{slot.stage}:{slot.step}:{slot.sender_rank}:{slot.index}")
+    return coin.random() < far_share
 
 
 def balanced_next_hop(candidates: Sequence[tuple[PeerId, float]], slot: DealSlot, rng: random.Random, *,

@@ -6,6 +6,7 @@ with exponential backoff, even while Redis still lists it.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.refresher import ViewRefresher
-from noloco_rt.routing.balanced import DealSlot, balanced_next_hop
+from noloco_rt.routing.balanced import DealSlot, balanced_next_hop, goes_far
 from noloco_rt.routing.next_hop import next_hop_costs, route_next_hop
 from noloco_rt.routing.peer_load import PeerLoad
 
@@ -98,19 +99,30 @@ class PeerView:
             return None
         return self._by_id(candidates)[route_next_hop(self._costs(candidates), self.rng, policy)]
 
-    def deal_next_hop(self, stage: int, slot: DealSlot) -> tuple[MemberRecord | None, bool]:
+    def deal_next_hop(self, stage: int, slot: DealSlot, *, site: str = "",
+                      far_share: float = 1.0) -> tuple[MemberRecord | None, bool]:
         """(the worker of `stage` the balanced deal gives `slot` to, passed_over): when the
-        dealt worker is slow, the p2c choice with passed_over True; (None, False) if none is live."""
+        dealt worker is slow, the p2c choice with passed_over True; (None, False) if none is live.
+        With our `site` named, the slot is dealt within it, or with probability `far_share`
+        among the other sites' workers (routing/balanced.py)."""
         candidates = self.members(stage)
         if not candidates:
             return None, False
+        if site:
+            far = goes_far(slot, far_share)
+            pool = [r for r in candidates if (r.site == site) != far]
+            if pool:
+                candidates = pool
+                if not far:  # our place among our site's senders
+                    slot = dataclasses.replace(slot, sender_rank=self.rank(slot.stage, site=site))
         chosen, passed_over = balanced_next_hop(self._costs(candidates), slot, self.rng)
         return self._by_id(candidates)[chosen], passed_over
 
-    def rank(self, stage: int) -> int:
-        """Our index among `stage`'s live workers sorted by id, us included (where a sender's
-        microbatches start in the deal)."""
-        return sorted({self.own_id, *(r.worker_id for r in self.views.view(stage))}).index(self.own_id)
+    def rank(self, stage: int, *, site: str | None = None) -> int:
+        """Our index among `stage`'s live workers (of `site` only, when given) sorted by id, us
+        included (where a sender's microbatches start in the deal)."""
+        ids = {r.worker_id for r in self.views.view(stage) if site is None or r.site == site}
+        return sorted({self.own_id, *ids}).index(self.own_id)
 
     def _costs(self, candidates: list[MemberRecord]) -> list[tuple[str, float]]:
         """Cost from what this worker observed itself; the advertised depth is only a hint."""

@@ -63,7 +63,8 @@ class Downstream:
         if policy != "balanced" or exclude or origin_step is None:
             return ctx.peers.choose_next_hop(self.next_stage, "p2c" if policy == "balanced" else policy,
                                              exclude=exclude)
-        peer, passed_over = ctx.peers.deal_next_hop(self.next_stage, self._deal.slot(origin_step))
+        peer, passed_over = ctx.peers.deal_next_hop(self.next_stage, self._deal.slot(origin_step),
+                                                    site=ctx.cfg.worker.site, far_share=ctx.cfg.routing.far_share)
         if peer is not None:
             self._deal.taken(origin_step)
             ctx.counters.route_passed_over += passed_over
