@@ -38,8 +38,8 @@ peak is checked within 15 % by tests/test_memory_plan.py.
 A model the formulas do not know (`--model hf:PATH`) comes in measured instead: each stage
 run on fake tensors (shapes, no data: noloco_rt.hf_model.memory) at the run's microbatch and
 one sequence more, which gives what one microbatch keeps and the peak of its first backward
-as a part fixed per microbatch and a part per sequence (MeasuredStage). The weights, optimizers and exchange are the same
-arithmetic on its parameter count.
+as a part fixed per microbatch and a part per sequence (MeasuredStage). The weights,
+optimizers and exchange are the same arithmetic on its parameter count.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ whatever its size (autocast's weight casts) from what grows with its sequences: 
 run's size (a batch of one can skip a copy, so sizes are not exactly linear from there), and
 the fake run's bytes equal a real run's (tests/test_hf_memory.py).
 
-The forward runs on fake CPU tensors, so bfloat16 is CPU autocast's choice of casts; a CUDA
-worker's attention kernels save the same output and log-sum-exp, its autocast casts a few
-more ops.
+The forward runs on fake CPU tensors, so the kernels and bfloat16 casts are the CPU's: a CUDA
+worker's attention kernels and autocast may keep a little more or less (not yet measured on
+a GPU).
 """
 
 from __future__ import annotations

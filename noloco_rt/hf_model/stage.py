@@ -66,7 +66,6 @@ class HFStage(nn.Module):
         hidden = getattr(base, family.norm)(hidden)
         return getattr(self, family.head)(hidden)
 
-
     def masks(self, hidden: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
         """Each attention kind's mask (noloco_rt.hf_model.memory swaps this while it measures)."""
         return {kind: _mask(kind, self.config, hidden, positions) for kind in set(self.layer_kinds.values())}

@@ -100,7 +100,7 @@ class PeerView:
         return self._by_id(candidates)[route_next_hop(self._costs(candidates), self.rng, policy)]
 
     def deal_next_hop(self, stage: int, slot: DealSlot, *, site: str = "",
-                      far_share: float = 1.0) -> tuple[MemberRecord | None, bool]:
+                      far_share: float = 0.5) -> tuple[MemberRecord | None, bool]:
         """(the worker of `stage` the balanced deal gives `slot` to, passed_over): when the
         dealt worker is slow, the p2c choice with passed_over True; (None, False) if none is live.
         With our `site` named, the slot is dealt within it, or with probability `far_share`
