@@ -59,6 +59,7 @@ def test_environment_types_and_lists():
     ({"NOLOCO_COORDINATOR_SPREAD_SAMPLE": "1"}, "coordinator.spread_sample", "= 1", ">= 2"),
     ({"NOLOCO_MODEL_COMPILE": "yes"}, "model.compile", "'yes'", "auto, on, off"),
     ({"NOLOCO_WORKER_SITE": "eu west"}, "worker.site", "'eu west'", "at most 63 letters"),
+    ({"NOLOCO_WORKER_PEER_BACKOFF_MAX_S": "0.5"}, "worker.peer_backoff_max_s", "0.5", ">= 1 second"),
     ({"NOLOCO_ROUTING_FAR_SHARE": "1.5"}, "routing.far_share", "1.5", "[0, 1]"),
     ({"NOLOCO_ROUTING_SIMULATION": "local", "NOLOCO_ROUTING_SITES": "3"}, "routing.sites", "3",
      "must divide pipeline.replicas = 2"),

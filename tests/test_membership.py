@@ -51,6 +51,15 @@ def test_register_states_and_stage_filter(server):
     assert [m.worker_id for m in b.live_members(stage=None, states=None)] == ["b"]
 
 
+def test_a_workers_site_reaches_the_others_through_the_table(server):
+    """worker.site is published with the record: what a sender's routing deals by."""
+    a = Membership(connect(server.url), run_id="r")
+    near = MemberRecord(worker_id="b", run_id="r", stage=1, data_addr="tcp://127.0.0.1:11",
+                        exchange_addr="tcp://127.0.0.1:2", state=WorkerState.ONLINE, site="eu-west-1a")
+    assert Membership(connect(server.url), run_id="r").register(near)
+    assert [(m.worker_id, m.site) for m in a.live_members(stage=1)] == [("b", "eu-west-1a")]
+
+
 def test_stage_finished_mark_is_per_run_and_cleared_by_a_joiner_of_that_stage(server):
     a = Membership(connect(server.url), run_id="r")
     assert not a.stage_finished(0)

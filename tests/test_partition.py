@@ -44,7 +44,9 @@ def partitioned_cluster(tmp_path):
     try:
         redis = EmbeddedRedis(host=netns.SERVICE_IP, port=REDIS_PORT, prefix=netns.hub_prefix()).start()
         cluster = LocalCluster(tmp_path, stages=2, redis=redis, workers_redis_url=redis.tcp_url,
-                               settings={"worker.heartbeat_interval_s": 0.5, "outer.h": 5})
+                               # the cut pair's backoff grows while split: kept short so they pair soon after the heal
+                               settings={"worker.heartbeat_interval_s": 0.5, "outer.h": 5,
+                                         "worker.peer_backoff_max_s": 4.0})
         yield cluster
     finally:
         if cluster is not None:

@@ -165,3 +165,11 @@ def test_a_member_record_carries_its_site_and_a_bad_one_is_refused():
     for bad in ("a b", "x" * 64, "site\n"):
         with pytest.raises(ValueError, match="site"):
             MemberRecord.from_fields({**record.to_fields(), "site": bad})
+
+
+def test_a_failing_peer_is_avoided_doubling_up_to_the_configured_cap():
+    view = PeerView(TwoLive(), own_id="me", backoff_max_s=4.0)  # worker.peer_backoff_max_s
+    assert [view.blacklist.fail("a") for _ in range(5)] == [1.0, 2.0, 4.0, 4.0, 4.0]
+    assert [r.worker_id for r in view.members(1)] == ["b"]
+    view.blacklist.succeed("a")
+    assert [r.worker_id for r in view.members(1)] == ["a", "b"]

@@ -105,7 +105,7 @@ class StageWorker:
         self.replica = self._stage_replica(memory)
         self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
-        self.peers = PeerView(self.views, own_id=self.worker_id)
+        self.peers = PeerView(self.views, own_id=self.worker_id, backoff_max_s=cfg.worker.peer_backoff_max_s)
         staging = HostStaging(device)
         self.data_faults = data_faults
         """Chaos testing only: data-path messages this worker loses or delays on purpose."""

@@ -197,6 +197,10 @@ class WorkerConfig:
     fault_slowdown: float = 1.0
     """FAULT INJECTION, for tests and chaos runs only: a slower GPU. After each inner step
     the worker idles (factor - 1) times that step's duration (1.0: off)."""
+    peer_backoff_max_s: float = 60.0
+    """A peer that failed an exchange, a forward or a bootstrap is avoided for 1 s, doubling
+    with each failure in a row, at most this long: after a network partition heals, peers
+    across it may wait up to this long before they pair again."""
     site: str = ""
     """Where this worker runs (a data centre, region or cloud zone: letters, digits, '.', '_'
     and '-', at most 63). Workers that name their sites keep most microbatches among the next
@@ -231,6 +235,8 @@ class WorkerConfig:
         # Below a dial-up modem's rate the deadlines it implies run to days: a typo, not a link.
         require(math.isfinite(self.min_bandwidth_mbit_s) and self.min_bandwidth_mbit_s >= MIN_BANDWIDTH_MBIT_S,
                 "worker", "min_bandwidth_mbit_s", self.min_bandwidth_mbit_s, f"must be >= {MIN_BANDWIDTH_MBIT_S}")
+        require(math.isfinite(self.peer_backoff_max_s) and self.peer_backoff_max_s >= 1.0, "worker",
+                "peer_backoff_max_s", self.peer_backoff_max_s, "must be >= 1 second")
         require(SITE_PATTERN.fullmatch(self.site) is not None, "worker", "site", self.site,
                 "must be at most 63 letters, digits, '.', '_' or '-'")
         require(0 <= self.left_exit_code <= 125, "worker", "left_exit_code", self.left_exit_code,

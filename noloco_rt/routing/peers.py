@@ -52,11 +52,12 @@ class PeerView:
     """ONLINE members per stage as the background refresher last read them: no I/O here, so
     the data path and the exchange may call it at every decision."""
 
-    def __init__(self, views: ViewRefresher, *, own_id: str, rng: random.Random | None = None) -> None:
+    def __init__(self, views: ViewRefresher, *, own_id: str, rng: random.Random | None = None,
+                 backoff_max_s: float = 60.0) -> None:
         self.views = views
         self.own_id = own_id
         self.rng = rng or random.Random()
-        self.blacklist = Blacklist()
+        self.blacklist = Blacklist(max_s=backoff_max_s)
         self._local_load = PeerLoad()
         """What this worker observes of each peer (in flight, round trips): the routing signal."""
 
