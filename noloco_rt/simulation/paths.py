@@ -41,9 +41,10 @@ def local_routes(replicas: int, stages: int, per_replica: int, rng: random.Rando
                  far_share: float) -> list[Path]:
     """balanced_routes over `sites` equal groups of replicas, most units staying in their site.
 
-    At every hop, each site sends round(far_share · its units) of them, chosen at random, to
-    one other site (the same offset for every site this hop, drawn from rng, so each site also
-    receives as many as it sends); the rest stay. Within a site, one permutation of what it
+    At every hop, each site sends far_share · its units of them, chosen at random, to one other
+    site (the same count and offset for every site this hop, drawn from rng, so each site also
+    receives as many as it sends; a fractional count is rounded up with the probability of its
+    fraction, so that few units per site still cross at far_share on average); the rest stay. Within a site, one permutation of what it
     holds deals the units to its replicas, so every replica of every stage still receives
     exactly per_replica units. far_share = 1 - 1/sites is about what uniform routing crosses;
     0 cuts the sites apart between outer steps."""
@@ -53,9 +54,10 @@ def local_routes(replicas: int, stages: int, per_replica: int, rng: random.Rando
         raise ValueError(f"far_share must be in [0, 1], got {far_share}")
     per_site = replicas // sites
     units = replicas * per_replica
-    crossing = round(far_share * per_site * per_replica) if sites > 1 else 0
+    share = far_share * per_site * per_replica if sites > 1 else 0.0
     paths = [[k // per_replica] for k in range(units)]
     for _ in range(1, stages):
+        crossing = int(share) + (rng.random() < share - int(share))
         offset = rng.randrange(1, sites) if sites > 1 else 0
         arriving: list[list[int]] = [[] for _ in range(sites)]
         for site in range(sites):
