@@ -41,9 +41,8 @@ def measured_stages(folder: str, stages: int, seq_len: int, precision: str,
 
 
 def _measure_stage(plan: StagePlan, stage: int, seq_len: int, precision: str, micro_batch: int) -> MeasuredStage:
-    at, above = (_one_microbatch(plan, stage, seq_len, precision, sequences)
-                 for sequences in (micro_batch, micro_batch + 1))
-    params = sum(p.numel() for p in _fake_stage(plan, stage).parameters())
+    (params, *at), (_, *above) = (_one_microbatch(plan, stage, seq_len, precision, sequences)
+                                  for sequences in (micro_batch, micro_batch + 1))
     return MeasuredStage(
         params=params, layers=len(plan.runs[stage]), width=hidden_size(plan.config),
         activations_fixed=at[0] - micro_batch * (above[0] - at[0]), activations_per_sequence=above[0] - at[0],
@@ -57,10 +56,12 @@ def _fake_stage(plan: StagePlan, stage: int) -> torch.nn.Module:
     return module
 
 
-def _one_microbatch(plan: StagePlan, stage: int, seq_len: int, precision: str, sequences: int) -> tuple[int, int]:
-    """(bytes one microbatch keeps after its forward, the peak of its first backward), both
-    counting the stage's input and everything the forward and backward allocate."""
+def _one_microbatch(plan: StagePlan, stage: int, seq_len: int, precision: str,
+                    sequences: int) -> tuple[int, int, int]:
+    """(the stage's parameters, bytes one microbatch keeps after its forward, the peak of its
+    first backward), the bytes counting the stage's input and all the passes allocate."""
     module = _fake_stage(plan, stage)
+    params = sum(p.numel() for p in module.parameters())
     width = hidden_size(plan.config)
     first, last = stage == 0, stage == len(plan.runs) - 1
     from noloco_rt.model import lm_loss
@@ -79,7 +80,7 @@ def _one_microbatch(plan: StagePlan, stage: int, seq_len: int, precision: str, s
             loss.backward()
         else:
             output.backward(torch.zeros_like(output))  # the gradient that comes back
-        return kept, tracker.peak_bytes
+        return params, kept, tracker.peak_bytes
 
 
 def _masks_from_real_shapes(module: Any, hidden: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
