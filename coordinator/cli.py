@@ -33,7 +33,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
     if not cfg.network.redis_url:
         raise click.UsageError("--redis-url (or network.redis_url) is required: the coordinator finds workers there")
 
-    from noloco_rt.commands._store import check_store
+    from noloco_rt.commands.shared_options import check_store
     from noloco_rt.startup import process_startup
 
     check_store(cfg)

@@ -11,9 +11,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from noloco_rt.cli import config_options
-from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
-from noloco_rt.commands._model_option import check_model, model_option, model_value
-from noloco_rt.commands._store import check_store
+from noloco_rt.commands.shared_options import (
+    check_init_from,
+    check_model,
+    check_store,
+    init_from_option,
+    init_from_value,
+    model_option,
+    model_value,
+)
 
 if TYPE_CHECKING:  # the command body imports these when it runs, so that `--help` stays fast
     from noloco_rt.config import Config

@@ -18,7 +18,7 @@ from noloco_rt.commands._consensus import (
     resolve_device,
     with_user_files,
 )
-from noloco_rt.commands._model_option import model_name, model_value
+from noloco_rt.commands.shared_options import model_name, model_value
 
 if TYPE_CHECKING:
     from noloco_rt.config import Config

@@ -15,7 +15,7 @@ from noloco_rt.commands._consensus import (
     tokenizer_option,
     with_user_files,
 )
-from noloco_rt.commands._model_option import model_value
+from noloco_rt.commands.shared_options import model_value
 from noloco_rt.config.training import is_hf_reference
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
         click.echo(f"note: {checkpoint} was trained on token ids ({files_named(file_data)}); a file never picks "
                    f"local files to copy: name its tokenizer (--tokenizer FILE or --data DIR) to include it",
                    err=True)
-    from noloco_rt.commands._model_option import model_name
+    from noloco_rt.commands.shared_options import model_name
 
     click.echo(f"{out}: {', '.join(path.name for path in written)} ({fmt}, {model_name(cfg)})")
 

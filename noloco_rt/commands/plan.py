@@ -10,7 +10,7 @@ import click
 
 from noloco_rt.cli import OneLineError, config_options
 from noloco_rt.commands import effective_config
-from noloco_rt.commands._model_option import check_model, model_name, model_option, model_value
+from noloco_rt.commands.shared_options import check_model, model_name, model_option, model_value
 from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.training import ACTIVATION_CHECKPOINTING, PRECISIONS

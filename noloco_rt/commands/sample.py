@@ -19,7 +19,7 @@ from noloco_rt.commands._consensus import (
     tokenizer_option,
     with_user_files,
 )
-from noloco_rt.commands._model_option import model_value
+from noloco_rt.commands.shared_options import model_value
 from noloco_rt.config.training import is_hf_reference
 
 if TYPE_CHECKING:

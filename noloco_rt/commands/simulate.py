@@ -9,8 +9,15 @@ from typing import Any
 import click
 
 from noloco_rt.cli import config_options
-from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
-from noloco_rt.commands._model_option import check_model, model_name, model_option, model_value
+from noloco_rt.commands.shared_options import (
+    check_init_from,
+    check_model,
+    init_from_option,
+    init_from_value,
+    model_name,
+    model_option,
+    model_value,
+)
 from noloco_rt.config import METHODS, SIMULATION_ROUTINGS, RoutingConfig
 
 

@@ -21,8 +21,14 @@ import click
 
 from noloco_rt.cli import config_options
 from noloco_rt.commands import effective_config
-from noloco_rt.commands._init_from import check_init_from, init_from_option, init_from_value
-from noloco_rt.commands._model_option import check_model, model_option, model_value
+from noloco_rt.commands.shared_options import (
+    check_init_from,
+    check_model,
+    init_from_option,
+    init_from_value,
+    model_option,
+    model_value,
+)
 from noloco_rt.config import Config
 from noloco_rt.logs import get_logger
 from noloco_rt.tb_log import ScalarLogUnavailable, check_available, usage_error

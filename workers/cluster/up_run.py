@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from noloco_rt.commands._model_option import model_name
+from noloco_rt.commands.shared_options import model_name
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
 from noloco_rt.logs import get_logger

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import click
 
 from noloco_rt.cli import config_options
-from noloco_rt.commands._model_option import check_model, model_option, model_value
+from noloco_rt.commands.shared_options import check_model, model_option, model_value
 from noloco_rt.config import parse_assignment
 
 if TYPE_CHECKING:  # the supervisor imports torch: only when the command runs
