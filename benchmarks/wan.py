@@ -118,7 +118,7 @@ def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
     try:
         if shaped:
             netns.shape(workers, trial.link, redirect=False)
-        procs.append(_start_redis(redis_host, shaped))
+        procs.append(start_redis(redis_host, netns.hub_prefix() if shaped else []))
         relay = _start_relay(trial, workers)
         for index in range(workers):
             procs.append(_start_worker(trial, out, index, redis_host))
@@ -133,11 +133,11 @@ def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
                 proc.kill()
                 proc.wait()
     try:
-        val_loss = _val_loss(out, trial)
+        val_loss = consensus_val_loss(out, trial.preset, trial.stages)
     except Exception as exc:  # noqa: BLE001 - an older checkout's checkpoints may not load here; keep the speed
         print(f"  val loss not scored: {exc!r}", flush=True)
         val_loss = float("nan")
-    return {**_throughput(out / "logs", trial), "val_loss": val_loss}
+    return {**stage0_throughput(out / "logs", trial.preset), "val_loss": val_loss}
 
 
 def _start_worker(trial: Trial, out: Path, index: int, redis_host: str) -> subprocess.Popen[bytes]:
@@ -157,18 +157,19 @@ def _start_worker(trial: Trial, out: Path, index: int, redis_host: str) -> subpr
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=trial.tree)
 
 
-def _start_redis(host: str, shaped: bool) -> subprocess.Popen[bytes]:
-    args = [*(netns.hub_prefix() if shaped else []), redis_server_binary(), "--bind", host, "--port",
+def start_redis(host: str, prefix: list[str]) -> subprocess.Popen[bytes]:
+    """A bare redis-server on host:REDIS_PORT, run under `prefix` (a namespace's exec)."""
+    args = [*prefix, redis_server_binary(), "--bind", host, "--port",
             str(REDIS_PORT), "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     time.sleep(0.5)  # redis-server listens within milliseconds; workers retry anyway
     return proc
 
 
-def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
+def stage0_throughput(logs: Path, preset: str) -> dict[str, Any]:
     """Stage 0's tokens/s: per stage-0 worker, the inner steps between its first and last
     progress lines over the time between them (start-up and shutdown left out), summed."""
-    cfg = load_config(environ={}, overrides=[{"model": {"preset": trial.preset}}])
+    cfg = load_config(environ={}, overrides=[{"model": {"preset": preset}}])
     tokens_per_step = cfg.pipeline.microbatches_per_step * cfg.data.batch_size * cfg.model.seq_len  # B microbatches a step
     rate, spans = 0.0, []
     for path in logs.glob("s0-*.log"):
@@ -181,9 +182,10 @@ def _throughput(logs: Path, trial: Trial) -> dict[str, Any]:
     return {"tokens_per_s": rate, "train_s": max(spans, default=float("nan"))}
 
 
-def _val_loss(out: Path, trial: Trial) -> float:
-    cfg = load_config(environ={}, overrides=[{"model": {"preset": trial.preset}, "run": {"run_id": "wan"},
-                                              "pipeline": {"stages": trial.stages}}])
+def consensus_val_loss(out: Path, preset: str, stages: int, run_id: str = "wan") -> float:
+    """Val loss of the consensus of the final checkpoints under out/checkpoints."""
+    cfg = load_config(environ={}, overrides=[{"model": {"preset": preset}, "run": {"run_id": run_id},
+                                              "pipeline": {"stages": stages}}])
     scored = consensus_of_checkpoints(cfg, out / "checkpoints", out / "consensus.safetensors", source="wan")
     return float(scored.to_json()["val_loss"])
 

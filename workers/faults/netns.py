@@ -28,7 +28,7 @@ RELAY_PORT = 15001
 SERVICE_IP = "10.77.255.1"
 
 
-def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_command(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), check=check, capture_output=True, text=True)
 
 
@@ -51,11 +51,11 @@ def worker_ifname(rank: int) -> str:
 
 def cleanup() -> None:
     """Remove every namespace this module may have made (leftovers of a killed run included)."""
-    listed = _run("ip", "netns", "list", check=False).stdout.split("\n")
+    listed = run_command("ip", "netns", "list", check=False).stdout.split("\n")
     for line in listed:
         name = line.split(" ")[0]
         if name.startswith(f"{PREFIX}-"):
-            _run("ip", "netns", "del", name, check=False)  # deleting a namespace deletes its veth ends
+            run_command("ip", "netns", "del", name, check=False)  # deleting a namespace deletes its veth ends
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class LinkSpec:
         return f"{rate}, RTT {round(2000 * self.delay_s)} ms"
 
 
-def _tbf_args(rate_mbit: int) -> list[str]:
+def tbf_args(rate_mbit: int) -> list[str]:
     # burst = 10 ms at line rate (a small burst at 1 Gbit/s would throttle below the rate);
     # latency bounds the queue so it drops instead of bloating without limit.
     burst_kb = max(32, rate_mbit * 1000 // 8 // 100)
@@ -78,41 +78,41 @@ def _tbf_args(rate_mbit: int) -> list[str]:
 
 def create(workers: int) -> None:
     """Namespaces, veths, addresses and routes for `workers` workers (no shaping yet)."""
-    _run("ip", "netns", "add", HUB)
-    _run("ip", "netns", "exec", HUB, "ip", "link", "set", "lo", "up")
-    _run("ip", "netns", "exec", HUB, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-    _run("ip", "netns", "exec", HUB, "ip", "addr", "add", f"{SERVICE_IP}/32", "dev", "lo")
+    run_command("ip", "netns", "add", HUB)
+    run_command("ip", "netns", "exec", HUB, "ip", "link", "set", "lo", "up")
+    run_command("ip", "netns", "exec", HUB, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    run_command("ip", "netns", "exec", HUB, "ip", "addr", "add", f"{SERVICE_IP}/32", "dev", "lo")
     for rank in range(workers):
         ns, inner, outer = ns_name(rank), worker_ifname(rank), f"{PREFIX}-h{rank}"
-        _run("ip", "netns", "add", ns)
-        _run("ip", "link", "add", inner, "netns", ns, "type", "veth", "peer", "name", outer, "netns", HUB)
-        _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{worker_ip(rank)}/24", "dev", inner)
-        _run("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
-        _run("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", f"10.77.{rank}.1")
-        _run("ip", "netns", "exec", HUB, "ip", "addr", "add", f"10.77.{rank}.1/24", "dev", outer)
-        _run("ip", "netns", "exec", HUB, "ip", "link", "set", outer, "up")
+        run_command("ip", "netns", "add", ns)
+        run_command("ip", "link", "add", inner, "netns", ns, "type", "veth", "peer", "name", outer, "netns", HUB)
+        run_command("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        run_command("ip", "netns", "exec", ns, "ip", "addr", "add", f"{worker_ip(rank)}/24", "dev", inner)
+        run_command("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
+        run_command("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", f"10.77.{rank}.1")
+        run_command("ip", "netns", "exec", HUB, "ip", "addr", "add", f"10.77.{rank}.1/24", "dev", outer)
+        run_command("ip", "netns", "exec", HUB, "ip", "link", "set", outer, "up")
 
 
 def shape(workers: int, link: LinkSpec, *, redirect: bool = True) -> None:
     """(Re)apply tbf on both ends of every worker's link and, if delayed and `redirect`, the
     transparent relay's redirect (a caller with a routed relay passes redirect=False)."""
     for rank in range(workers):
-        _run("ip", "netns", "exec", ns_name(rank), "tc", "qdisc", "replace", "dev", worker_ifname(rank), "root",
-             *_tbf_args(link.rate_mbit))
-        _run("ip", "netns", "exec", HUB, "tc", "qdisc", "replace", "dev", f"{PREFIX}-h{rank}", "root",
-             *_tbf_args(link.rate_mbit))
+        run_command("ip", "netns", "exec", ns_name(rank), "tc", "qdisc", "replace", "dev", worker_ifname(rank), "root",
+             *tbf_args(link.rate_mbit))
+        run_command("ip", "netns", "exec", HUB, "tc", "qdisc", "replace", "dev", f"{PREFIX}-h{rank}", "root",
+             *tbf_args(link.rate_mbit))
     if link.delay_s <= 0 or not redirect:
         if shutil.which("iptables"):
-            _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
+            run_command("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
         return
     if not shutil.which("iptables"):
         raise SystemExit("benchmarks.sync: a link with delay needs iptables (apt install iptables); "
                          "links without delay (--quick) do not")
-    _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
+    run_command("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-F", "PREROUTING")
     if link.delay_s > 0:
         # Only worker-to-worker TCP; the relay's own outgoing connections are not PREROUTING.
-        _run("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp",
+        run_command("ip", "netns", "exec", HUB, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp",
              "-d", "10.77.0.0/16", "-j", "REDIRECT", "--to-ports", str(RELAY_PORT))
 
 
@@ -126,7 +126,7 @@ def hub_prefix() -> list[str]:
 
 def existing() -> list[str]:
     """Namespaces of this module's prefix that exist now (another run's, or a killed one's)."""
-    listed = _run("ip", "netns", "list", check=False).stdout.split("\n")
+    listed = run_command("ip", "netns", "list", check=False).stdout.split("\n")
     return [line.split(" ")[0] for line in listed if line.startswith(f"{PREFIX}-")]
 
 
@@ -134,17 +134,17 @@ def cut(a_ip: str, b_ip: str) -> None:
     """Packets between a and b (both ways) vanish in the hub: connections hang, as across a real
     split, rather than fail at once (a route in the sender's own namespace would fail them)."""
     for src, dst in ((a_ip, b_ip), (b_ip, a_ip)):
-        _run("ip", "netns", "exec", HUB, "ip", "rule", "add", "from", src, "to", dst, "blackhole")
+        run_command("ip", "netns", "exec", HUB, "ip", "rule", "add", "from", src, "to", dst, "blackhole")
 
 
 def heal(a_ip: str, b_ip: str) -> None:
     for src, dst in ((a_ip, b_ip), (b_ip, a_ip)):
-        _run("ip", "netns", "exec", HUB, "ip", "rule", "del", "from", src, "to", dst, "blackhole", check=False)
+        run_command("ip", "netns", "exec", HUB, "ip", "rule", "del", "from", src, "to", dst, "blackhole", check=False)
 
 
 def cuts() -> list[tuple[str, str]]:
     """(from, to) of every cut in effect, one pair per direction."""
-    rules = _run("ip", "netns", "exec", HUB, "ip", "rule", "show").stdout
+    rules = run_command("ip", "netns", "exec", HUB, "ip", "rule", "show").stdout
     found = []
     for line in rules.splitlines():
         words = line.split()

@@ -1,0 +1,229 @@
+"""Two sites joined by one slow link, against the same training on one site.
+
+    python -m benchmarks.two_sites --out benchmarks/results/two_sites.md      # root: namespaces
+    python -m benchmarks.two_sites --quick                                    # 1 seed, 10 Mbit/s, 40 steps
+
+S x R real `noloco-rt worker` processes and one redis-server in namespaces
+(workers/faults/site_netns.py): replicas 0 .. R/2 - 1 of every stage in site a, the others in
+site b, fast links inside a site, one link of the given rate between the sites with an RTT of
+--rtt-ms added by a relay on that link only. Three placements per seed:
+
+- one site: every worker in site a (the baseline; nothing crosses the slow link);
+- two sites, local routing: worker.site names the site and routing.far_share (--far-share,
+  0 by default) is the share of microbatches sent to the other site;
+- two sites, uniform (--uniform): no site names, so half the activations cross.
+
+Per run: stage 0's tokens/s (benchmarks/wan.py), the val loss of the consensus of the final
+checkpoints, and the bytes that crossed the link (tbf's counters on both ends). Ratios are
+against one site with the same seed, then their mean and range over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.table import emit, markdown_table
+from benchmarks.wan import (
+    DATA_PORT_BASE,
+    EXCHANGE_PORT_BASE,
+    REDIS_PORT,
+    consensus_val_loss,
+    missing_tools,
+    stage0_throughput,
+    start_redis,
+)
+from workers.faults import netns, site_netns
+from workers.faults.netns import LinkSpec
+
+SITE_NAMES = ("a", "b")
+RUN_ID = "two-sites"
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str
+    two_sites: bool
+    site_names: bool
+    """worker.site is set (routing keeps activations inside a site)."""
+
+
+ONE_SITE = Placement("one site", False, False)
+LOCAL = Placement("two sites, local routing", True, True)
+UNIFORM = Placement("two sites, uniform routing", True, False)
+
+
+@dataclass(frozen=True)
+class Trial:
+    placement: Placement
+    link: LinkSpec | None
+    """The link between the sites (None: one site)."""
+    seed: int
+    stages: int
+    replicas: int
+    preset: str
+    steps: int
+    far_share: float
+
+    @property
+    def label(self) -> str:
+        return self.placement.name if self.link is None else f"{self.placement.name}, {self.link.label}"
+
+    def site_of(self, rank: int) -> int:
+        """Worker `rank` (stage-major) is in site 0 or 1: the first half of each stage's replicas in 0."""
+        return int(self.placement.two_sites and rank % self.replicas >= self.replicas // 2)
+
+
+def _ports(rank: int) -> tuple[int, int]:
+    return DATA_PORT_BASE + rank, EXCHANGE_PORT_BASE + rank
+
+
+def _worker_command(trial: Trial, out: Path, rank: int) -> list[str]:
+    stage, replica = divmod(rank, trial.replicas)
+    data_port, exchange_port = _ports(rank)
+    settings = {"pipeline.stages": trial.stages, "model.preset": trial.preset, "run.run_id": RUN_ID,
+                "run.seed": trial.seed, "paths.checkpoint_dir": out / "checkpoints", "worker.leave_grace_s": 5,
+                "network.data_port": data_port, "network.exchange_port": exchange_port,
+                "network.trusted_network": "true"}  # namespaces of our own: nobody else reaches them
+    if trial.placement.site_names:
+        settings |= {"worker.site": SITE_NAMES[trial.site_of(rank)], "routing.far_share": trial.far_share}
+    return [*netns.exec_prefix(rank), sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage),
+            "--name", f"s{stage}-r{replica}", "--steps", str(trial.steps),
+            "--redis-url", f"redis://{netns.SERVICE_IP}:{REDIS_PORT}/0", "--bind-host", "0.0.0.0",
+            "--advertise-host", netns.worker_ip(rank), "--metrics-port", "0",
+            *[arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]]
+
+
+def link_bytes() -> int:
+    """Bytes sent on both ends of the link between the sites since it was shaped (tbf's counters)."""
+    total = 0
+    for site, ifname in enumerate((f"{netns.PREFIX}-xa", f"{netns.PREFIX}-xb")):
+        shown = subprocess.run([*site_netns.router_prefix(site), "tc", "-s", "qdisc", "show", "dev", ifname],
+                               capture_output=True, text=True, check=False).stdout
+        found = re.search(r"Sent (\d+) bytes", shown)
+        total += int(found.group(1)) if found else 0
+    return total
+
+
+def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
+    """One training in fresh namespaces: tokens/s, final val loss, bytes across the sites."""
+    out = root / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{trial.label}-seed{trial.seed}")
+    (out / "logs").mkdir(parents=True)
+    workers = trial.stages * trial.replicas
+    sites = [trial.site_of(rank) for rank in range(workers)]
+    procs: list[subprocess.Popen[bytes]] = []
+    netns.cleanup()
+    try:
+        site_netns.create(sites)
+        site_netns.shape(trial.link)
+        procs.append(start_redis(netns.SERVICE_IP, site_netns.router_prefix(0)))
+        if trial.link is not None:
+            ports = [_ports(rank) for rank in range(workers)]
+            procs += [subprocess.Popen(site_netns.relay_command(site, sites, ports, trial.link.delay_s),
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for site in (0, 1)]
+        services = len(procs)  # redis and relays: stopped with the others, never waited for
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one torch thread per worker, as `up` gives them
+        for rank in range(workers):
+            stage, replica = divmod(rank, trial.replicas)
+            with (out / "logs" / f"s{stage}-r{replica}.log").open("wb") as log:
+                procs.append(subprocess.Popen(_worker_command(trial, out, rank), stdout=log,
+                                              stderr=subprocess.STDOUT, env=env))
+        for proc in procs[services:]:
+            if proc.wait(timeout=3600) != 0:
+                raise SystemExit(f"{trial}: a worker exited {proc.returncode}; logs in {out / 'logs'}")
+        crossed = link_bytes() if trial.link is not None else 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        netns.cleanup()
+    return {**stage0_throughput(out / "logs", trial.preset), "link_bytes": crossed,
+            "val_loss": consensus_val_loss(out, trial.preset, trial.stages, run_id=RUN_ID)}
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if not values:
+        return "—"
+    mean = statistics.fmean(values)
+    return f"{mean:{fmt}}" if len(values) == 1 else f"{mean:{fmt}} [{min(values):{fmt}}–{max(values):{fmt}}]"
+
+
+def report(results: list[tuple[Trial, dict[str, Any]]], args: argparse.Namespace) -> str:
+    """One row per placement and link: means and ranges over seeds, ratios seed by seed against one site."""
+    base = {t.seed: r for t, r in results if t.link is None}
+    rows = []
+    for label in dict.fromkeys(t.label for t, _ in results):
+        runs = [(t, r) for t, r in results if t.label == label]
+        speed = [r["tokens_per_s"] / base[t.seed]["tokens_per_s"] for t, r in runs if t.seed in base]
+        loss = [100 * (r["val_loss"] / base[t.seed]["val_loss"] - 1) for t, r in runs if t.seed in base]
+        rows.append([label, str(len(runs)), _spread([r["tokens_per_s"] for _, r in runs], ".0f"),
+                     _spread(speed, ".2f"), _spread([r["val_loss"] for _, r in runs], ".4f"),
+                     _spread(loss, "+.2f"), _spread([r["link_bytes"] / 1e6 for _, r in runs], ".0f")])
+    title = (f"Two sites against one, {args.layout} {args.preset}, {args.steps} steps, RTT {args.rtt_ms:g} ms "
+             f"between the sites, far_share {args.far_share:g} (`python -m benchmarks.two_sites`): mean "
+             "[range] over seeds; ratios seed by seed against one site")
+    return markdown_table(title, ["placement", "seeds", "stage 0 tokens/s", "÷ one site", "val loss",
+                                  "val loss vs one site %", "MB across sites"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 seed, 10 Mbit/s, 40 steps")
+    parser.add_argument("--layout", default="2x4", help="STAGESxREPLICAS, an even number of replicas")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--rates", default="10,100", help="Mbit/s of the link between the sites, comma-separated")
+    parser.add_argument("--rtt-ms", type=float, default=50.0)
+    parser.add_argument("--far-share", type=float, default=0.0)
+    parser.add_argument("--uniform", action="store_true", help="also run two sites without site names")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="keep every run's logs and checkpoints here (default: a temporary folder)")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.rates, args.steps = "0", "10", 40
+    stages, _, replicas = args.layout.partition("x")
+    if int(replicas) % 2:
+        raise SystemExit(f"--layout {args.layout}: the replicas split evenly over two sites")
+    if (why := missing_tools([])) is not None:
+        raise SystemExit(why)
+    links = [LinkSpec(int(rate), args.rtt_ms / 2000) for rate in args.rates.split(",") if rate.strip()]
+    trials = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        common = dict(seed=seed, stages=int(stages), replicas=int(replicas), preset=args.preset, steps=args.steps,
+                      far_share=args.far_share)
+        trials.append(Trial(ONE_SITE, None, **common))
+        for link in links:
+            trials += [Trial(p, link, **common) for p in ([LOCAL, UNIFORM] if args.uniform else [LOCAL])]
+    results: list[tuple[Trial, dict[str, Any]]] = []
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="two-sites-") as tmp:
+        runs = args.runs_dir or Path(tmp)
+        for number, trial in enumerate(trials, 1):
+            print(f"[{time.monotonic() - began:6.0f}s] {number}/{len(trials)} {trial.label}, seed {trial.seed} ...",
+                  flush=True)
+            result = run_trial(trial, runs)
+            print(f"    {result['tokens_per_s']:.0f} tokens/s, val loss {result['val_loss']:.4f}, "
+                  f"{result['link_bytes'] / 1e6:.1f} MB across", flush=True)
+            results.append((trial, result))
+    emit(report(results, args), args.out)
+    if args.out is not None:
+        rows = [{"trial": {**t.__dict__, "placement": t.placement.name, "link": t.link.label if t.link else None},
+                 **r} for t, r in results]
+        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
