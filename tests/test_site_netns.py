@@ -1,0 +1,87 @@
+"""Two emulated sites (workers/faults/site_netns.py), the topology benchmarks.two_sites trains
+in: a host reaches a host of its own site directly and one of the other site only through
+that site's relay, which adds its delay each way; both sites reach a service in site a; the
+link between the sites carries what crosses and nothing else.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.two_sites import link_bytes
+from workers.cluster.chaos_faults import Partitions
+from workers.faults import netns, site_netns
+from workers.faults.netns import LinkSpec
+
+SITES = [0, 0, 1, 1]  # ranks 0 and 1 in site a, 2 and 3 in site b
+PORT = 17031
+"""Worker i serves on PORT + i; the service in site a on SERVICE_PORT."""
+SERVICE_PORT = 17041
+DELAY_S = 0.05
+ECHO = ("import socket\ns = socket.create_server(('0.0.0.0', {port}))\nprint('up', flush=True)\n"
+        "while True:\n    c, _ = s.accept()\n    c.sendall(c.recv(16))\n    c.close()\n")
+ROUND_TRIP = ("import socket, time\nt = time.monotonic()\n"
+              "c = socket.create_connection(('{host}', {port}), timeout=10)\nc.sendall(b'ping')\n"
+              "assert c.recv(16) == b'ping'\nprint(time.monotonic() - t)\n")
+
+
+@pytest.fixture
+def sites():
+    why_not = Partitions.unavailable()
+    if why_not is not None:
+        pytest.skip(reason=f"{why_not}: network namespaces need root and iproute2")
+    netns.cleanup()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        site_netns.create(SITES)
+        site_netns.shape(LinkSpec(100, DELAY_S))
+        for prefix, port in ((netns.exec_prefix(2), PORT + 2), (site_netns.router_prefix(0), SERVICE_PORT)):
+            procs.append(subprocess.Popen([*prefix, sys.executable, "-c", ECHO.format(port=port)],
+                                          stdout=subprocess.PIPE, text=True))
+            assert procs[-1].stdout is not None and procs[-1].stdout.readline() == "up\n"
+        procs += [subprocess.Popen(site_netns.relay_command(site, SITES, [[PORT + i] for i in range(len(SITES))], DELAY_S),
+                                   stdout=subprocess.PIPE, text=True) for site in (0, 1)]
+        for relay in procs[-2:]:
+            assert relay.stdout is not None and relay.stdout.readline().startswith("relay listening")
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        netns.cleanup()
+
+
+def _round_trip_s(prefix: list[str], host: str, port: int = PORT + 2) -> float:
+    done = subprocess.run([*prefix, sys.executable, "-c", ROUND_TRIP.format(host=host, port=port)],
+                          capture_output=True, text=True, timeout=30, check=True)
+    return float(done.stdout)
+
+
+def test_only_traffic_between_sites_crosses_the_relay_and_the_shaped_link(sites):
+    before = _link_bytes()
+    near = _round_trip_s(netns.exec_prefix(3), netns.worker_ip(2))
+    assert _link_bytes() == before  # inside site b: the link between the sites saw nothing
+    far = _round_trip_s(netns.exec_prefix(0), netns.worker_ip(2))
+    # Connect, then request and reply: the relay holds each direction DELAY_S, so at least 2 · DELAY_S.
+    assert far >= 2 * DELAY_S, (near, far)
+    assert near < far
+    assert _link_bytes() > before
+    # Site b reaches the service in site a (replies come back to its far address).
+    assert _round_trip_s(netns.exec_prefix(3), netns.SERVICE_IP, SERVICE_PORT) < far
+
+
+def _link_bytes() -> int:
+    return link_bytes()
+
+
+def test_a_sites_relay_forwards_the_other_sites_ports_to_their_far_addresses():
+    """The address plan itself: pure, no namespaces."""
+    assert site_netns.far_address(3) == "10.79.3.2"
+    command = site_netns.relay_command(0, SITES, [[7000, 7100]] * 4, 0.025)
+    routes = [arg for arg in command if arg.startswith("--route=")]
+    # Site a's relay forwards to site b's workers only, each port to the worker's far address.
+    assert routes == ["--route=7000=10.79.2.2:7000", "--route=7100=10.79.2.2:7100",
+                      "--route=7000=10.79.3.2:7000", "--route=7100=10.79.3.2:7100"]
