@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
+from noloco_rt.logs import EventLog
 from noloco_rt.membership.table import Membership
 from noloco_rt.scored_consensus import (
     WorkerCheckpoints,
@@ -31,7 +31,7 @@ theirs before its finished mark, so normally they are there)."""
 
 
 class FinalStates:
-    def __init__(self, cfg: Config, membership: Membership, log: Any) -> None:
+    def __init__(self, cfg: Config, membership: Membership, log: EventLog) -> None:
         self.cfg = cfg
         self.membership = membership
         self.log = log

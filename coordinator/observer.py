@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,7 @@ from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
 from noloco_rt.evaluation import load_validation_batches, validation_loss
+from noloco_rt.logs import EventLog
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
@@ -39,6 +40,10 @@ from noloco_rt.scored_consensus import consensus_of_found, write_scored_consensu
 from noloco_rt.staged_model import staged_model
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.run_mark import finished_steps, run_is_over
+
+if TYPE_CHECKING:
+    from coordinator.server import CoordinatorMetrics
+    from noloco_rt.tb_log import ScalarLog
 
 PULL_ATTEMPTS_PER_STAGE = 3
 SPARE_SPREAD_PULLS_PER_STAGE = 3
@@ -63,7 +68,7 @@ class StageChain:
 
 class Observer:
     def __init__(self, cfg: Config, membership: Membership, puller: SnapshotPuller, *, out_dir: Path,
-                 metrics: Any, log: Any, rng: random.Random | None = None, scalar_log: Any = None,
+                 metrics: CoordinatorMetrics, log: EventLog, rng: random.Random | None = None, scalar_log: ScalarLog | None = None,
                  page: RunPage | None = None) -> None:
         self.cfg = cfg
         self.membership = membership

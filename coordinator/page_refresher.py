@@ -9,11 +9,12 @@ import time
 from typing import Any
 
 from coordinator.run_page import RunPage
+from noloco_rt.logs import EventLog
 
 PAGE_REFRESH_S = 2.0
 
 
-def refresh_page_forever(page: RunPage, membership: Any, stop: threading.Event, log: Any) -> None:
+def refresh_page_forever(page: RunPage, membership: Any, stop: threading.Event, log: EventLog) -> None:
     while not stop.is_set():
         try:
             members = membership.live_members(stage=None, states=None)
@@ -24,7 +25,7 @@ def refresh_page_forever(page: RunPage, membership: Any, stop: threading.Event, 
         stop.wait(PAGE_REFRESH_S)
 
 
-def start_page_refresher(page: RunPage, membership: Any, stop: threading.Event, log: Any) -> threading.Thread:
+def start_page_refresher(page: RunPage, membership: Any, stop: threading.Event, log: EventLog) -> threading.Thread:
     thread = threading.Thread(target=refresh_page_forever, args=(page, membership, stop, log),
                               name="page-refresh", daemon=True)
     thread.start()

@@ -13,16 +13,20 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import zmq
 
 from noloco_rt.config import Config
 from noloco_rt.export import stage_parameter_shapes
+from noloco_rt.logs import EventLog
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.outer.snapshot import SnapshotReader
 from noloco_rt.outer.snapshot_client import pull_bootstrap
+
+if TYPE_CHECKING:
+    from coordinator.server import CoordinatorMetrics
 
 
 class RateLimiter:
@@ -65,7 +69,7 @@ class PulledReplica:
 class SnapshotPuller:
     """Pulls a stage's slow weights from one worker; validates them like a joiner does."""
 
-    def __init__(self, cfg: Config, ctx: zmq.Context, *, metrics: Any, log: Any,
+    def __init__(self, cfg: Config, ctx: zmq.Context, *, metrics: CoordinatorMetrics, log: EventLog,
                  limiter: RateLimiter) -> None:
         self.cfg = cfg
         self.ctx = ctx

@@ -11,7 +11,7 @@ import logging
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import structlog
 
@@ -44,6 +44,21 @@ def configure_logging(log_format: str = "auto", *, stream: TextIO | None = None,
         logger_factory=structlog.PrintLoggerFactory(file=stream or _CurrentStderr()),
         cache_logger_on_first_use=False,
     )
+
+
+class EventLog(Protocol):
+    """What library code asks of a logger: an event name and fields, at a level (a structlog
+    BoundLogger, as get_logger gives, or anything with these methods)."""
+
+    def debug(self, event: str, **fields: Any) -> Any: ...
+
+    def info(self, event: str, **fields: Any) -> Any: ...
+
+    def warning(self, event: str, **fields: Any) -> Any: ...
+
+    def error(self, event: str, **fields: Any) -> Any: ...
+
+    def exception(self, event: str, **fields: Any) -> Any: ...
 
 
 def get_logger(**bound: Any) -> structlog.stdlib.BoundLogger:

@@ -19,6 +19,7 @@ from typing import Any
 
 from noloco_rt.checkpoint import checkpoint_writer
 from noloco_rt.kept_checkpoints import write_kept
+from noloco_rt.logs import EventLog
 from workers.background_writer import PINNED_STATE_LIMIT_BYTES, BackgroundWriter, state_to_host
 from workers.device import HostStaging, PinnedArena
 
@@ -43,7 +44,7 @@ def failure_kind(exc: BaseException) -> str:
 class CheckpointWrites:
     """One worker's checkpoint file, written whole or not at all, one write at a time."""
 
-    def __init__(self, path: Path, *, keep: int, log: Any, failures_metric: Any = None,
+    def __init__(self, path: Path, *, keep: int, log: EventLog, failures_metric: Any = None,
                  fault: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic,
                  staging: HostStaging | None = None) -> None:
         self.path, self.keep, self.log = path, keep, log

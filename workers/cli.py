@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,6 +23,7 @@ from noloco_rt.commands.shared_options import (
 
 if TYPE_CHECKING:  # the command body imports these when it runs, so that `--help` stays fast
     from noloco_rt.config import Config
+    from noloco_rt.logs import EventLog
     from noloco_rt.membership.table import Membership
     from noloco_rt.startup import Started
 
@@ -163,7 +164,7 @@ def _run_already_over(cfg: Config, stage: int, name: str, membership: Membership
     return True
 
 
-def _stage_already_over(cfg: Config, stage: int, membership: Membership, log: Any) -> bool:
+def _stage_already_over(cfg: Config, stage: int, membership: Membership, log: EventLog) -> bool:
     """Our stage's workers finished this config's steps and none is left, while a later stage
     still trains: a late joiner (a slow start, a Job's late pod) has nothing to train and
     nobody to take the stage's state from. Without this it would find the stage past step 0

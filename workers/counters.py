@@ -5,9 +5,12 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from noloco_rt.membership.progress import OUTER_STEP_KINDS, WorkerProgress, outer_kind_fields
+
+if TYPE_CHECKING:
+    from workers.metrics import WorkerMetrics
 
 TOKEN_WINDOW = 64
 """Recent token counts the throughput is measured over."""
@@ -98,7 +101,7 @@ class Counters:
 class TokenRate:
     """Tokens processed: the Prometheus counter, and a rate over the last TOKEN_WINDOW additions."""
 
-    def __init__(self, metrics: Any) -> None:
+    def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
         self._window: collections.deque[tuple[float, int]] = collections.deque()
         self._in_window = 0

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from noloco_rt.data import DataCursor
+from noloco_rt.logs import EventLog
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.cursors import DataCursors
 from noloco_rt.store.stage_checkpoints import LoadedStageCheckpoint, StageCheckpoints
@@ -35,7 +36,7 @@ def is_elected_writer(own_id: str, live_peer_ids: list[str]) -> bool:
 
 class DurableStageState:
     def __init__(self, store: RunStore, *, run_id: str, stage: int, worker_id: str, name: str, every: int,
-                 keep: int, log: Any, on_written: Callable[[int], None] = lambda outer_step: None,
+                 keep: int, log: EventLog, on_written: Callable[[int], None] = lambda outer_step: None,
                  staging: HostStaging | None = None) -> None:
         self.checkpoints = StageCheckpoints(store, run_id, keep=keep)
         self.cursors = DataCursors(store, run_id)
@@ -130,7 +131,7 @@ class DurableStageState:
         self.writer.close(timeout_s)
 
 
-def durable_state_for(cfg: Any, stage: int, *, worker_id: str, name: str, log: Any,
+def durable_state_for(cfg: Any, stage: int, *, worker_id: str, name: str, log: EventLog,
                       membership: Any, staging: HostStaging | None = None) -> DurableStageState | None:
     """The worker's durable state when the run has a store (store.url), else None."""
     if not cfg.store.url:

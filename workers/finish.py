@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from noloco_rt.logs import EventLog
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.table import Membership
 from workers.counters import Counters
@@ -56,7 +57,7 @@ class UpstreamFinished:
     unreachable)."""
 
     def __init__(self, membership: Membership, stage: int, *, idle: Callable[[], bool],
-                 received_from_upstream: Callable[[], bool], lost_s: float, log: Any,
+                 received_from_upstream: Callable[[], bool], lost_s: float, log: EventLog,
                  gone_s: float = UPSTREAM_GONE_S, clock: Callable[[], float] = time.monotonic,
                  heard_from_upstream_at: Callable[[], float | None] = lambda: None) -> None:
         self.membership = membership

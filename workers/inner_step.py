@@ -10,6 +10,7 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.host_reads import HostReadCounter
+from noloco_rt.logs import EventLog
 from workers.counters import Counters, TokenRate
 from workers.data_path.role import Role
 from workers.device import memory_fields
@@ -21,7 +22,7 @@ PROGRESS_LOG_EVERY = 10
 
 class InnerStep:
     def __init__(self, *, data_path: Role, replica: StageReplica, outer: OuterStep, counters: Counters,
-                 tokens: TokenRate, metrics: WorkerMetrics, log: Any, slowdown: float = 1.0,
+                 tokens: TokenRate, metrics: WorkerMetrics, log: EventLog, slowdown: float = 1.0,
                  count_host_reads: bool = False) -> None:
         self.data_path = data_path
         self.replica = replica

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.data import DataCursor
 from noloco_rt.kept_checkpoints import load_newest_usable
+from noloco_rt.logs import EventLog
 from workers.background_writer import detached_copy
 from workers.checkpoint_writes import CheckpointWrites
 from workers.counters import Counters
@@ -26,7 +27,7 @@ class WorkerCheckpoint:
     """This worker's checkpoint file: replica, inner optimizer, counters and data cursor."""
 
     def __init__(self, path: Path, *, run_id: str, stage: int, name: str, replica: StageReplica,
-                 counters: Counters, cursor_state: Callable[[], dict[str, Any] | None], h: int, log: Any,
+                 counters: Counters, cursor_state: Callable[[], dict[str, Any] | None], h: int, log: EventLog,
                  writes: CheckpointWrites | None = None) -> None:
         self.path = path
         self.h = h

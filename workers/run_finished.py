@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from noloco_rt.logs import EventLog
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.run_mark import RunFinishedMark, finished_steps, run_is_over
 
 __all__ = ["finished_steps", "mark_run_finished", "run_is_over"]
 
 
-def mark_run_finished(cfg: Any, membership: Any, *, name: str, log: Any) -> None:
+def mark_run_finished(cfg: Any, membership: Any, *, name: str, log: EventLog) -> None:
     """A worker of the last stage finished: the run is over, in Redis and in the store."""
     membership.mark_run_finished(cfg.run.steps)
     if cfg.store.url:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,9 @@ from noloco_rt.commands.shared_options import (
     model_value,
 )
 from noloco_rt.config import METHODS, SIMULATION_ROUTINGS, RoutingConfig
+
+if TYPE_CHECKING:
+    from noloco_rt.tb_log import ScalarLog
 
 
 @click.command(help=f"""Train R replicas of S stages in one process: microbatches routed as
@@ -128,7 +131,7 @@ class SimulationCurves:
     """Each evaluation record of the simulator as scalars (None: nothing is written). The
     simulator has no network, so no exchange bytes; its train loss is the mean over replicas."""
 
-    def __init__(self, scalar_log: Any) -> None:
+    def __init__(self, scalar_log: ScalarLog | None) -> None:
         self.scalar_log = scalar_log
         self.previous: Any = None
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlparse
 
 from noloco_rt.config.errors import ConfigError
+from noloco_rt.logs import EventLog
 
 WARN_EVERY_S = 5.0
 RETRY_PAUSE_S = 0.5
@@ -31,7 +31,7 @@ def redis_address(url: str) -> str:
     return f"{parsed.hostname or 'localhost'}:{parsed.port or 6379}"
 
 
-def wait_for_redis(probe: Callable[[], bool], *, url: str, wait_s: float, log: Any,
+def wait_for_redis(probe: Callable[[], bool], *, url: str, wait_s: float, log: EventLog,
                    warn_every_s: float = WARN_EVERY_S, clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> float:
     """Call probe() until it returns True; returns the seconds waited. A warning naming the

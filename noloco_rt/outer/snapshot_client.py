@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import zmq
 
+from noloco_rt.logs import EventLog
 from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
 from noloco_rt.outer.snapshot import (
@@ -43,7 +43,7 @@ class BootstrapState:
 
 
 def pull_bootstrap(ctx: zmq.Context, donor_id: str, address: str, reader: SnapshotReader, *, stage: int,
-                   sender: str, timeout_s: float, on_reject: Callable[[str], None], log: Any,
+                   sender: str, timeout_s: float, on_reject: Callable[[str], None], log: EventLog,
                    observer: bool = False) -> BootstrapState | None:
     """The donor's bootstrap state, or None: a timeout is logged, a refusal passed to on_reject."""
     frames = snapshot_message(MessageKind.BOOTSTRAP_REQUEST, run_id=reader.run_id, stage=stage, sender=sender,

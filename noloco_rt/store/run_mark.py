@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from noloco_rt.config.redaction import redact_url
+from noloco_rt.logs import EventLog
 from noloco_rt.store.backend import RunStore, StoreError
 
 
@@ -25,7 +26,7 @@ def run_is_over(finished_steps: int | None, run_steps: int) -> bool:
     return finished_steps is not None and finished_steps == run_steps
 
 
-def finished_steps(cfg: Any, membership: Any, log: Any) -> int | None:
+def finished_steps(cfg: Any, membership: Any, log: EventLog) -> int | None:
     """run.steps of the run's finish from Redis, else from the store; None: not finished."""
     steps = membership.run_finished_steps()
     if steps is not None or not cfg.store.url:

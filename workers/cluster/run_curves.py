@@ -12,9 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from noloco_rt.logs import read_json_lines
+
+if TYPE_CHECKING:
+    from noloco_rt.tb_log import ScalarLog
 
 
 def scalars_of(event: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
@@ -40,7 +43,7 @@ def stage_heading(name: str) -> str:
 class WorkerLogCurves:
     """Follows `<log_dir>/<name>.<incarnation>.log` of each worker name and writes their scalars."""
 
-    def __init__(self, log_dir: Path, names: Iterable[str], scalar_log: Any) -> None:
+    def __init__(self, log_dir: Path, names: Iterable[str], scalar_log: ScalarLog) -> None:
         self.log_dir = log_dir
         self.names = list(names)
         self.scalar_log = scalar_log

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from noloco_rt.commands.shared_options import model_name
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
-from noloco_rt.logs import get_logger
+from noloco_rt.logs import EventLog, get_logger
 from noloco_rt.process import set_event_from_signal_handler
 from noloco_rt.tb_log import open_scalar_log
 from workers.cluster.run_curves import WorkerLogCurves
@@ -57,7 +57,7 @@ def _schedule(cfg: Config) -> Callable[[int], float]:
                               total_steps=steps)
 
 
-def status_port_for(host: str, wanted: int, log: Any) -> int:
+def status_port_for(host: str, wanted: int, log: EventLog) -> int:
     """coordinator.status_port when it is free (the README's 8780 by default); otherwise (taken,
     e.g. by another run here, or 0) a free port, with a warning naming both."""
     from noloco_rt.membership.embedded_redis import free_port

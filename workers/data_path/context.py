@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
+from noloco_rt.logs import EventLog
 from noloco_rt.net import wire_dtype
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.routing.peers import PeerView
@@ -34,7 +34,7 @@ class DataContext:
     peers: PeerView
     counters: Counters
     metrics: WorkerMetrics
-    log: Any
+    log: EventLog
     leave_requested: threading.Event
     tokens: TokenRate = field(init=False)
     rejected: RejectCounter = field(init=False)

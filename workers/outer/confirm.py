@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from noloco_rt.logs import EventLog
 from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
 from noloco_rt.outer.snapshot import SnapshotReader, SnapshotRejected
@@ -48,7 +49,7 @@ def acknowledged(verdicts: PairVerdicts, partner_id: str, step: int, push: Futur
 
 
 def ask_partner(ctx: zmq.Context, service: SnapshotService, partner: Partner, step: int, *, window_s: float,
-                log: Any) -> Verdict | None:
+                log: EventLog) -> Verdict | None:
     """Ask an unsure partner, telling it we kept its push, whether it uses ours (its
     decision once made): USED (so must we), DECLINED or UNKNOWN, or None when no answer came
     within window_s. Its own question meanwhile is its acknowledgement of ours: USED."""

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import zmq
 
+from noloco_rt.logs import EventLog
 from noloco_rt.net.wire import MessageKind
 from noloco_rt.outer.chunks import ChunkAssembly, Piece
 from noloco_rt.outer.codec import is_lossless
@@ -119,7 +120,7 @@ class OuterExchanger:
     """One background thread running rounds one after the other; results by outer step."""
 
     def __init__(self, ctx: zmq.Context, service: SnapshotService, peers: Any, *, collect_s: float,
-                 log: Any, readiness: ReadinessPairing | None = None) -> None:
+                 log: EventLog, readiness: ReadinessPairing | None = None) -> None:
         self.ctx = ctx
         self.service = service
         self.peers = peers

@@ -8,10 +8,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
+from noloco_rt.logs import EventLog
 from noloco_rt.membership.pairing import PairingQueue, ReadyEntry
 from noloco_rt.membership.records import MemberRecord
 
@@ -34,7 +34,7 @@ class Partner:
 class ReadinessPairing:
     """Take a waiting worker of our stage, or wait for one to take us, within a window."""
 
-    def __init__(self, queue: PairingQueue, *, worker_id: str, exchange_addr: str, log: Any) -> None:
+    def __init__(self, queue: PairingQueue, *, worker_id: str, exchange_addr: str, log: EventLog) -> None:
         self.queue = queue
         self.worker_id = worker_id
         self.exchange_addr = exchange_addr

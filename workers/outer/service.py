@@ -24,6 +24,7 @@ from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.config.choices import LOSSLESS_CODECS
 from noloco_rt.device_check import one_device
+from noloco_rt.logs import EventLog
 from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
 from noloco_rt.outer.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
 from noloco_rt.outer.codecs.quantized import QuantizedTensor
@@ -46,7 +47,7 @@ from noloco_rt.outer.snapshot import (
 from noloco_rt.routing.peers import Blacklist
 from workers.device import HostCopy
 from workers.faults.snapshot import inject_snapshot_faults
-from workers.metrics import RejectCounter
+from workers.metrics import RejectCounter, WorkerMetrics
 from workers.outer.assembly import PushAssemblies
 from workers.outer.device_boundary import ExchangeBoundary
 from workers.outer.inbox import SnapshotInbox
@@ -62,7 +63,7 @@ class SnapshotService:
     """Encodes this worker's snapshots (exchanger thread), keeps partners' pushes and serves
     joiners (server thread)."""
 
-    def __init__(self, cfg: Config, stage: int, worker_id: str, *, metrics: Any, log: Any,
+    def __init__(self, cfg: Config, stage: int, worker_id: str, *, metrics: WorkerMetrics, log: EventLog,
                  expected_shapes: list[tuple[int, ...]], blacklist: Blacklist | None = None,
                  boundary: ExchangeBoundary | None = None) -> None:
         self.cfg = cfg

@@ -20,6 +20,7 @@ from typing import Any
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
+from noloco_rt.logs import EventLog
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.outer.delta_exchange import sends_whole_state
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
@@ -71,7 +72,7 @@ class OuterStep:
     """Every H inner steps: the outer step with our matched group (noloco), else alone."""
 
     def __init__(self, cfg: Config, *, exchanger: OuterExchanger, service: SnapshotService, replica: StageReplica,
-                 peers: PeerView, counters: Counters, metrics: WorkerMetrics, log: Any) -> None:
+                 peers: PeerView, counters: Counters, metrics: WorkerMetrics, log: EventLog) -> None:
         self.cfg = cfg
         self.settings = cfg.outer.resolved()
         self.coeffs = OuterCoefficients.from_config(self.settings)

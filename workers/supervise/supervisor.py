@@ -29,9 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
-from noloco_rt.logs import get_logger
+from noloco_rt.logs import EventLog, get_logger
 from noloco_rt.process import (
     INCARNATION_ENV,
     PARENT_DEATH_SIGNAL_ENV,
@@ -141,7 +140,7 @@ class _Child:
 
 class Supervisor:
     def __init__(self, specs: Sequence[ProcessSpec], *, log_dir: Path, policy: RestartPolicy, grace_s: float,
-                 log: Any = None) -> None:
+                 log: EventLog | None = None) -> None:
         names = [spec.name for spec in specs]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
