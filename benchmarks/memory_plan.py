@@ -1,11 +1,11 @@
-"""The memory plan (noloco_rt.memory_plan) against the peak of a real stage replica.
+"""The memory plan (noloco_rt.memory.plan) against the peak of a real stage replica.
 
 For each stage, a StageReplica does what a worker does in one overlapped outer period:
 an inner step (max_inflight forwards held, then their backwards as the gradients return,
 the optimizer step), the outer step's buffers (our contribution kept for the correction,
 its encoding, the partners' decoded contributions, φ and δ published for joiners), one more
 inner step while those buffers are held, then the correction. The peak of tensor memory
-is measured on the CPU by noloco_rt.memory_tracker, on CUDA by torch.cuda.max_memory_allocated.
+is measured on the CPU by noloco_rt.memory.tracker, on CUDA by torch.cuda.max_memory_allocated.
 
     PYTHONPATH=. python benchmarks/memory_plan.py                      # tiny and small, CPU
     PYTHONPATH=. python benchmarks/memory_plan.py --presets 125m 1b    # on a CUDA machine
@@ -26,9 +26,9 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config, load_config
-from noloco_rt.memory_fit import plan_settings
-from noloco_rt.memory_plan import PlanSettings, stage_memory
-from noloco_rt.memory_tracker import TensorMemoryTracker
+from noloco_rt.memory.fit import plan_settings
+from noloco_rt.memory.plan import PlanSettings, stage_memory
+from noloco_rt.memory.tracker import TensorMemoryTracker
 from noloco_rt.model import lm_loss
 from noloco_rt.net import wire_dtype
 from noloco_rt.outer.codec import decode_tensors

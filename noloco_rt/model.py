@@ -130,7 +130,7 @@ class PipelineStage(nn.Module):
         self._rotary_cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         self.activation_checkpointing = False
         """Keep only each block's input for backward and recompute the block then: about one
-        more forward of compute for a block's activations in memory (noloco_rt.memory_plan)."""
+        more forward of compute for a block's activations in memory (noloco_rt.memory.plan)."""
 
     def rotary(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary tables (cos, sin) for `seq_len` positions on `device`, made on first use."""

@@ -8,7 +8,7 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import ConfigError, load_config
-from noloco_rt.memory_tracker import TensorMemoryTracker
+from noloco_rt.memory.tracker import TensorMemoryTracker
 from noloco_rt.model import build_stage, lm_loss
 
 

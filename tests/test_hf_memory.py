@@ -11,9 +11,9 @@ import torch
 
 from benchmarks.memory_plan import hf_config, measured_peak
 from noloco_rt.hf_model.memory import measured_stages
-from noloco_rt.memory_fit import choose, plan_settings
-from noloco_rt.memory_plan import plan
-from noloco_rt.memory_tracker import TensorMemoryTracker
+from noloco_rt.memory.fit import choose, plan_settings
+from noloco_rt.memory.plan import plan
+from noloco_rt.memory.tracker import TensorMemoryTracker
 from noloco_rt.model import lm_loss
 from noloco_rt.staged_model import staged_model
 from tests.hf_folders import VOCAB, write_folder

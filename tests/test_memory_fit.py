@@ -1,4 +1,4 @@
-"""The in-flight count and checkpointing a worker picks for its memory (noloco_rt/memory_fit.py)."""
+"""The in-flight count and checkpointing a worker picks for its memory (noloco_rt/memory/fit.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from noloco_rt.config import Config, ConfigError, load_config
-from noloco_rt.memory_fit import (
+from noloco_rt.memory.fit import (
     GB,
     budget_bytes,
     choose,
@@ -15,7 +15,7 @@ from noloco_rt.memory_fit import (
     resolved_config,
     worst_peak,
 )
-from noloco_rt.memory_plan import plan
+from noloco_rt.memory.plan import plan
 from workers.device import memory_choice, workers_sharing_device
 
 

@@ -1,4 +1,4 @@
-"""The memory plan (noloco_rt/memory_plan.py) against the model itself: parameter counts,
+"""The memory plan (noloco_rt/memory/plan.py) against the model itself: parameter counts,
 what a block saves for backward, and the whole peak of a real stage replica on the CPU."""
 
 from __future__ import annotations
@@ -8,15 +8,13 @@ import torch
 
 from benchmarks.memory_plan import measured_peak
 from noloco_rt.config.presets import PRESETS
-from noloco_rt.memory_plan import (
-    PlanSettings,
+from noloco_rt.memory.plan import PlanSettings, plan, stage_memory
+from noloco_rt.memory.preset_ops import (
     block_activation_bytes_per_token,
     microbatch_activation_bytes,
-    plan,
-    stage_memory,
     stage_params,
 )
-from noloco_rt.memory_tracker import TensorMemoryTracker
+from noloco_rt.memory.tracker import TensorMemoryTracker
 from noloco_rt.model import Block, PipelineStage, rotary_tables
 
 

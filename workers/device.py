@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from noloco_rt.config import Config
-from noloco_rt.memory_fit import MemoryChoice, budget_bytes, choose
+from noloco_rt.memory.fit import MemoryChoice, budget_bytes, choose
 
 
 def pick_device(local_rank: int) -> torch.device:
@@ -35,7 +35,7 @@ def workers_sharing_device(environ: Mapping[str, str]) -> int:
 
 
 def memory_choice(cfg: Config, device: torch.device, environ: Mapping[str, str] | None = None) -> MemoryChoice:
-    """In-flight count and activation checkpointing for this worker (noloco_rt.memory_fit):
+    """In-flight count and activation checkpointing for this worker (noloco_rt.memory.fit):
     the budget is worker.memory_budget_gb, or the CUDA device's memory over the workers sharing it.
     A model of your own code (model.factory) is not planned: the configured in-flight count or
     the default; an hf:PATH model is, from its stages measured on fake tensors."""

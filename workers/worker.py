@@ -39,7 +39,7 @@ from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
-from noloco_rt.memory_fit import MemoryChoice, resolved_config
+from noloco_rt.memory.fit import MemoryChoice, resolved_config
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.frame_limits import data_frame_limit_bytes, exchange_frame_limit_bytes
 from noloco_rt.net.transport import DataSocket, ExchangeServer

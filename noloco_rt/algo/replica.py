@@ -46,7 +46,7 @@ class StageReplica:
     def of_module(cls, module: PipelineStage, cfg: Config) -> StageReplica:
         """A replica around `module` as it is now (φ = θ, δ = 0), with the run's inner optimizer.
         Activation checkpointing follows model.activation_checkpointing; "auto" is off here (a
-        worker resolves it for its device first: noloco_rt.memory_fit)."""
+        worker resolves it for its device first: noloco_rt.memory.fit)."""
         module.activation_checkpointing = cfg.model.activation_checkpointing == "on"
         return cls(module, InnerOptimizer(module.parameters(), cfg.optim, total_steps=cfg.run.steps))
 

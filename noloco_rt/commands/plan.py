@@ -1,4 +1,4 @@
-"""`noloco-rt plan`: each stage's worker memory (noloco_rt.memory_plan), and with --fit-gb the
+"""`noloco-rt plan`: each stage's worker memory (noloco_rt.memory.plan), and with --fit-gb the
 fewest stages whose every worker fits a budget."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from noloco_rt.commands.shared_options import check_model, model_name, model_opt
 from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.training import ACTIVATION_CHECKPOINTING, PRECISIONS
-from noloco_rt.memory_fit import (
+from noloco_rt.memory.fit import (
     GB,
     MemoryChoice,
     budget_bytes,
@@ -24,7 +24,7 @@ from noloco_rt.memory_fit import (
     layer_count,
     plan_settings,
 )
-from noloco_rt.memory_plan import StageMemory, plan
+from noloco_rt.memory.plan import StageMemory, plan
 
 GPUS = (("H100 80 GB", 78 * 2**30), ("H200 141 GB", 139 * 2**30))
 """Device memory torch reports as the total of each (about 78 and 139 GiB), what a worker

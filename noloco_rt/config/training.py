@@ -96,7 +96,7 @@ class ModelConfig:
     """Recompute each block in backward instead of keeping its activations (one more forward
     of compute; a block's activations shrink to its input). on, off, or auto: a worker turns it
     on only when its in-flight microbatches would not fit its memory budget without it (the
-    CUDA device's share, or worker.memory_budget_gb; noloco_rt.memory_fit), since the recompute
+    CUDA device's share, or worker.memory_budget_gb; noloco_rt.memory.fit), since the recompute
     costs about a third more compute; with no budget (the CPU by default) and in the simulator,
     auto is off."""
     factory: str = ""
@@ -332,7 +332,7 @@ class PipelineConfig:
     """B: microbatches per inner step. Every stage-0 replica feeds B microbatches of
     data.batch_size sequences; a worker accepts (stage 0: originates) B forwards before it
     waits for their gradients and steps. The simulator trains the same B. 0: from memory
-    (noloco_rt.memory_fit): 4 where worker.memory_budget_gb holds them (turning activation
+    (noloco_rt.memory.fit): 4 where worker.memory_budget_gb holds them (turning activation
     checkpointing on if model.activation_checkpointing = auto and it must), else the most
     that fit, at least 1; on the CPU and in the simulator always 4."""
     wire_dtype: str = "float16"

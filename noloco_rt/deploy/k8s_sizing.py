@@ -3,7 +3,7 @@
 The arithmetic is pure (parameter counts and config values in, numbers out) so tests can
 check it by hand; `sizing_from_config` only counts the stages' parameters (on torch's meta
 device: shapes without memory) and feeds them in. docs/deploy.md ("Sizing the pods")
-explains each rule. A worker's memory is the memory plan's (noloco_rt.memory_plan).
+explains each rule. A worker's memory is the memory plan's (noloco_rt.memory.plan).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from noloco_rt.export import stage_parameter_shapes
-from noloco_rt.memory_fit import choose, plan_settings
-from noloco_rt.memory_plan import StageMemory, plan
+from noloco_rt.memory.fit import choose, plan_settings
+from noloco_rt.memory.plan import StageMemory, plan
 
 # The worker's own deadlines (stage_timeouts), so probes and the worker cannot disagree on them.
 from noloco_rt.transfer_time import StageTimeouts, stage_timeouts, transfer_s

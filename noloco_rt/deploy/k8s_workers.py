@@ -69,7 +69,7 @@ def spread(stage: int) -> list[dict[str, Any]]:
 
 def worker_container(p: Profile, stage: int, sizing: PodSizing) -> dict[str, Any]:
     gpu: dict[str, str] = {"nvidia.com/gpu": "1"} if p.gpu else {}
-    # Host memory from the memory plan (noloco_rt.memory_plan): the exchange's copies dominate.
+    # Host memory from the memory plan (noloco_rt.memory.plan): the exchange's copies dominate.
     requests = {"cpu": p.cpu_request, "memory": sizing.worker_memory, "ephemeral-storage": sizing.worker_ephemeral, **gpu}
     return {
         "name": "worker",

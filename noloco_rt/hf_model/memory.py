@@ -4,7 +4,7 @@ The memory plan's formulas know the built-in Llama blocks op by op; a transforme
 saves other tensors (GPT-2's dropout masks and biased LayerNorms, grouped-query attention's
 narrower k and v). So each stage runs one forward and backward on fake tensors (torch's
 FakeTensorMode: shapes and dtypes, no data, no arithmetic, so a stage of a large model costs
-what a small one does), and noloco_rt.memory_tracker counts the storages as they come and
+what a small one does), and noloco_rt.memory.tracker counts the storages as they come and
 go. Two batch sizes, the run's and one more sequence, separate what a microbatch keeps
 whatever its size (autocast's weight casts) from what grows with its sequences: exact at the
 run's size (a batch of one can skip a copy, so sizes are not exactly linear from there), and
@@ -27,8 +27,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from noloco_rt.hf_model.build import StagePlan, build_stage, stage_plan
 from noloco_rt.hf_model.families import hidden_size
-from noloco_rt.memory_plan import MeasuredStage
-from noloco_rt.memory_tracker import TensorMemoryTracker
+from noloco_rt.memory.plan import MeasuredStage
+from noloco_rt.memory.tracker import TensorMemoryTracker
 
 
 @functools.lru_cache(maxsize=8)

@@ -16,7 +16,7 @@ from pathlib import Path
 from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.training import DEFAULT_MAX_INFLIGHT
-from noloco_rt.memory_plan import MeasuredStage, PlanSettings, StageMemory, plan
+from noloco_rt.memory.plan import MeasuredStage, PlanSettings, StageMemory, plan
 
 GB = 10**9
 
