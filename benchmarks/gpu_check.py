@@ -32,7 +32,7 @@ from benchmarks.table import emit, markdown_table
 from noloco_rt.config import Config, load_config, parse_assignment
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.logs import LogRecord, read_json_lines, record_seconds
-from noloco_rt.model import build_stage, stage_layer_range
+from noloco_rt.model.llama import build_stage, stage_layer_range
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
 """Dense bfloat16 tensor-core peaks from the vendors' data sheets (no sparsity)."""

@@ -18,7 +18,7 @@ import torch
 from benchmarks.table import emit, markdown_table
 from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import OptimConfig
-from noloco_rt.model import build_stage
+from noloco_rt.model.llama import build_stage
 
 MICROBATCHES = 4
 

@@ -29,13 +29,13 @@ from noloco_rt.config import Config, load_config
 from noloco_rt.memory.fit import plan_settings
 from noloco_rt.memory.plan import PlanSettings, stage_memory
 from noloco_rt.memory.tracker import TensorMemoryTracker
-from noloco_rt.model import lm_loss
+from noloco_rt.model.llama import lm_loss
+from noloco_rt.model.staged import staged_model
 from noloco_rt.net import wire_dtype
 from noloco_rt.outer.codec import decode_tensors
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients
 from noloco_rt.outer.snapshot import contribution_parts, contribution_state, encode_snapshot
-from noloco_rt.staged_model import staged_model
 
 MIB = 2**20
 

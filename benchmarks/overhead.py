@@ -68,7 +68,7 @@ from benchmarks.plain_loop import run_plain_loop, synchronize
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import Config, load_config, parse_assignment
 from noloco_rt.logs import LogRecord, record_seconds
-from noloco_rt.model import build_stage, lm_loss
+from noloco_rt.model.llama import build_stage, lm_loss
 from workers.cluster.processes import threads_per_worker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import load_config
 from noloco_rt.data import ShardedBatches, load_corpus
 from noloco_rt.logs import record_seconds
-from noloco_rt.model import build_model, lm_loss
+from noloco_rt.model.llama import build_model, lm_loss
 from workers.cluster.local_cluster import LocalCluster
 
 

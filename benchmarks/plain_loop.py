@@ -4,7 +4,7 @@ training loop of the whole model, eager or torch.compile'd, on random tokens.
     python -m benchmarks.plain_loop [--preset 125m] [--mode eager|compiled] [--sequences 32]
         [--seq-len 1024] [--steps 30] [--warmup-steps 10] [--device cuda] [--microbatches 1]
 
-It trains as a worker does, with one batch per step: the same model (noloco_rt.model), bfloat16
+It trains as a worker does, with one batch per step: the same model (noloco_rt.model.llama), bfloat16
 autocast on CUDA (float32 on CPU, as model.precision = auto), the runtime's inner AdamW
 (optim section: lr schedule, betas, weight decay, grad clipping; the same kernel: fused). It prints one
 JSON line: tokens/s over the steps after warm-up (compiling happens in warm-up), peak memory
@@ -30,7 +30,7 @@ import torch
 
 from noloco_rt.algo.optim import adamw_kernel, lr_at
 from noloco_rt.config import OptimConfig
-from noloco_rt.model import PipelineStage, build_stage, lm_loss
+from noloco_rt.model.llama import PipelineStage, build_stage, lm_loss
 
 MODES = ("eager", "compiled")
 DISTINCT_BATCHES = 4

@@ -1,7 +1,7 @@
 """One pipeline stage's forward + backward of one microbatch, three ways: eager; each block
 compiled (model.compile_scope = block, the default); and the whole stage compiled as one graph
 (model.compile_scope = stage: embedding, blocks and head). Both compiled ways are
-noloco_rt.stage_compile.compile_stage, as a worker calls it; the loss stays eager, as in a worker.
+noloco_rt.model.compile_stage.compile_stage, as a worker calls it; the loss stays eager, as in a worker.
 
     PYTHONPATH=. python benchmarks/stage_compile.py [--device cpu|cuda] [--preset tiny] [--seq-len 32]
         [--batch-size 8] [--stages 2] [--stage all|K] [--rounds 15] [--microbatches 10] [--out FILE]
@@ -44,8 +44,8 @@ from torch._inductor.utils import fresh_cache
 from benchmarks.plain_loop import synchronize
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import ModelConfig
-from noloco_rt.model import PipelineStage, build_stage, lm_loss
-from noloco_rt.stage_compile import compile_stage
+from noloco_rt.model.compile_stage import compile_stage
+from noloco_rt.model.llama import PipelineStage, build_stage, lm_loss
 
 VARIANTS = ("eager", "per block", "whole stage")
 SCOPES = {"per block": "block", "whole stage": "stage"}

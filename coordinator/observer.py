@@ -36,8 +36,8 @@ from noloco_rt.logs import EventLog
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
+from noloco_rt.model.staged import staged_model
 from noloco_rt.scored_consensus import consensus_of_found, write_scored_consensus
-from noloco_rt.staged_model import staged_model
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.run_mark import finished_steps, run_is_over
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from noloco_rt.config import Config
-from noloco_rt.staged_model import StagedModel
+from noloco_rt.model.staged import StagedModel
 
 SIZE = 16
 CLASSES = 4

@@ -19,8 +19,8 @@ from noloco_rt.data import (
     validation_batches,
     validation_capacity,
 )
-from noloco_rt.model import lm_loss
-from noloco_rt.staged_model import staged_model
+from noloco_rt.model.llama import lm_loss
+from noloco_rt.model.staged import staged_model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -29,9 +29,9 @@ from torch import nn
 
 from noloco_rt.config import Config, ConfigError, config_to_toml, load_config
 from noloco_rt.config.presets import PRESETS
-from noloco_rt.model import PipelineStage
+from noloco_rt.model.llama import PipelineStage
+from noloco_rt.model.staged import staged_model
 from noloco_rt.shared_files import write_shared_file
-from noloco_rt.staged_model import staged_model
 from noloco_rt.standalone import standalone_metadata
 
 CONSENSUS_FORMAT = "noloco-consensus/1"

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from noloco_rt.config import Config
 from noloco_rt.config.prepared_manifest import run_tokenizer_path
 from noloco_rt.hf_format import generation_config, hf_config, to_hf
-from noloco_rt.model import PipelineStage
+from noloco_rt.model.llama import PipelineStage
 from noloco_rt.shared_files import make_shared, write_shared_file
 
 WEIGHTS_FILE = "model.safetensors"

@@ -3,7 +3,7 @@ permutation of wq / wk, and config.json.
 
 Pure logic: no files, and no `transformers` import (it is a test-only dependency).
 
-The two models differ in one place beyond names. noloco_rt.model rotates interleaved
+The two models differ in one place beyond names. noloco_rt.model.llama rotates interleaved
 pairs (features 2i, 2i+1 of a head share frequency i); HF Llama's rotate_half pairs
 feature i with i + head_dim/2. Permuting the rows of wq and wk within each head turns
 one into the other; q·k is unchanged because both get the same permutation, and wv,
@@ -20,9 +20,9 @@ import torch
 from noloco_rt.config.presets import ModelShape
 
 ROPE_THETA = 10000.0
-"""noloco_rt.model.rotary_tables' base."""
+"""noloco_rt.model.llama.rotary_tables' base."""
 RMS_NORM_EPS = 1e-6
-"""noloco_rt.model.RMSNorm's eps."""
+"""noloco_rt.model.llama.RMSNorm's eps."""
 
 _TOP_LEVEL = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
               "head.weight": "lm_head.weight"}

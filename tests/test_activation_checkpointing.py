@@ -9,7 +9,7 @@ import torch
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import ConfigError, load_config
 from noloco_rt.memory.tracker import TensorMemoryTracker
-from noloco_rt.model import build_stage, lm_loss
+from noloco_rt.model.llama import build_stage, lm_loss
 
 
 def gradients(checkpointing: bool, stage: int, precision: torch.dtype | None) -> tuple[list[torch.Tensor], float]:

@@ -56,7 +56,7 @@ def test_probe_thresholds() -> None:
 
 def test_stage_parameter_counts_are_the_models_own() -> None:
     """Counted on torch's meta device; equal to a real stage's parameters."""
-    from noloco_rt.model import build_stage
+    from noloco_rt.model.llama import build_stage
 
     cfg = load_config(environ={}, overrides=[{"model": {"preset": "tiny", "vocab_size": 300},
                                               "pipeline": {"stages": 3}}])

@@ -9,8 +9,8 @@ import torch
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
 from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.model.staged import preset_model
 from noloco_rt.routing.peers import Blacklist, PeerView
-from noloco_rt.staged_model import preset_model
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.downstream import Downstream

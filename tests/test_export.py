@@ -24,7 +24,7 @@ from noloco_rt.export import (
     save_consensus,
     stage_parameter_shapes,
 )
-from noloco_rt.model import build_stage
+from noloco_rt.model.llama import build_stage
 from noloco_rt.scored_consensus import (
     consensus_of_checkpoints,
     read_worker_checkpoints,

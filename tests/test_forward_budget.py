@@ -10,9 +10,9 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
+from noloco_rt.model.staged import preset_model
 from noloco_rt.net import messages
 from noloco_rt.net.wire import MessageKind
-from noloco_rt.staged_model import preset_model
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import ALL_SENDERS_STEPS, PER_SENDER_STEPS, ForwardIntake

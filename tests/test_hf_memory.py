@@ -14,8 +14,8 @@ from noloco_rt.hf_model.memory import measured_stages
 from noloco_rt.memory.fit import choose, plan_settings
 from noloco_rt.memory.plan import plan
 from noloco_rt.memory.tracker import TensorMemoryTracker
-from noloco_rt.model import lm_loss
-from noloco_rt.staged_model import staged_model
+from noloco_rt.model.llama import lm_loss
+from noloco_rt.model.staged import staged_model
 from tests.hf_folders import VOCAB, write_folder
 from tests.in_process import run_cli_in_process
 from workers.device import memory_choice

@@ -10,7 +10,7 @@ import torch
 
 from noloco_rt.config import load_config
 from noloco_rt.hf_model.split import split_layers
-from noloco_rt.staged_model import StagedModelError, staged_model
+from noloco_rt.model.staged import StagedModelError, staged_model
 from tests.hf_folders import VOCAB, write_folder
 
 pytest.importorskip("transformers", reason="transformers is a dev dependency: pip install -e '.[dev]'")

@@ -197,7 +197,7 @@ def test_a_hugging_face_index_naming_a_file_outside_its_folder_is_refused(tmp_pa
     import shutil
 
     from noloco_rt.config.presets import PRESETS
-    from noloco_rt.init_weights import InitWeightsError, open_source
+    from noloco_rt.model.init_weights import InitWeightsError, open_source
 
     path = tmp_path / "consensus.safetensors"
     preset_consensus(path)

@@ -15,8 +15,8 @@ from noloco_rt.config import load_config
 from noloco_rt.data import load_corpus
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.export import load_consensus
-from noloco_rt.init_weights import initial_replica, load_stage_weights
-from noloco_rt.model import build_stage
+from noloco_rt.model.init_weights import initial_replica, load_stage_weights
+from noloco_rt.model.llama import build_stage
 from noloco_rt.simulation.simulator import Simulation
 from tests.weights import one_torch_thread, random_consensus  # noqa: F401 (an autouse fixture)
 

@@ -15,7 +15,7 @@ from noloco_rt.memory.preset_ops import (
     stage_params,
 )
 from noloco_rt.memory.tracker import TensorMemoryTracker
-from noloco_rt.model import Block, PipelineStage, rotary_tables
+from noloco_rt.model.llama import Block, PipelineStage, rotary_tables
 
 
 def settings(preset: str = "tiny", **changes) -> PlanSettings:

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from noloco_rt.config.presets import PRESETS
-from noloco_rt.model import PipelineStage, build_model, build_stage, lm_loss, stage_layer_range
+from noloco_rt.model.llama import (
+    PipelineStage,
+    build_model,
+    build_stage,
+    lm_loss,
+    stage_layer_range,
+)
 
 
 def test_layer_ranges_cover_every_layer_once():

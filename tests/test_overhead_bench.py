@@ -33,7 +33,7 @@ from benchmarks.plain_loop import (
     run_plain_loop,
 )
 from noloco_rt.config import OptimConfig
-from noloco_rt.model import build_stage
+from noloco_rt.model.llama import build_stage
 
 
 def test_the_ideal_is_b_over_b_plus_s_minus_one_of_the_slowest_stages_rate():

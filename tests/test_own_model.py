@@ -1,4 +1,4 @@
-"""Your own model through the Python API (noloco_rt/staged_model.py, examples/tiny_cnn.py):
+"""Your own model through the Python API (noloco_rt/model/staged.py, examples/tiny_cnn.py):
 loading model.factory, its checks, its resumable data, and a real run of the example with
 real worker processes, Redis and the coordinator."""
 
@@ -17,7 +17,7 @@ from noloco_rt.cli import cli
 from noloco_rt.config import load_config
 from noloco_rt.data import DataCursor
 from noloco_rt.export import load_consensus
-from noloco_rt.staged_model import CountedBatches, StagedModel, StagedModelError, staged_model
+from noloco_rt.model.staged import CountedBatches, StagedModel, StagedModelError, staged_model
 from tests.test_up import finish, marked_processes, start_up
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_a_factory_that_cannot_serve_is_one_clear_error(factory, stages, message
 
 def test_a_factory_that_returns_something_else_says_what_it_returned(tmp_path):
     (tmp_path / "wrong.py").write_text("def build(cfg):\n    return 42\n")
-    with pytest.raises(StagedModelError, match="returned int, not a noloco_rt.staged_model.StagedModel"):
+    with pytest.raises(StagedModelError, match="returned int, not a noloco_rt.model.staged.StagedModel"):
         staged_model(_cfg(f"{tmp_path / 'wrong.py'}:build"))
     (tmp_path / "no_val.py").write_text(
         "import dataclasses, examples.tiny_cnn as cnn\n"

@@ -11,8 +11,8 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import ConfigError, load_config
-from noloco_rt.model import lm_loss
-from noloco_rt.staged_model import preset_model
+from noloco_rt.model.llama import lm_loss
+from noloco_rt.model.staged import preset_model
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.device import HostStaging, autocast_dtype

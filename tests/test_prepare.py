@@ -352,7 +352,7 @@ def _exported_run_loads_in_transformers(run: Path, prepared: Path, tmp_path: Pat
 def test_sample_decodes_with_the_runs_tokenizer(prepared, tmp_path, capsys):
     from noloco_rt.evaluation import generate
     from noloco_rt.export import save_consensus, stage_parameter_shapes
-    from noloco_rt.model import build_model
+    from noloco_rt.model.llama import build_model
 
     cfg = _tokens_config(prepared)
     model = build_model("tiny", vocab_size=cfg.model.vocab_size, seed=0)

@@ -6,7 +6,7 @@ import torch
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
-from noloco_rt.model import lm_loss
+from noloco_rt.model.llama import lm_loss
 from noloco_rt.outer.formula import OuterCoefficients
 
 

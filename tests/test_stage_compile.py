@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from noloco_rt.model import build_stage, lm_loss
-from noloco_rt.stage_compile import compile_blocks, compile_stage, compile_wanted
+from noloco_rt.model.compile_stage import compile_blocks, compile_stage, compile_wanted
+from noloco_rt.model.llama import build_stage, lm_loss
 
 
 def test_auto_compiles_on_cuda_only_and_bad_values_are_refused():

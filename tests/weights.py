@@ -10,7 +10,7 @@ import torch
 
 from noloco_rt.config import Config, load_config
 from noloco_rt.export import save_consensus, stage_parameter_shapes
-from noloco_rt.model import build_model
+from noloco_rt.model.llama import build_model
 
 
 def random_consensus(path: Path, *, preset: str = "tiny", stages: int = 2, seed: int = 0,

@@ -30,7 +30,6 @@ from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
 from noloco_rt.data import DataCursor
-from noloco_rt.init_weights import initial_replica
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.pairing import PairingQueue
@@ -40,13 +39,14 @@ from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.memory.fit import MemoryChoice, resolved_config
+from noloco_rt.model.compile_stage import compile_stage, compile_wanted
+from noloco_rt.model.init_weights import initial_replica
+from noloco_rt.model.staged import staged_model
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.frame_limits import data_frame_limit_bytes, exchange_frame_limit_bytes
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
-from noloco_rt.stage_compile import compile_stage, compile_wanted
-from noloco_rt.staged_model import staged_model
 from noloco_rt.transfer_time import stage_timeouts
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due
 from workers.counters import Counters

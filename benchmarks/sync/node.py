@@ -27,7 +27,7 @@ import torch.distributed as dist
 import zmq
 
 from noloco_rt.config import Config, load_config
-from noloco_rt.model import build_model
+from noloco_rt.model.llama import build_model
 from noloco_rt.net.transport import ExchangeServer
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
 from noloco_rt.outer.matching import matched_partners

@@ -13,7 +13,7 @@ import torch
 
 from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import Config
-from noloco_rt.model import PipelineStage, build_stage
+from noloco_rt.model.llama import PipelineStage, build_stage
 from noloco_rt.outer.correction import apply_correction, deferred_outer_step, provisional_local_step
 from noloco_rt.outer.delta_exchange import ErrorFeedback, delta_local_step
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
@@ -34,10 +34,10 @@ class StageReplica:
     @classmethod
     def create(cls, cfg: Config, stage: int, *, device: torch.device | str = "cpu") -> StageReplica:
         """A replica initialised from the run seed: identical for every replica of a stage.
-        A run with model.init_from starts from noloco_rt.init_weights.initial_replica (it
+        A run with model.init_from starts from noloco_rt.model.init_weights.initial_replica (it
         reads files, and this package does no I/O); asking here for it is a bug."""
         if cfg.model.init_from:
-            raise ValueError("model.init_from is set: build the replica with noloco_rt.init_weights.initial_replica")
+            raise ValueError("model.init_from is set: build the replica with noloco_rt.model.init_weights.initial_replica")
         module = build_stage(cfg.model.preset, vocab_size=cfg.model.vocab_size, stage=stage,
                              num_stages=cfg.pipeline.stages, seed=cfg.run.seed, device=device)
         return cls.of_module(module, cfg)

@@ -14,7 +14,7 @@ from noloco_rt.cli import OneLineError
 if TYPE_CHECKING:
     from noloco_rt.config import Config
     from noloco_rt.config.training import DataConfig
-    from noloco_rt.model import PipelineStage
+    from noloco_rt.model.llama import PipelineStage
 
 
 class UnusableCheckpoint(OneLineError):
@@ -86,7 +86,7 @@ def load_for_command(path: Path, device: str, *, presets_only: str | None = None
     `factory`: the model code the user named (--model), the only code a file is built with."""
     from noloco_rt.config.training import is_hf_reference
     from noloco_rt.export import ExportError, OwnModelNotNamed, load_consensus
-    from noloco_rt.staged_model import StagedModelError
+    from noloco_rt.model.staged import StagedModelError
 
     try:
         cfg, model, metadata = load_consensus(path, device=device, factory=factory or "")

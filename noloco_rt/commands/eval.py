@@ -72,7 +72,7 @@ def _validation_batches(cfg: Config, batches: int | None) -> list:
     token data's validation split (no more than it holds)."""
     from noloco_rt.data import load_corpus, validation_capacity
     from noloco_rt.evaluation import load_validation_batches
-    from noloco_rt.staged_model import staged_model
+    from noloco_rt.model.staged import staged_model
 
     if cfg.model.factory and staged_model(cfg).own_data:
         own = load_validation_batches(cfg)
@@ -91,6 +91,6 @@ def _untrained_model(cfg: Config, device: str) -> Any:
         from noloco_rt.export import whole_model
 
         return whole_model(cfg).to(device)
-    from noloco_rt.model import build_model
+    from noloco_rt.model.llama import build_model
 
     return build_model(cfg.model.preset, vocab_size=cfg.model.vocab_size, seed=cfg.run.seed, device=device)

@@ -38,7 +38,7 @@ class UnusableModel(OneLineError):
 def model_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--model", "model_factory", default=None, metavar="MODULE:FUNCTION|hf:PATH",
                         help="Train your own model: package.module:function or path/to/file.py:function, "
-                             "returning a noloco_rt.staged_model.StagedModel, or hf:PATH, a transformers "
+                             "returning a noloco_rt.model.staged.StagedModel, or hf:PATH, a transformers "
                              "causal-LM folder (model.factory; docs/own-model.md).")(func)
 
 
@@ -67,7 +67,7 @@ def check_model(cfg: Config) -> None:
     a bad return fails here in one line, not in every worker."""
     if not cfg.model.factory:
         return
-    from noloco_rt.staged_model import StagedModelError, staged_model
+    from noloco_rt.model.staged import StagedModelError, staged_model
 
     try:
         staged_model(cfg)
@@ -92,7 +92,7 @@ def check_init_from(cfg: Config) -> None:
     """Refuse a model.init_from that cannot start this run."""
     if not cfg.model.init_from:
         return
-    from noloco_rt.init_weights import InitWeightsError, check_init_source
+    from noloco_rt.model.init_weights import InitWeightsError, check_init_source
 
     try:
         check_init_source(cfg)

@@ -102,7 +102,7 @@ class ModelConfig:
     factory: str = ""
     """Empty: the built-in preset. Else your own model: "package.module:function" or
     "path/to/file.py:function", a function of the run's Config returning a
-    noloco_rt.staged_model.StagedModel (its stages, loss and data; docs/own-model.md), or
+    noloco_rt.model.staged.StagedModel (its stages, loss and data; docs/own-model.md), or
     "hf:PATH", a transformers causal-LM folder (config.json, weights optional) staged
     from transformers' own modules on the run's token data.
     Every worker and the coordinator import it, so it must be importable where they run.

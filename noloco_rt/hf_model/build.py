@@ -26,7 +26,7 @@ from noloco_rt.hf_model.families import (
 )
 from noloco_rt.hf_model.split import split_layers
 from noloco_rt.hf_model.weights import read_weights, weight_files
-from noloco_rt.staged_model import StagedModel, StagedModelError
+from noloco_rt.model.staged import StagedModel, StagedModelError
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def hf_staged_model(cfg: Any) -> StagedModel:
 
 
 def _hf_staged_model(cfg: Any) -> StagedModel:
-    from noloco_rt.model import lm_loss
+    from noloco_rt.model.llama import lm_loss
 
     plan = stage_plan(Path(cfg.model.hf_folder), cfg.pipeline.stages)
     vocab = int(plan.config.vocab_size)

@@ -64,7 +64,7 @@ def _one_microbatch(plan: StagePlan, stage: int, seq_len: int, precision: str,
     params = sum(p.numel() for p in module.parameters())
     width = hidden_size(plan.config)
     first, last = stage == 0, stage == len(plan.runs) - 1
-    from noloco_rt.model import lm_loss
+    from noloco_rt.model.llama import lm_loss
 
     with FakeTensorMode(allow_non_fake_inputs=True), TensorMemoryTracker() as tracker:
         inputs = (torch.zeros(sequences, seq_len, dtype=torch.long) if first

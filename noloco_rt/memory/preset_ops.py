@@ -3,7 +3,7 @@ saved activations per token, a microbatch's on a stage, and the worst moment of 
 backward. The memory plan (noloco_rt.memory.plan) adds the weights, optimizers and exchange.
 
 Saved activations per token of one block, derived from what the model's ops save for
-backward (noloco_rt/model.py), C = dim, F = ffn_dim, H = heads:
+backward (noloco_rt/model/llama.py), C = dim, F = ffn_dim, H = heads:
 
     float32: RMSNorm x (4C), x·rsqrt (4C), its output for wq/wk/wv (4C); rotated q and k
     (8C); v (4C); attention output and its log-sum-exp (4C + 4H); the output reshaped for
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def stage_layers(n_layers: int, num_stages: int, stage: int) -> int:
-    """Blocks of `stage` (noloco_rt.model.stage_layer_range's count, without importing torch)."""
+    """Blocks of `stage` (noloco_rt.model.llama.stage_layer_range's count, without importing torch)."""
     base, extra = divmod(n_layers, num_stages)
     return base + (1 if stage < extra else 0)
 

@@ -29,7 +29,8 @@ from noloco_rt.config import Config, config_to_toml
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
 from noloco_rt.evaluation import load_validation_batches
 from noloco_rt.export import mean_over_replicas, save_consensus
-from noloco_rt.init_weights import initial_replica
+from noloco_rt.model.init_weights import initial_replica
+from noloco_rt.model.staged import CountedBatches, staged_model
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
 from noloco_rt.outer.matching import draw_groups, step_rng
@@ -37,7 +38,6 @@ from noloco_rt.plots import plot_curves
 from noloco_rt.simulation.lossy_exchange import stage_round
 from noloco_rt.simulation.paths import random_peers
 from noloco_rt.simulation.step_routes import Hop, StepPlan, plan_step
-from noloco_rt.staged_model import CountedBatches, staged_model
 
 # Methods whose replicas never take an outer step: ddp averages gradients every step
 # instead; adam is plain Adam per replica (the authors' "local" baseline).

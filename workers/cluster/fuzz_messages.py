@@ -14,7 +14,7 @@ import msgpack
 import torch
 import zstandard
 
-from noloco_rt.model import build_stage
+from noloco_rt.model.llama import build_stage
 from noloco_rt.net.wire import PROTOCOL_VERSION
 from noloco_rt.outer.codec import checksum, encode_tensors
 from noloco_rt.outer.codecs import codec_named

@@ -26,7 +26,7 @@ from noloco_rt.membership.embedded_redis import EmbeddedRedis, random_password
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
-from noloco_rt.model import build_stage, lm_loss
+from noloco_rt.model.llama import build_stage, lm_loss
 
 Event = dict[str, Any]
 

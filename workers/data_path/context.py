@@ -10,10 +10,10 @@ import torch
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.logs import EventLog
+from noloco_rt.model.staged import StagedModel
 from noloco_rt.net import wire_dtype
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.routing.peers import PeerView
-from noloco_rt.staged_model import StagedModel
 from workers.counters import Counters, TokenRate
 from workers.device import HostCopy, HostStaging, autocast_dtype
 from workers.metrics import RejectCounter, WorkerMetrics

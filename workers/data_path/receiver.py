@@ -91,7 +91,7 @@ class ForwardIntake:
 
     def _well_formed(self, message: messages.DataMessage) -> bool:
         """Activations and targets of the shapes the run's model takes (a preset: (B, T, C) and
-        (B, T), targets inside the vocabulary; noloco_rt.staged_model)."""
+        (B, T), targets inside the vocabulary; noloco_rt.model.staged)."""
         if len(message.tensors) != 2:
             return False
         activations, targets = message.tensors

@@ -14,8 +14,8 @@ import torch
 
 from noloco_rt.data import DataCursor, ShardedBatches, load_corpus
 from noloco_rt.membership.table import Membership
+from noloco_rt.model.staged import CountedBatches
 from noloco_rt.net import messages
-from noloco_rt.staged_model import CountedBatches
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import ForwardIntake, Receiver
 from workers.finish import FinishRule, StepLimit, UpstreamFinished

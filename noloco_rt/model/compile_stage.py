@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from noloco_rt.model import PipelineStage
+from noloco_rt.model.llama import PipelineStage
 
 
 def compile_wanted(setting: str, device: torch.device | str) -> bool:

@@ -21,8 +21,8 @@ from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS, ModelShape
 from noloco_rt.export import CONSENSUS_FORMAT, ExportError, verify_contents
 from noloco_rt.hf_format import HFFormatError, check_hf_config, from_hf, hf_name
-from noloco_rt.model import PipelineStage, build_stage
-from noloco_rt.staged_model import StagedModel
+from noloco_rt.model.llama import PipelineStage, build_stage
+from noloco_rt.model.staged import StagedModel
 
 HF_WEIGHTS, HF_INDEX = "model.safetensors", "model.safetensors.index.json"
 _IGNORED_HF = ("rotary_emb.inv_freq",)  # buffers some older HF checkpoints saved; recomputed, not weights
@@ -231,7 +231,7 @@ def initial_replica(cfg: Config, stage: int, *, device: torch.device | str = "cp
     `model` (the run's StagedModel, loaded once by the caller) builds it."""
     if cfg.model.factory:
         if model is None:
-            raise ValueError("model.factory is set: pass the run's StagedModel (noloco_rt.staged_model)")
+            raise ValueError("model.factory is set: pass the run's StagedModel (noloco_rt.model.staged)")
         return StageReplica.of_module(model.build_stage(stage).to(device), cfg)
     if not cfg.model.init_from:
         return StageReplica.create(cfg, stage, device=device)

@@ -92,7 +92,10 @@ def staged_model(cfg: Config) -> StagedModel:
 
 def preset_model(cfg: Config) -> StagedModel:
     """A built-in Llama preset on the run's token data."""
-    from noloco_rt.model import build_stage, lm_loss  # the presets' code, only when one is used
+    from noloco_rt.model.llama import (  # the presets' code, only when one is used
+        build_stage,
+        lm_loss,
+    )
 
     shape = PRESETS[cfg.model.preset]
     stages, vocab = cfg.pipeline.stages, cfg.model.vocab_size
@@ -116,7 +119,7 @@ def checked(model: object, cfg: Config) -> StagedModel:
     """`model` if it is a StagedModel of the run's stage count; StagedModelError otherwise."""
     where = f"model.factory {cfg.model.factory}" if cfg.model.factory else "the preset"
     if not isinstance(model, StagedModel):
-        raise StagedModelError(f"{where} returned {type(model).__name__}, not a noloco_rt.staged_model.StagedModel")
+        raise StagedModelError(f"{where} returned {type(model).__name__}, not a noloco_rt.model.staged.StagedModel")
     if model.num_stages != cfg.pipeline.stages:
         raise StagedModelError(f"{where} has {model.num_stages} stages but pipeline.stages is "
                                f"{cfg.pipeline.stages}: set pipeline.stages = {model.num_stages}")
