@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.table import emit, markdown_table
-from noloco_rt.checkpoint import (
+from noloco_rt.checkpoints.worker import (
     CHECKPOINT_VERSION,
     checkpoint_writer,
     publish_temporary,

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.seed_stats import seed_range
-from noloco_rt.checkpoint import load_checkpoint
+from noloco_rt.checkpoints.worker import load_checkpoint
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.stage_checkpoints import StageCheckpoints
 from workers.cluster.local_cluster import LocalCluster, tiny_val_loss

@@ -35,9 +35,9 @@ from typing import Any
 
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import load_config
+from noloco_rt.consensus.scored import consensus_of_checkpoints
 from noloco_rt.logs import read_json_lines, record_seconds
 from noloco_rt.membership.embedded_redis import redis_server_binary
-from noloco_rt.scored_consensus import consensus_of_checkpoints
 from workers.faults import netns
 from workers.faults.netns import LinkSpec
 

@@ -34,7 +34,7 @@ def coordinator(redis_url: str | None, status_port: int | None, host: str | None
         raise click.UsageError("--redis-url (or network.redis_url) is required: the coordinator finds workers there")
 
     from noloco_rt.commands.shared_options import check_store
-    from noloco_rt.startup import process_startup
+    from noloco_rt.process.startup import process_startup
 
     check_store(cfg)
     scalar_log = _open_curves(cfg, tensorboard_dir, with_wandb)  # a missing package: refused before connecting
@@ -70,7 +70,7 @@ def _serve_and_observe(cfg, started, scalar_log) -> None:
     from coordinator.server import CoordinatorMetrics
     from noloco_rt.logs import get_logger
     from noloco_rt.membership.table import Membership
-    from noloco_rt.process import set_event_from_signal_handler
+    from noloco_rt.process.lifetime import set_event_from_signal_handler
 
     log = get_logger(run=cfg.run.run_id, role="coordinator")
     out = Path(cfg.paths.out_dir)

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
-from noloco_rt.logs import EventLog
-from noloco_rt.membership.table import Membership
-from noloco_rt.scored_consensus import (
+from noloco_rt.consensus.scored import (
     WorkerCheckpoints,
     read_store_checkpoints,
     read_worker_checkpoints,
 )
+from noloco_rt.logs import EventLog
+from noloco_rt.membership.table import Membership
 from noloco_rt.store.backend import StoreError
 
 FINISH_CHECK_S = 2.0

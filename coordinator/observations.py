@@ -9,7 +9,7 @@ from typing import Any
 
 from coordinator.pull import PulledReplica
 from noloco_rt.algo.spread_sample import finite_or_none
-from noloco_rt.scored_consensus import ScoredConsensus
+from noloco_rt.consensus.scored import ScoredConsensus
 
 
 @dataclass

@@ -31,13 +31,13 @@ from coordinator.run_page import RunPage
 from noloco_rt.algo.diagnostics import perplexity
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
+from noloco_rt.consensus.scored import consensus_of_found, write_scored_consensus
 from noloco_rt.evaluation import load_validation_batches, validation_loss
 from noloco_rt.logs import EventLog
 from noloco_rt.membership.progress import outer_kinds_by_stage
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.table import Membership
 from noloco_rt.model.staged import staged_model
-from noloco_rt.scored_consensus import consensus_of_found, write_scored_consensus
 from noloco_rt.store.backend import RunStore, StoreError
 from noloco_rt.store.run_mark import finished_steps, run_is_over
 

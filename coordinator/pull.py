@@ -19,7 +19,7 @@ import torch
 import zmq
 
 from noloco_rt.config import Config
-from noloco_rt.export import stage_parameter_shapes
+from noloco_rt.consensus.file import stage_parameter_shapes
 from noloco_rt.logs import EventLog
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.outer.snapshot import SnapshotReader

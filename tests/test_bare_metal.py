@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from noloco_rt.export import load_consensus
+from noloco_rt.consensus.file import load_consensus
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, random_password
 from workers.cluster.chaos_faults import Partitions
 from workers.cluster.local_cluster import read_events

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from noloco_rt.checkpoint import (
+from noloco_rt.checkpoints.worker import (
     CheckpointError,
     atomic_write_bytes,
     checkpoint_bytes,

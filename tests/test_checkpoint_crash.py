@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from noloco_rt.checkpoint import load_checkpoint, save_checkpoint
+from noloco_rt.checkpoints.worker import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""A worker's own checkpoint writes (workers/checkpoint_writes.py, noloco_rt/kept_checkpoints.py):
+"""A worker's own checkpoint writes (workers/checkpoint_writes.py, noloco_rt/checkpoints/kept.py):
 off the training thread, one at a time, the last N kept, resumed from an older one when the
 newest cannot be read, and a failed write (a full disk) counted while the last good
 checkpoint stays. Real files and threads; failures come from the real write call."""
@@ -17,9 +17,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from noloco_rt.algo.replica import StageReplica
-from noloco_rt.checkpoint import CheckpointError, load_checkpoint
+from noloco_rt.checkpoints.kept import kept_paths, load_newest_usable, older_index, write_kept
+from noloco_rt.checkpoints.worker import CheckpointError, load_checkpoint
 from noloco_rt.config import ConfigError, load_config
-from noloco_rt.kept_checkpoints import kept_paths, load_newest_usable, older_index, write_kept
 from noloco_rt.store.backend import RunStore
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due, failure_kind
 from workers.counters import Counters
@@ -110,7 +110,7 @@ def test_the_last_n_are_kept_newest_at_the_usual_path_and_only_it_ends_in_pt(tmp
 
 
 def _checkpoint_bytes(step: int) -> bytes:
-    from noloco_rt.checkpoint import checkpoint_bytes
+    from noloco_rt.checkpoints.worker import checkpoint_bytes
 
     return checkpoint_bytes(_state(step))
 

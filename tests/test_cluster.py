@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from noloco_rt.checkpoint import load_checkpoint
+from noloco_rt.checkpoints.worker import load_checkpoint
 from noloco_rt.membership.records import WorkerState
 from workers.cluster.local_cluster import LocalCluster, tiny_val_loss
 from workers.faults.data_path import data_faults_env

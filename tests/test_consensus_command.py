@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from noloco_rt.checkpoint import save_checkpoint
-from noloco_rt.export import load_consensus, mean_over_replicas, stage_parameter_shapes
+from noloco_rt.checkpoints.worker import save_checkpoint
+from noloco_rt.consensus.file import load_consensus, mean_over_replicas, stage_parameter_shapes
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.stage_checkpoints import StageCheckpoints
 from tests.in_process import run_cli_in_process

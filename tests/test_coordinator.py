@@ -26,7 +26,7 @@ from coordinator.observer import Observer
 from coordinator.pull import PulledReplica
 from coordinator.server import CoordinatorMetrics
 from noloco_rt.config import load_config
-from noloco_rt.export import load_consensus, mean_over_replicas, stage_parameter_shapes
+from noloco_rt.consensus.file import load_consensus, mean_over_replicas, stage_parameter_shapes
 from noloco_rt.membership.embedded_redis import free_port
 from tests.test_secrets_in_files import files_holding
 from workers.cluster.local_cluster import LocalCluster, read_events
@@ -197,7 +197,7 @@ def test_a_coordinator_started_after_the_run_finished_makes_its_model_and_can_ke
         exiting = start_coordinator(cluster, free_port(), tmp_path / "exits", "exits.log")
         assert exiting.wait(60) == 0  # the default: done, so it exits
         # Without a store, the workers' checkpoints on this machine (up's, or every stage launched here).
-        from noloco_rt.checkpoint import save_checkpoint
+        from noloco_rt.checkpoints.worker import save_checkpoint
 
         local = tmp_path / "local"
         (local / "checkpoints").mkdir(parents=True)

@@ -13,9 +13,9 @@ import torch
 
 from noloco_rt.cli import main
 from noloco_rt.config import load_config
+from noloco_rt.consensus.file import load_consensus, save_consensus, stage_parameter_shapes
 from noloco_rt.data import ShardedBatches, load_corpus
 from noloco_rt.evaluation import generate, load_validation_batches, validation_loss
-from noloco_rt.export import load_consensus, save_consensus, stage_parameter_shapes
 from noloco_rt.model.llama import build_model, lm_loss
 
 TRAIN_STEPS = 60

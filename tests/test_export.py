@@ -13,10 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from noloco_rt.checkpoint import save_checkpoint
+from noloco_rt.checkpoints.worker import save_checkpoint
 from noloco_rt.config import config_to_toml, load_config
-from noloco_rt.evaluation import validation_loss
-from noloco_rt.export import (
+from noloco_rt.consensus.file import (
     CONSENSUS_FORMAT,
     ExportError,
     load_consensus,
@@ -24,12 +23,13 @@ from noloco_rt.export import (
     save_consensus,
     stage_parameter_shapes,
 )
-from noloco_rt.model.llama import build_stage
-from noloco_rt.scored_consensus import (
+from noloco_rt.consensus.scored import (
     consensus_of_checkpoints,
     read_worker_checkpoints,
     write_scored_consensus,
 )
+from noloco_rt.evaluation import validation_loss
+from noloco_rt.model.llama import build_stage
 
 
 def make_config(run_id: str = "exp", stages: int = 2):
@@ -145,7 +145,7 @@ def _flip_a_byte_mid_tensor(tmp_path):
 
 
 def _nan_weight_with_a_matching_checksum(tmp_path):
-    from noloco_rt.export import tensors_sha256
+    from noloco_rt.consensus.file import tensors_sha256
 
     def poison(tensors):
         tensors["layers.1.ffn.w2.weight"][3, 4] = float("nan")
@@ -245,7 +245,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_file_whole(tmp_path):
         import resource, signal, torch
         from pathlib import Path
         from noloco_rt.config import load_config
-        from noloco_rt.export import save_consensus, stage_parameter_shapes
+        from noloco_rt.consensus.file import save_consensus, stage_parameter_shapes
         cfg = load_config({str(config_path)!r}, environ={{}})
         stages = [[torch.full(shape, 7.0) for _, shape in stage_parameter_shapes(cfg, s)] for s in range(2)]
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default; die like a killed writer

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from noloco_rt.cli import main
-from noloco_rt.export import load_consensus
-from noloco_rt.hf_export import write_hf_folder
-from noloco_rt.hf_format import (
+from noloco_rt.consensus.file import load_consensus
+from noloco_rt.consensus.hf_export import write_hf_folder
+from noloco_rt.consensus.hf_format import (
     HFFormatError,
     halves_to_interleaved,
     hf_name,

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from noloco_rt.cli import cli
-from noloco_rt.export import load_consensus
+from noloco_rt.consensus.file import load_consensus
 from tests.hf_folders import write_folder
 from tests.test_up import finish, marked_processes, start_up
 

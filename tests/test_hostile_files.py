@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from noloco_rt.cli import cli
 from noloco_rt.config import config_to_toml, load_config
-from noloco_rt.export import (
+from noloco_rt.consensus.file import (
     OwnModelNotNamed,
     load_consensus,
     save_consensus,

@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from noloco_rt.cli import main
 from noloco_rt.config import load_config
+from noloco_rt.consensus.file import load_consensus
 from noloco_rt.data import load_corpus
 from noloco_rt.evaluation import load_validation_batches, validation_loss
-from noloco_rt.export import load_consensus
 from noloco_rt.model.init_weights import initial_replica, load_stage_weights
 from noloco_rt.model.llama import build_stage
 from noloco_rt.simulation.simulator import Simulation

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from noloco_rt.config import load_config
-from noloco_rt.process import PROCESS_ENV_VARS, set_parent_death_signal_from_env
+from noloco_rt.process.lifetime import PROCESS_ENV_VARS, set_parent_death_signal_from_env
 
-ARM = ("from noloco_rt.process import set_parent_death_signal_from_env as arm; "
+ARM = ("from noloco_rt.process.lifetime import set_parent_death_signal_from_env as arm; "
        "print(arm(), flush=True)")
 
 

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from noloco_rt.checkpoint import load_checkpoint
+from noloco_rt.checkpoints.worker import load_checkpoint
 from workers.cluster.local_cluster import LocalCluster, each_outer_step_once, one_sided_share
 
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from noloco_rt.cli import cli
 from noloco_rt.config import load_config
+from noloco_rt.consensus.file import load_consensus
 from noloco_rt.data import DataCursor
-from noloco_rt.export import load_consensus
 from noloco_rt.model.staged import CountedBatches, StagedModel, StagedModelError, staged_model
 from tests.test_up import finish, marked_processes, start_up
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from noloco_rt.checkpoint import load_checkpoint
+from noloco_rt.checkpoints.worker import load_checkpoint
 from workers.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)

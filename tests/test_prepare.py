@@ -332,7 +332,7 @@ def _exported_run_loads_in_transformers(run: Path, prepared: Path, tmp_path: Pat
         return
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from noloco_rt.export import load_consensus
+    from noloco_rt.consensus.file import load_consensus
 
     code, _, err = run_main(capsys, "export", str(run / "consensus.safetensors"), "--format", "hf", str(tmp_path / "hf"),
                             "--data", str(prepared))  # the run's tokenizer: named by the user, never by the file
@@ -350,8 +350,8 @@ def _exported_run_loads_in_transformers(run: Path, prepared: Path, tmp_path: Pat
 
 
 def test_sample_decodes_with_the_runs_tokenizer(prepared, tmp_path, capsys):
+    from noloco_rt.consensus.file import save_consensus, stage_parameter_shapes
     from noloco_rt.evaluation import generate
-    from noloco_rt.export import save_consensus, stage_parameter_shapes
     from noloco_rt.model.llama import build_model
 
     cfg = _tokens_config(prepared)

@@ -11,7 +11,7 @@ import zmq
 from click.testing import CliRunner
 
 from noloco_rt.cli import cli
-from noloco_rt.export import load_consensus
+from noloco_rt.consensus.file import load_consensus
 
 PASSWORD = "Planted-Redis-Passw0rd"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from noloco_rt.checkpoint import save_checkpoint
+from noloco_rt.checkpoints.worker import save_checkpoint
 from noloco_rt.cli import main
-from noloco_rt.export import stage_parameter_shapes
+from noloco_rt.consensus.file import stage_parameter_shapes
 from tests.weights import one_torch_thread, random_consensus  # noqa: F401 (an autouse fixture)
 
 

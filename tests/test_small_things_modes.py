@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from noloco_rt.cli import main
-from noloco_rt.export import load_consensus
+from noloco_rt.consensus.file import load_consensus
 from tests.weights import one_torch_thread, random_consensus  # noqa: F401 (an autouse fixture)
 
 

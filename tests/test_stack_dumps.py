@@ -1,4 +1,4 @@
-"""A stuck process shows where (noloco_rt/stack_dumps.py): SIGUSR1 prints every thread's
+"""A stuck process shows where (noloco_rt/process/stack_dumps.py): SIGUSR1 prints every thread's
 stack, and a process past its work that will not exit prints them and exits 1. Real child
 processes; every wait has a deadline."""
 
@@ -11,7 +11,7 @@ import time
 
 CHILD_WAITING = """
 import threading
-from noloco_rt.stack_dumps import dump_stacks_on_sigusr1
+from noloco_rt.process.stack_dumps import dump_stacks_on_sigusr1
 
 def parked_in_a_helper_thread(stop):
     stop.wait(60)
@@ -25,7 +25,7 @@ stop.wait(60)
 
 CHILD_THAT_WILL_NOT_EXIT = """
 import threading
-from noloco_rt.stack_dumps import arm_exit_watchdog
+from noloco_rt.process.stack_dumps import arm_exit_watchdog
 
 def a_thread_that_will_not_stop():
     threading.Event().wait(60)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from noloco_rt.checkpoint import load_checkpoint
+from noloco_rt.checkpoints.worker import load_checkpoint
 from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.cursors import DataCursors

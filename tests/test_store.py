@@ -104,7 +104,7 @@ def test_a_folder_write_killed_midway_leaves_the_previous_checkpoint_readable(tm
     # A writer process SIGKILLed while it writes a larger, newer checkpoint.
     script = ("import sys, torch; from noloco_rt.store.backend import RunStore;"
               "from noloco_rt.store.stage_checkpoints import StageCheckpoints;"
-              "import noloco_rt.checkpoint as c; orig = c.os.replace;"
+              "import noloco_rt.checkpoints.worker as c; orig = c.os.replace;"
               "c.os.replace = lambda *a: (print('renaming', flush=True), sys.stdin.readline(), orig(*a));"
               f"StageCheckpoints(RunStore({str(tmp_path)!r}), 'run').save(0, "
               "{'slow': [torch.ones(1000, 1000)]}, outer_step=10, inner_step=50, writer='w2')")

@@ -341,7 +341,7 @@ def test_incarnations_continue_after_old_logs(supervise, tmp_path):
 
 
 def test_children_die_when_the_supervisor_is_sigkilled(tmp_path):
-    child = ("from noloco_rt.process import set_parent_death_signal_from_env as arm\n"
+    child = ("from noloco_rt.process.lifetime import set_parent_death_signal_from_env as arm\n"
              "import os\narm()\nprint('ready', os.getpid(), flush=True)\n" + SLEEPER)
     script = f"""
         import sys, threading

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from noloco_rt.config import Config, load_config
-from noloco_rt.export import save_consensus, stage_parameter_shapes
+from noloco_rt.consensus.file import save_consensus, stage_parameter_shapes
 from noloco_rt.model.llama import build_model
 
 

@@ -1,6 +1,6 @@
 """Writes of a worker's own checkpoint file (docs/architecture.md §5): off the training
 thread while it trains, in the caller's thread when it finishes or leaves; the last
-worker.checkpoint_keep kept (noloco_rt.kept_checkpoints).
+worker.checkpoint_keep kept (noloco_rt.checkpoints.kept).
 
 A write that fails (a full disk, an I/O error, a read-only or forbidden folder) is logged
 as `checkpoint_failed`, counted by its errno name and never raised: the worker trains on,
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.checkpoint import checkpoint_writer
-from noloco_rt.kept_checkpoints import write_kept
+from noloco_rt.checkpoints.kept import write_kept
+from noloco_rt.checkpoints.worker import checkpoint_writer
 from noloco_rt.logs import EventLog
 from workers.background_writer import PINNED_STATE_LIMIT_BYTES, BackgroundWriter, state_to_host
 from workers.device import HostStaging, PinnedArena

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the command body imports these when it runs, so that `--hel
     from noloco_rt.config import Config
     from noloco_rt.logs import EventLog
     from noloco_rt.membership.table import Membership
-    from noloco_rt.startup import Started
+    from noloco_rt.process.startup import Started
 
 GIL_SWITCH_INTERVAL_S = 0.0005
 """How long a thread holds the GIL when another waits for it (Python's default: 5 ms)."""
@@ -80,7 +80,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
     check_init_from(cfg)
     check_model(cfg)
     check_store(cfg)
-    from noloco_rt.startup import process_startup
+    from noloco_rt.process.startup import process_startup
 
     # A bad key file or a refused password fails here, before anything starts. An unreachable
     # Redis is waited for (it may start after us), within worker.redis_wait_s.
@@ -99,7 +99,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> int:
     """Compose the worker from its parts and run it until its steps are done or it leaves."""
     from noloco_rt.membership.table import Membership
-    from noloco_rt.stack_dumps import arm_exit_watchdog, dump_stacks_on_sigusr1
+    from noloco_rt.process.stack_dumps import arm_exit_watchdog, dump_stacks_on_sigusr1
     from workers.faults.checkpoint_writes import disk_full_from_env
     from workers.faults.data_path import data_faults_from_env
     from workers.health_metrics import register_health_collector

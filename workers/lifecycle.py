@@ -14,8 +14,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from noloco_rt.algo.replica import StageReplica
+from noloco_rt.checkpoints.kept import load_newest_usable
 from noloco_rt.data import DataCursor
-from noloco_rt.kept_checkpoints import load_newest_usable
 from noloco_rt.logs import EventLog
 from workers.background_writer import detached_copy
 from workers.checkpoint_writes import CheckpointWrites

@@ -19,7 +19,7 @@ from benchmarks.sync import model
 from benchmarks.sync.model import Link
 from benchmarks.table import markdown_table
 from noloco_rt.config import load_config
-from noloco_rt.export import stage_parameter_shapes
+from noloco_rt.consensus.file import stage_parameter_shapes
 
 NOMINAL_WAN = ("100 Mbit/s, RTT 50 ms", Link(alpha_s=0.025, beta_bytes_per_s=100e6 / 8))
 EXTRAPOLATE_N = (2, 8, 32, 128, 512, 1024)

@@ -85,7 +85,7 @@ def load_for_command(path: Path, device: str, *, presets_only: str | None = None
     command's name, when it works on the built-in language models only (not model.factory's);
     `factory`: the model code the user named (--model), the only code a file is built with."""
     from noloco_rt.config.training import is_hf_reference
-    from noloco_rt.export import ExportError, OwnModelNotNamed, load_consensus
+    from noloco_rt.consensus.file import ExportError, OwnModelNotNamed, load_consensus
     from noloco_rt.model.staged import StagedModelError
 
     try:
@@ -97,7 +97,7 @@ def load_for_command(path: Path, device: str, *, presets_only: str | None = None
         if presets_only:
             raise UnusableCheckpoint(f"{path} holds your own model ({exc.factory!r}): `noloco-rt {presets_only}` "
                                      f"works on the built-in presets only; load it in Python with "
-                                     f"noloco_rt.export.load_consensus(path, factory=...)") from None
+                                     f"noloco_rt.consensus.file.load_consensus(path, factory=...)") from None
         raise UnusableCheckpoint(f"{path} holds your own model ({exc.factory!r}): a file never chooses code "
                                  f"to run; name it: --model MODULE:FUNCTION") from None
     except (ExportError, StagedModelError) as exc:

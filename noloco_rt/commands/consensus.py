@@ -32,8 +32,8 @@ def consensus(sources: tuple[Path, ...], from_store: bool, out: Path, as_json: b
     (--config RUN.toml, the file the workers ran with) gives the run id, the model and the
     validation data; checkpoints of another run or shape are skipped and named."""
     from noloco_rt.commands import effective_config
-    from noloco_rt.export import ExportError
-    from noloco_rt.scored_consensus import (
+    from noloco_rt.consensus.file import ExportError
+    from noloco_rt.consensus.scored import (
         checkpoint_files,
         consensus_of_found,
         read_checkpoint_files,
@@ -68,7 +68,7 @@ def consensus(sources: tuple[Path, ...], from_store: bool, out: Path, as_json: b
 
 def _from_store(cfg):
     from noloco_rt.config.redaction import redact_url
-    from noloco_rt.scored_consensus import read_store_checkpoints
+    from noloco_rt.consensus.scored import read_store_checkpoints
     from noloco_rt.store.backend import StoreError
 
     if not cfg.store.url:

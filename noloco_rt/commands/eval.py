@@ -88,7 +88,7 @@ def _validation_batches(cfg: Config, batches: int | None) -> list:
 def _untrained_model(cfg: Config, device: str) -> Any:
     """The model of the same config and seed before any step."""
     if cfg.model.factory:
-        from noloco_rt.export import whole_model
+        from noloco_rt.consensus.file import whole_model
 
         return whole_model(cfg).to(device)
     from noloco_rt.model.llama import build_model

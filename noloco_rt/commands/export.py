@@ -41,8 +41,8 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
     model.safetensors and generation_config.json (and tokenizer.json when you name one:
     --tokenizer, or --data of a `prepare`d directory; a file never picks local files to copy),
     loadable with transformers' LlamaForCausalLM.from_pretrained(OUT)."""
-    from noloco_rt.hf_export import HFExportError, check_out_dir, write_hf_folder
-    from noloco_rt.hf_format import HFFormatError
+    from noloco_rt.consensus.hf_export import HFExportError, check_out_dir, write_hf_folder
+    from noloco_rt.consensus.hf_format import HFFormatError
 
     try:
         check_out_dir(out, force=force)  # before reading a possibly large checkpoint
@@ -57,7 +57,7 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
     cfg, model, metadata = load_for_command(checkpoint, "cpu", presets_only=None if model_folder else "export",
                                             factory=model_value(model_folder))
     cfg, file_data = with_user_files(cfg, data=data_paths, tokenizer=tokenizer)
-    from noloco_rt.standalone import (
+    from noloco_rt.consensus.standalone import (
         carried_tokenizer_file,
         embedded_eos_id,
         embedded_tokenizer,
@@ -92,7 +92,7 @@ def export(checkpoint: Path, out: Path, fmt: str, force: bool, tokenizer: str | 
 def _named_tokenizer(cfg: Config, tokenizer: str | None) -> Path | None:
     """The tokenizer.json the user named: --tokenizer (a file, or a folder holding one), else
     the one of their --data directory (cfg holds only what they named)."""
-    from noloco_rt.hf_export import run_tokenizer_file
+    from noloco_rt.consensus.hf_export import run_tokenizer_file
 
     if tokenizer and cfg.data.source != "tokens":
         path = Path(tokenizer).expanduser()

@@ -49,7 +49,7 @@ MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes
 
 def _run_codec(cfg: Config, file_data: DataConfig, checkpoint: Path, metadata: dict[str, str]) -> TextCodec | None:
     """The run's tokenizer as the user named it (--tokenizer, or its --data directory's), else
-    the one the file carries (noloco_rt/standalone.py); None: byte-level. The file's own data
+    the one the file carries (noloco_rt/consensus/standalone.py); None: byte-level. The file's own data
     section only says whether one is needed, never where to read it."""
     if file_data.source != "tokens":
         return None
@@ -76,8 +76,8 @@ def _run_codec(cfg: Config, file_data: DataConfig, checkpoint: Path, metadata: d
 
 def _carried_codec(metadata: dict[str, str]) -> TextCodec | None:
     """A codec of the tokenizer the consensus carries, if it carries one."""
+    from noloco_rt.consensus.standalone import carried_tokenizer_file, embedded_eos_id
     from noloco_rt.prepare.tokenizer import TextCodec
-    from noloco_rt.standalone import carried_tokenizer_file, embedded_eos_id
 
     with carried_tokenizer_file(metadata) as path:
         return TextCodec(path, embedded_eos_id(metadata)) if path is not None else None  # read at once

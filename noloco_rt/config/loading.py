@@ -16,7 +16,7 @@ from typing import Any
 from noloco_rt.config.errors import ConfigError
 from noloco_rt.config.prepared_manifest import find_prepared_dir, read_manifest
 from noloco_rt.config.schema import SECTIONS, Config
-from noloco_rt.process import PROCESS_ENV_VARS
+from noloco_rt.process.lifetime import PROCESS_ENV_VARS
 
 ENV_PREFIX = "NOLOCO_"
 

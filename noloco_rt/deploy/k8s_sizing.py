@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from noloco_rt.export import stage_parameter_shapes
+from noloco_rt.consensus.file import stage_parameter_shapes
 from noloco_rt.memory.fit import choose, plan_settings
 from noloco_rt.memory.plan import StageMemory, plan
 

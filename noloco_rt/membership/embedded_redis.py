@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from noloco_rt.config import NetworkConfig
-from noloco_rt.process import set_parent_death_signal
+from noloco_rt.process.lifetime import set_parent_death_signal
 
 
 def redis_server_binary() -> str:

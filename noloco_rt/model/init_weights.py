@@ -1,7 +1,7 @@
 """Start a run from weights (model.init_from): a consensus file or a Hugging Face Llama folder.
 
 Each stage reads only its own tensors (safetensors reads lazily, by name), so a worker of
-a large model never holds the rest. The HF direction reuses noloco_rt.hf_format (names
+a large model never holds the rest. The HF direction reuses noloco_rt.consensus.hf_format (names
 and the inverse rotary permutation); a sharded HF folder is followed through its
 model.safetensors.index.json. Any missing tensor, wrong shape or unmappable config is one
 InitWeightsError line naming it.
@@ -19,8 +19,8 @@ from safetensors import SafetensorError, safe_open
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.config.presets import PRESETS, ModelShape
-from noloco_rt.export import CONSENSUS_FORMAT, ExportError, verify_contents
-from noloco_rt.hf_format import HFFormatError, check_hf_config, from_hf, hf_name
+from noloco_rt.consensus.file import CONSENSUS_FORMAT, ExportError, verify_contents
+from noloco_rt.consensus.hf_format import HFFormatError, check_hf_config, from_hf, hf_name
 from noloco_rt.model.llama import PipelineStage, build_stage
 from noloco_rt.model.staged import StagedModel
 

@@ -26,9 +26,9 @@ from noloco_rt.algo.diagnostics import perplexity, replica_spread
 from noloco_rt.algo.optim import average_gradients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config, config_to_toml
+from noloco_rt.consensus.file import mean_over_replicas, save_consensus
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
 from noloco_rt.evaluation import load_validation_batches
-from noloco_rt.export import mean_over_replicas, save_consensus
 from noloco_rt.model.init_weights import initial_replica
 from noloco_rt.model.staged import CountedBatches, staged_model
 from noloco_rt.outer.correction import correction_term

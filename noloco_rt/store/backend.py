@@ -1,7 +1,7 @@
 """Where durable run state lives: a local folder (a PersistentVolumeClaim's mount) or an
 fsspec URL (file://, s3://, gs://, ... with the matching fsspec package installed).
 
-Writes are atomic for readers: a folder gets temp + fsync + rename (noloco_rt.checkpoint);
+Writes are atomic for readers: a folder gets temp + fsync + rename (noloco_rt.checkpoints.worker);
 an object store's single PUT is atomic by nature. Readers of several files still need an
 order (stage checkpoints write their manifest last, noloco_rt.store.stage_checkpoints).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from noloco_rt.checkpoint import atomic_write_bytes
+from noloco_rt.checkpoints.worker import atomic_write_bytes
 from noloco_rt.config.redaction import redact_url
 
 

@@ -1,7 +1,7 @@
 """Checksummed stage checkpoints in the durable store (docs/architecture.md §5).
 
 Layout under the store's root:
-    <run_id>/stage-<k>/step-<outer:08d>-<writer>.pt     the state (noloco_rt.checkpoint format)
+    <run_id>/stage-<k>/step-<outer:08d>-<writer>.pt     the state (noloco_rt.checkpoints.worker format)
     <run_id>/stage-<k>/step-<outer:08d>-<writer>.json   its manifest, written after it
 A manifest names its data file's SHA-256 and size, so a reader never trusts a file that is
 torn, truncated or from a crashed writer: a checkpoint exists once its manifest does, and
@@ -17,7 +17,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from noloco_rt.checkpoint import CheckpointError, checkpoint_bytes, checkpoint_from_bytes
+from noloco_rt.checkpoints.worker import CheckpointError, checkpoint_bytes, checkpoint_from_bytes
 from noloco_rt.counts import is_count
 from noloco_rt.store.backend import RunStore
 

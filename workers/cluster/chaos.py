@@ -158,8 +158,8 @@ def run_phase(cfg: Config, out: Path, target_steps: int, schedule: list[Fault], 
 
 def finalise(cfg: Config, out: Path) -> dict[str, Any]:
     """Consensus of the final checkpoints, scored on the validation split (as `up` does)."""
-    from noloco_rt.export import ExportError
-    from noloco_rt.scored_consensus import consensus_of_checkpoints
+    from noloco_rt.consensus.file import ExportError
+    from noloco_rt.consensus.scored import consensus_of_checkpoints
 
     try:
         final = consensus_of_checkpoints(cfg, out / "checkpoints", out / "consensus.safetensors",

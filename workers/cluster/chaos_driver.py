@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.checkpoint import CheckpointError, load_checkpoint
+from noloco_rt.checkpoints.worker import CheckpointError, load_checkpoint
 from noloco_rt.config import Config
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, embedded_redis_password, free_port

@@ -157,7 +157,7 @@ class LocalCluster:
         try:
             return worker.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            worker.process.send_signal(signal.SIGUSR1)  # its threads' stacks (noloco_rt/stack_dumps.py)
+            worker.process.send_signal(signal.SIGUSR1)  # its threads' stacks (noloco_rt/process/stack_dumps.py)
             deadline = time.monotonic() + 5
             while "most recent call first" not in worker.log_text() and time.monotonic() < deadline:
                 time.sleep(0.05)

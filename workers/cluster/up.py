@@ -88,7 +88,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     check_init_from(cfg)
     check_model(cfg)
 
-    from noloco_rt.startup import process_startup
+    from noloco_rt.process.startup import process_startup
 
     out = Path(cfg.paths.out_dir)
     curves = _curves_settings(out, tensorboard_dir, no_tensorboard, with_wandb)

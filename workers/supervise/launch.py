@@ -95,7 +95,7 @@ def launch(stage: int, nproc: int, redis_url: str | None, name_prefix: str | Non
 
     if (why := worker_outer_error(cfg.outer)) is not None:
         raise click.UsageError(why)
-    from noloco_rt.startup import process_startup
+    from noloco_rt.process.startup import process_startup
 
     prefix = name_prefix or f"{socket.gethostname()}-s{stage}"
     logs = Path(log_dir) if log_dir else Path(cfg.paths.out_dir) / "logs"

@@ -11,7 +11,7 @@ our processes write their structured log and tracebacks) and `.out` (stdout). In
 the highest one already there, so a restarted supervisor never overwrites old logs.
 
 Children are told `NOLOCO_PARENT_DEATH_SIGNAL` and `NOLOCO_PARENT_PID`; a child that calls
-noloco_rt.process.set_parent_death_signal_from_env() (`noloco-rt worker` does) dies
+noloco_rt.process.lifetime.set_parent_death_signal_from_env() (`noloco-rt worker` does) dies
 with the supervisor even if the supervisor is SIGKILLed. Linux sends that signal when
 the *thread* that forked the child exits, so call start(), poll() and run() from the
 main thread. The class is not thread-safe; signal handling belongs to the command.
@@ -31,7 +31,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from noloco_rt.logs import EventLog, get_logger
-from noloco_rt.process import (
+from noloco_rt.process.lifetime import (
     INCARNATION_ENV,
     PARENT_DEATH_SIGNAL_ENV,
     PARENT_PID_ENV,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from noloco_rt.checkpoint import publish_temporary, write_temporary
+from noloco_rt.checkpoints.worker import publish_temporary, write_temporary
 
 
 def umask() -> int:

@@ -4,7 +4,7 @@ Every worker keeps its own slow weights φ; the model a run has learned is their
 over the replicas of each stage. This module averages them, writes the result as one
 safetensors file whose metadata carries the run's config, and loads it back as the whole
 model, so a consensus file is usable without the run's config file or cluster. Where the
-replicas come from, and the score, is noloco_rt/scored_consensus.py.
+replicas come from, and the score, is noloco_rt/consensus/scored.py.
 
 Writes are atomic (temporary file, fsync, rename): a reader sees the previous complete
 file or the new one, never a torn one. The file gets the mode any new file of the user's
@@ -27,12 +27,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from noloco_rt.checkpoints.shared_files import write_shared_file
 from noloco_rt.config import Config, ConfigError, config_to_toml, load_config
 from noloco_rt.config.presets import PRESETS
+from noloco_rt.consensus.standalone import standalone_metadata
 from noloco_rt.model.llama import PipelineStage
 from noloco_rt.model.staged import staged_model
-from noloco_rt.shared_files import write_shared_file
-from noloco_rt.standalone import standalone_metadata
 
 CONSENSUS_FORMAT = "noloco-consensus/1"
 RESERVED_METADATA = ("format", "config", "sha256")
@@ -158,7 +158,7 @@ def save_consensus(path: Path, cfg: Config, stages: Sequence[Sequence[torch.Tens
         for (name, _), tensor in zip(expected, tensors, strict=True):
             named[name] = tensor.detach().to("cpu").contiguous()
     # The config redacted: a file people share holds no Redis password or CURVE secret. The
-    # run's tokenizer travels with it (noloco_rt/standalone.py).
+    # run's tokenizer travels with it (noloco_rt/consensus/standalone.py).
     header = {**standalone_metadata(cfg), **extra, "format": CONSENSUS_FORMAT,
               "config": config_to_toml(cfg, redact=True), "sha256": tensors_sha256(named)}
     write_shared_file(path, safetensors_bytes(named, metadata=header))

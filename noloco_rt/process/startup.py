@@ -3,7 +3,7 @@
 The order matters: the parent-death signal first (a supervised process must not outlive its
 supervisor), then the checks that turn a configuration mistake into one clear line and exit 2
 before anything starts (CURVE key files, Redis password and ACL), then logging, then the
-ZeroMQ context with the run's keys. Kept apart from noloco_rt.process, which the config
+ZeroMQ context with the run's keys. Kept apart from noloco_rt.process.lifetime, which the config
 loader imports: this module needs the config, the membership table and the transport.
 """
 
@@ -22,7 +22,7 @@ from noloco_rt.membership.redis_access import check_access, connect_network
 from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.net.curve import CurveKeys, load_curve_keys
 from noloco_rt.net.transport import disable_curve, enable_curve
-from noloco_rt.process import set_parent_death_signal_from_env
+from noloco_rt.process.lifetime import set_parent_death_signal_from_env
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Write a noloco-rt model as a Hugging Face LlamaForCausalLM folder: config.json,
 model.safetensors, generation_config.json and, when the run names one, tokenizer.json.
 
-The mapping itself is noloco_rt.hf_format; this module only writes files. Every file is
+The mapping itself is noloco_rt.consensus.hf_format; this module only writes files. Every file is
 written atomically (temporary file, then rename), so an interrupted export never leaves
 a half-written file under the final name, and gets the mode of any new file of the user's
 (0644 under umask 022).
@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from noloco_rt.checkpoints.shared_files import make_shared, write_shared_file
 from noloco_rt.config import Config
 from noloco_rt.config.prepared_manifest import run_tokenizer_path
-from noloco_rt.hf_format import generation_config, hf_config, to_hf
+from noloco_rt.consensus.hf_format import generation_config, hf_config, to_hf
 from noloco_rt.model.llama import PipelineStage
-from noloco_rt.shared_files import make_shared, write_shared_file
 
 WEIGHTS_FILE = "model.safetensors"
 

@@ -19,11 +19,9 @@ from noloco_rt.algo.spread_sample import (
     finite_or_none,
     pooled_estimate,
 )
-from noloco_rt.checkpoint import CHECKPOINT_VERSION
+from noloco_rt.checkpoints.worker import CHECKPOINT_VERSION
 from noloco_rt.config import Config
-from noloco_rt.counts import is_count
-from noloco_rt.evaluation import Batch, validation_loss
-from noloco_rt.export import (
+from noloco_rt.consensus.file import (
     ExportError,
     check_tensors,
     load_consensus,
@@ -31,6 +29,8 @@ from noloco_rt.export import (
     save_consensus,
     stage_parameter_shapes,
 )
+from noloco_rt.counts import is_count
+from noloco_rt.evaluation import Batch, validation_loss
 from noloco_rt.logs import get_logger
 
 

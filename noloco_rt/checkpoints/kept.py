@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from noloco_rt.checkpoint import (
+from noloco_rt.checkpoints.worker import (
     CheckpointError,
     FileWriter,
     load_checkpoint,
