@@ -340,6 +340,11 @@ class PipelineConfig:
     float16 (default: half the bytes, val loss within +0.07 % median over 6 seeds,
     benchmarks/wire_dtype.py), or int8 (activations: int8 with a per-token scale; gradients:
     bfloat16)."""
+    simulate_wire_dtype: bool = False
+    """The simulator passes activations (forward) and gradients (backward) between stages
+    through wire_dtype as workers pack them (true), or hands them on exactly (false: how the
+    simulator figures in benchmarks/README.md were made unless they say otherwise). Workers
+    always use wire_dtype."""
 
     def __post_init__(self) -> None:
         require_choice("pipeline", "wire_dtype", self.wire_dtype, WIRE_DTYPES)

@@ -38,6 +38,7 @@ from noloco_rt.plots import plot_curves
 from noloco_rt.simulation.lossy_exchange import stage_round
 from noloco_rt.simulation.paths import random_peers
 from noloco_rt.simulation.step_routes import Hop, StepPlan, plan_step
+from noloco_rt.simulation.wire import through_wire
 
 # Methods whose replicas never take an outer step: ddp averages gradients every step
 # instead; adam is plain Adam per replica (the authors' "local" baseline).
@@ -123,6 +124,8 @@ class Simulation:
     def _forward_backward(self, hop: Hop, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         hidden = inputs
         for stage, index in enumerate(hop.path):
+            if stage > 0 and self.cfg.pipeline.simulate_wire_dtype:  # the hop from the stage before
+                hidden = through_wire(hidden, self.cfg.pipeline.wire_dtype)
             hidden = self.replicas[stage][index].module(hidden)
         loss = self.model.loss(hidden.float(), targets)
         (loss * hop.loss_weight).backward()  # retraces the forward route through exactly these replicas
