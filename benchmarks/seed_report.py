@@ -21,7 +21,7 @@ from benchmarks.seed_stats import (
     thinned,
 )
 from benchmarks.table import markdown_table
-from noloco_rt.plots import save_figure
+from noloco_rt.curves.png import save_figure
 
 
 def fmt_range(value: SeedRange | None, digits: int, *, empty: str = "n/a") -> str:

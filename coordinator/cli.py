@@ -127,7 +127,7 @@ def _status_server(cfg, observer, metrics, page):
 def _open_curves(cfg, tensorboard_dir: str | None, with_wandb: bool):
     """The ScalarLog of --tensorboard / --wandb (None without either); a package asked for
     but not installed: one line, exit 2."""
-    from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error
+    from noloco_rt.curves.scalar_log import ScalarLogUnavailable, open_scalar_log, usage_error
 
     try:
         return open_scalar_log(Path(tensorboard_dir) if tensorboard_dir else None,

@@ -43,7 +43,7 @@ from noloco_rt.store.run_mark import finished_steps, run_is_over
 
 if TYPE_CHECKING:
     from coordinator.server import CoordinatorMetrics
-    from noloco_rt.tb_log import ScalarLog
+    from noloco_rt.curves.scalar_log import ScalarLog
 
 PULL_ATTEMPTS_PER_STAGE = 3
 SPARE_SPREAD_PULLS_PER_STAGE = 3
@@ -78,7 +78,7 @@ class Observer:
         self.log = log
         self.rng = rng or random.Random()
         self.scalar_log = scalar_log
-        """A noloco_rt.tb_log.ScalarLog for --tensorboard / --wandb, or None."""
+        """A noloco_rt.curves.scalar_log.ScalarLog for --tensorboard / --wandb, or None."""
         self.page = page
         """The live page's state (coordinator/run_page.py): it draws our measurements."""
         self.chain = StageChain(cfg)

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.collections import LineCollection, PolyCollection
 
-from noloco_rt.plots import (
+from noloco_rt.curves.png import (
     MAX_OUTER_MARKS,
     SPREAD_BAND_LABEL,
     curves_figure,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from noloco_rt.cli import main
-from noloco_rt.tb_log import TAGS, tag
+from noloco_rt.curves.scalar_log import TAGS, tag
 
 HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 HAVE_WANDB = importlib.util.find_spec("wandb") is not None
@@ -91,7 +91,7 @@ def test_coordinator_refuses_a_missing_tensorboard_before_connecting(tmp_path, m
 def test_coordinator_writes_val_loss_ppl_spread_and_consensus_curves(tmp_path):
     import threading
 
-    from noloco_rt.tb_log import open_scalar_log
+    from noloco_rt.curves.scalar_log import open_scalar_log
     from tests.test_coordinator import observed_stages
 
     observer, _ = observed_stages(tmp_path, {0: 3, 1: 2}, sample=3, seed=0)
@@ -174,7 +174,7 @@ def test_the_replicas_of_a_stage_are_curves_of_one_chart(tmp_path):
     draws s0-r0 and s0-r1 on the chart train/loss/stage0, s1-r0 on train/loss/stage1."""
     import json
 
-    from noloco_rt.tb_log import open_scalar_log
+    from noloco_rt.curves.scalar_log import open_scalar_log
     from workers.cluster.run_curves import WorkerLogCurves, stage_heading
 
     assert (stage_heading("s0-r1"), stage_heading("s12-r3"), stage_heading("coordinator")) == \

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from noloco_rt.config import load_config
+from noloco_rt.curves.scalar_log import tag
 from noloco_rt.logs import read_json_lines
 from noloco_rt.membership.progress import OUTER_STEP_KINDS
-from noloco_rt.tb_log import tag
 from tests.test_tensorboard import HAVE_TENSORBOARD, read_scalars
+from tests.waiting import wait_until as wait_until_every
 from workers.cluster.local_cluster import error_events
 from workers.cluster.run_dir import read_metrics
 from workers.cluster.run_outcome import incarnation_logs, worker_summaries
@@ -32,6 +33,10 @@ FAST = {"worker.heartbeat_interval_s": 0.25, "worker.exchange_timeout_s": 3.0, "
         "worker.upstream_gone_s": 1.0,
         "outer.h": 5, "pipeline.max_inflight": 2, "coordinator.eval_interval_s": 2.0,
         "coordinator.spread_interval_s": 4.0, "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 4}
+
+
+def wait_until(condition, *, timeout_s: float, what: str, process: subprocess.Popen | None = None):
+    return wait_until_every(condition, timeout_s, what, interval_s=0.2, process=process)
 
 
 def start_up(out: Path, *, steps: int, mark: str, flags: tuple[str, ...] = (), **extra: object) -> subprocess.Popen:
@@ -59,19 +64,6 @@ def marked_processes(mark: str) -> list[int]:
         if needle in environ.split(b"\0") and state != "Z":
             found.append(int(entry.name))
     return found
-
-
-def wait_until(condition, *, timeout_s: float, what: str, process: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"up exited with {process.returncode} while waiting for {what}:\n"
-                                 f"{process.stdout.read()[-4000:] if process.stdout else ''}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def finish(process: subprocess.Popen, timeout_s: float) -> tuple[int, str]:

@@ -21,7 +21,7 @@ from noloco_rt.commands.shared_options import (
 from noloco_rt.config import METHODS, SIMULATION_ROUTINGS, RoutingConfig
 
 if TYPE_CHECKING:
-    from noloco_rt.tb_log import ScalarLog
+    from noloco_rt.curves.scalar_log import ScalarLog
 
 
 @click.command(help=f"""Train R replicas of S stages in one process: microbatches routed as
@@ -51,7 +51,7 @@ def simulate(method: str | None, stages: int | None, replicas: int | None, steps
              config_path: str | None, assignments: tuple[str, ...]) -> None:
     # The help text is the command's (above): it names routing.simulation's default from the config.
     from noloco_rt.commands import effective_config
-    from noloco_rt.tb_log import ScalarLogUnavailable, open_scalar_log, usage_error
+    from noloco_rt.curves.scalar_log import ScalarLogUnavailable, open_scalar_log, usage_error
 
     cfg = effective_config(config_path, assignments, {
         "outer": {"method": method},

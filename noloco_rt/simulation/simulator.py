@@ -27,6 +27,7 @@ from noloco_rt.algo.optim import average_gradients
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config, config_to_toml
 from noloco_rt.consensus.file import mean_over_replicas, save_consensus
+from noloco_rt.curves.png import plot_curves
 from noloco_rt.data import ShardedBatches, load_corpus, validation_batches
 from noloco_rt.evaluation import load_validation_batches
 from noloco_rt.model.init_weights import initial_replica
@@ -34,7 +35,6 @@ from noloco_rt.model.staged import CountedBatches, staged_model
 from noloco_rt.outer.correction import correction_term
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
 from noloco_rt.outer.matching import draw_groups, step_rng
-from noloco_rt.plots import plot_curves
 from noloco_rt.simulation.lossy_exchange import stage_round
 from noloco_rt.simulation.paths import random_peers
 from noloco_rt.simulation.step_routes import Hop, StepPlan, plan_step

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from noloco_rt.logs import read_json_lines
 
 if TYPE_CHECKING:
-    from noloco_rt.tb_log import ScalarLog
+    from noloco_rt.curves.scalar_log import ScalarLog
 
 
 def scalars_of(event: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:

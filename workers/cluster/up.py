@@ -30,8 +30,8 @@ from noloco_rt.commands.shared_options import (
     model_value,
 )
 from noloco_rt.config import Config
+from noloco_rt.curves.scalar_log import ScalarLogUnavailable, check_available, usage_error
 from noloco_rt.logs import get_logger
-from noloco_rt.tb_log import ScalarLogUnavailable, check_available, usage_error
 from workers.cluster.run_dir import RunDirError, prepare_run_dir
 from workers.cluster.up_run import CurvesSettings, UpRun
 from workers.methods import worker_outer_error

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from noloco_rt.commands.shared_options import model_name
 from noloco_rt.config import Config
 from noloco_rt.config.redaction import redact_url
+from noloco_rt.curves.scalar_log import open_scalar_log
 from noloco_rt.logs import EventLog, get_logger
 from noloco_rt.process.lifetime import set_event_from_signal_handler
-from noloco_rt.tb_log import open_scalar_log
 from workers.cluster.run_curves import WorkerLogCurves
 from workers.cluster.run_dir import MetricsLog, read_metrics
 from workers.cluster.run_outcome import final_row, incarnation_logs, outer_outcome, worker_summaries
@@ -288,7 +288,7 @@ class UpRun:
         line reports outer steps by kind per stage (`outer`)."""
         from noloco_rt.consensus.file import ExportError
         from noloco_rt.consensus.scored import consensus_of_checkpoints
-        from noloco_rt.plots import plot_distributed_run
+        from noloco_rt.curves.png import plot_distributed_run
 
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"
