@@ -13,7 +13,8 @@ site b, fast links inside a site, one link of the given rate between the sites w
   0 by default) is the share of microbatches sent to the other site;
 - two sites, uniform (--uniform): no site names, so half the activations cross.
 
-Per run: stage 0's tokens/s (benchmarks/wan.py), the val loss of the consensus of the final
+Across sites every worker sets worker.min_bandwidth_mbit_s to the link's rate, as a run
+across such a link must (a joiner's bootstrap may cross it). Per run: stage 0's tokens/s (benchmarks/wan.py), the val loss of the consensus of the final
 checkpoints, and the bytes that crossed the link (tbf's counters on both ends). Ratios are
 against one site with the same seed, then their mean and range over seeds.
 """
@@ -97,6 +98,8 @@ def _worker_command(trial: Trial, out: Path, rank: int) -> list[str]:
                 "network.trusted_network": "true"}  # namespaces of our own: nobody else reaches them
     if trial.placement.site_names:
         settings |= {"worker.site": SITE_NAMES[trial.site_of(rank)], "routing.far_share": trial.far_share}
+    if trial.link is not None:  # what a run across such a link sets: transfer timeouts for its rate
+        settings["worker.min_bandwidth_mbit_s"] = trial.link.rate_mbit
     return [*netns.exec_prefix(rank), sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage),
             "--name", f"s{stage}-r{replica}", "--steps", str(trial.steps),
             "--redis-url", f"redis://{netns.SERVICE_IP}:{REDIS_PORT}/0", "--bind-host", "0.0.0.0",

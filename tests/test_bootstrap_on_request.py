@@ -18,8 +18,9 @@ from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
 from noloco_rt.outer.snapshot import SnapshotReader, bootstrap_preparing, snapshot_message
 from noloco_rt.outer.snapshot_client import BootstrapState, pull_bootstrap
-from tests.exchange_pair import ExchangeParts, RecordingLog, overlapped_pair, wait_until
+from tests.exchange_pair import ExchangeParts, RecordingLog, overlapped_pair
 from tests.other_device import values
+from tests.waiting import wait_until
 from workers.outer import service as service_module
 
 
@@ -160,7 +161,7 @@ class _ListedPeers:
     def refresh_now(self, stage: int) -> None:
         pass
 
-    def random_peers(self, stage: int):
+    def random_peers(self, stage: int, *, site: str = ""):
         return [m for m in self.members if not self.blacklist.blocked(m.worker_id)]
 
 

@@ -157,6 +157,15 @@ def test_a_worker_that_names_its_site_deals_most_microbatches_inside_it():
     assert set(nowhere) == {"a", "b", "c", "d"}  # a site with no next-stage worker deals among all
 
 
+def test_a_joiner_asks_the_donors_of_its_own_site_first():
+    view = PeerView(TwoSites(), own_id="me", rng=random.Random(0))
+    for _ in range(20):  # random order inside each site, ours always first
+        donors = [m.worker_id for m in view.random_peers(1, site="y")]
+        assert set(donors[:2]) == {"c", "d"} and set(donors[2:]) == {"a", "b"}
+    assert {tuple(m.worker_id for m in view.random_peers(1)) for _ in range(40)} != {("a", "b", "c", "d")}
+    assert {m.worker_id for m in view.random_peers(1, site="z")} == {"a", "b", "c", "d"}  # none there: all of them
+
+
 def test_a_member_record_carries_its_site_and_a_bad_one_is_refused():
     record = MemberRecord(worker_id="w", run_id="r", stage=0, data_addr="tcp://127.0.0.1:1",
                           exchange_addr="tcp://127.0.0.1:2", state=WorkerState.ONLINE, site="eu-west-1a")

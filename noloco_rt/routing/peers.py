@@ -135,7 +135,16 @@ class PeerView:
     def _by_id(candidates: list[MemberRecord]) -> dict[str, MemberRecord]:
         return {r.worker_id: r for r in candidates}
 
-    def random_peers(self, stage: int) -> list[MemberRecord]:
+    def random_peers(self, stage: int, *, site: str = "") -> list[MemberRecord]:
+        """The live workers of `stage` in random order, those of our `site` (when named) first:
+        a joiner's bootstrap then crosses a slow link between sites only if its own has no donor."""
         peers = self.members(stage)
         self.rng.shuffle(peers)
-        return peers
+        return near_first(peers, site)
+
+
+def near_first(members: list[MemberRecord], site: str) -> list[MemberRecord]:
+    """`members` with those of `site` first, each part in its given order (no site: as given)."""
+    if not site:
+        return members
+    return [m for m in members if m.site == site] + [m for m in members if m.site != site]
