@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,13 +134,6 @@ def see_each_other_and_take_a_step(workers: list[ExchangeParts], timeout_s: floa
     for thread in threads:
         thread.join(timeout=timeout_s)
     assert not any(t.is_alive() for t in threads), "an outer step did not return"
-
-
-def wait_until(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from noloco_rt.net.transport import (
     enable_curve,
     request,
 )
+from tests.waiting import wait_until
 from workers.cluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -142,16 +142,6 @@ def test_worker_with_a_bad_key_file_exits_2_with_one_line(tmp_path):
 # -- CURVE on the sockets -------------------------------------------------------------------
 
 
-def _wait(condition, *, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def _intruders(keys: CurveKeys) -> dict[str, CurveKeys | None]:
     stranger = _keys()
     return {"plain": None,  # no CURVE at all
@@ -201,7 +191,7 @@ def test_curve_sockets_admit_the_cluster_key_only():
             assert data.receive(0.5) is None
             assert all(not d.poll(0) for d in opened if d.type == zmq.DEALER)
             assert server.requests_served == 1
-            _wait(lambda: any(e["event"] == "curve_client_denied" for e in list(seen)), timeout_s=5,
+            wait_until(lambda: any(e["event"] == "curve_client_denied" for e in list(seen)), timeout_s=5,
                   what="the ZAP handler to deny a key")
     finally:
         for sock in opened:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import errno
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from noloco_rt.checkpoints.kept import kept_paths, load_newest_usable, older_ind
 from noloco_rt.checkpoints.worker import CheckpointError, load_checkpoint
 from noloco_rt.config import ConfigError, load_config
 from noloco_rt.store.backend import RunStore
+from tests.waiting import wait_until
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due, failure_kind
 from workers.counters import Counters
 from workers.device import arena_bytes
@@ -44,15 +43,6 @@ class RecordingLog:
 
     def events(self, event: str) -> list[dict[str, Any]]:
         return [fields for _, name, fields in list(self.lines) if name == event]
-
-
-def wait_until(condition: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _state(step: int) -> dict[str, Any]:

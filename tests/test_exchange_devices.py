@@ -26,9 +26,9 @@ from tests.exchange_pair import (
     exchange_parts,
     overlapped_pair,
     see_each_other_and_take_a_step,
-    wait_until,
 )
 from tests.other_device import OTHER_DEVICE, OnOtherDevice, on_other_device, values
+from tests.waiting import wait_until
 from workers.device import HostCopy
 from workers.outer import exchanger as exchanger_module
 from workers.outer.device_boundary import ExchangeBoundary, HostContribution

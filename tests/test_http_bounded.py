@@ -5,11 +5,11 @@ once, and a normal request is answered meanwhile. Real sockets on 127.0.0.1."""
 from __future__ import annotations
 
 import socket
-import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler
 
 from noloco_rt.net.http_server import TIMEOUT_S, BoundedHTTPServer, serve_in_thread
+from tests.waiting import wait_until
 from workers.metrics import WorkerMetrics
 
 
@@ -24,13 +24,6 @@ class _Hello(BaseHTTPRequestHandler):
         pass
 
 
-def _wait_until(condition, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "not in time"
-        time.sleep(0.02)
-
-
 def test_half_sent_requests_are_closed_after_the_timeout_and_extra_ones_turned_away():
     server = BoundedHTTPServer(("127.0.0.1", 0), _Hello, timeout_s=2.0, max_connections=4)
     serve_in_thread(server, "probe-http")
@@ -41,9 +34,9 @@ def test_half_sent_requests_are_closed_after_the_timeout_and_extra_ones_turned_a
             client = socket.create_connection(("127.0.0.1", port))
             client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
             slow.append(client)
-        _wait_until(lambda: server.served + server.turned_away == 12, 5.0)
+        wait_until(lambda: server.served + server.turned_away == 12, 5.0)
         assert server.served == 4 and server.turned_away == 8  # held to 4, the rest closed at once
-        _wait_until(lambda: server.active == 0, 10.0)  # each closed after 2 s of silence
+        wait_until(lambda: server.active == 0, 10.0)  # each closed after 2 s of silence
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
             assert reply.read() == b"hello"
     finally:

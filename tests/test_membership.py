@@ -15,6 +15,7 @@ from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership, table_settling_s
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -26,15 +27,6 @@ def server():
 def record(worker_id: str, stage: int = 0, state: WorkerState = WorkerState.JOINING, run: str = "r") -> MemberRecord:
     return MemberRecord(worker_id=worker_id, run_id=run, stage=stage, data_addr=f"tcp://127.0.0.1:1{stage}",
                         exchange_addr="tcp://127.0.0.1:2", state=state)
-
-
-def poll(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_register_states_and_stage_filter(server):
@@ -82,7 +74,7 @@ def test_ttl_expires_without_heartbeats(server):
     m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=0.1, ttl_s=0.3)
     m.register(record("a", state=WorkerState.ONLINE))
     assert m.live_members(stage=0)
-    poll(lambda: not m.live_members(stage=0), 3.0, "the record to expire")
+    wait_until(lambda: not m.live_members(stage=0), 3.0, "the record to expire")
 
 
 def test_heartbeat_thread_keeps_record_alive_and_updates_fields(server):
@@ -91,7 +83,7 @@ def test_heartbeat_thread_keeps_record_alive_and_updates_fields(server):
     beat = HeartbeatThread(m, lambda: {"queue_depth": 5})
     beat.start()
     try:
-        poll(lambda: beat.beats >= 10, 5.0, "ten heartbeats")  # well past the 0.3 s TTL
+        wait_until(lambda: beat.beats >= 10, 5.0, "ten heartbeats")  # well past the 0.3 s TTL
         members = m.live_members(stage=0)
         assert members and members[0].queue_depth == 5
     finally:
@@ -109,7 +101,7 @@ def test_outage_uses_cached_view_and_reregisters(server):
     assert m.redis_available is False and m.outages == 1
     assert m.heartbeat() is False  # absorbed, no exception
     server.start()  # same port, empty table
-    poll(lambda: m.heartbeat(), 5.0, "a heartbeat to succeed")
+    wait_until(lambda: m.heartbeat(), 5.0, "a heartbeat to succeed")
     assert m.redis_available
     assert [r.worker_id for r in other.live_members(stage=0)] == ["a"]  # re-registered
 
@@ -165,7 +157,7 @@ def test_heartbeat_thread_leaves_at_once_when_asked(server):
     beat.start()
     try:
         leave.set()
-        poll(lambda: not m.live_members(stage=0), 1.0, "the record to be deleted")
+        wait_until(lambda: not m.live_members(stage=0), 1.0, "the record to be deleted")
     finally:
         beat.stop()
 
@@ -192,7 +184,7 @@ def test_redis_server_dies_with_a_killed_owner():
         with open(f"/proc/{server_pid}/stat") as stat:  # a zombie waiting for init counts as gone
             return stat.read().split()[2] == "Z"
 
-    poll(gone, 5.0, "redis-server to exit with its owner")
+    wait_until(gone, 5.0, "redis-server to exit with its owner")
     shutil.rmtree(server_dir, ignore_errors=True)  # the killed owner could not clean up
 
 
@@ -205,11 +197,11 @@ def test_heartbeat_thread_survives_redis_rejecting_writes(server):
     try:
         admin.config_set("maxmemory-policy", "noeviction")
         admin.config_set("maxmemory", "1")  # every write now fails with OOM (a ResponseError)
-        poll(lambda: beat.failures >= 2, 20.0, "heartbeats rejected by Redis")  # a deadline: logging a traceback is slow on a loaded box
+        wait_until(lambda: beat.failures >= 2, 20.0, "heartbeats rejected by Redis")  # a deadline: logging a traceback is slow on a loaded box
         assert beat._thread.is_alive()
         admin.config_set("maxmemory", "0")
         admin.delete(m.key("a"))
-        poll(lambda: admin.exists(m.key("a")), 20.0, "the heartbeat to write the record again")
+        wait_until(lambda: admin.exists(m.key("a")), 20.0, "the heartbeat to write the record again")
     finally:
         beat.stop()
 
@@ -239,6 +231,6 @@ def test_a_table_younger_than_a_record_ttl_is_still_settling(server):
     m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=1.0)
     assert 0.0 < m.settling_s() <= 4.0  # the fixture's server started a moment ago
     m_no_ttl = Membership(connect(server.url), run_id="r", heartbeat_interval_s=1.0, ttl_s=0.0)
-    poll(lambda: m_no_ttl.settling_s() == 0.0, 5.0, "a TTL-0 table to be settled after a second")
+    wait_until(lambda: m_no_ttl.settling_s() == 0.0, 5.0, "a TTL-0 table to be settled after a second")
     server.stop()
     assert m.settling_s() == 0.0 and m.redis_available is False  # no answer: nothing to wait for

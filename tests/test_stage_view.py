@@ -15,6 +15,7 @@ from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.refresher import ViewRefresher, auto_refresh_interval_s
 from noloco_rt.membership.stage_view import EMPTY_CURSOR, needs_full_read, parse_rows
 from noloco_rt.membership.table import Membership
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -26,15 +27,6 @@ def server():
 def record(worker_id: str, stage: int = 0, state: WorkerState = WorkerState.ONLINE) -> MemberRecord:
     return MemberRecord(worker_id=worker_id, run_id="r", stage=stage, data_addr=f"tcp://127.0.0.1:1{stage}",
                         exchange_addr="tcp://127.0.0.1:2", state=state)
-
-
-def poll(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def ids(records) -> list[str]:
@@ -109,7 +101,7 @@ def test_a_dead_member_is_pruned_from_its_stage_by_a_reader(server):
         reader.heartbeat()
         return ids(reader.stage_view(0)) == ["alive"]
 
-    poll(dead_is_gone, 5.0, "the dead member to be pruned")
+    wait_until(dead_is_gone, 5.0, "the dead member to be pruned")
     assert client.zscore(reader.keys.beats(0), "dead") is None
     assert client.hexists(reader.keys.members(0), "dead") == 0
 
@@ -155,9 +147,9 @@ def test_refresher_serves_views_without_io_and_reports_their_age(server):
         assert ids(views.view(0)) == ["a"] and views.view(1) == [] and views.view(7) == []
         assert views.staleness_s() < 5.0
         Membership(connect(server.url), run_id="r").register(record("n", stage=1))
-        poll(lambda: ids(views.view(1)) == ["n"], 5.0, "the refresher to see the joiner")
+        wait_until(lambda: ids(views.view(1)) == ["n"], 5.0, "the refresher to see the joiner")
         server.stop()
-        poll(lambda: views.staleness_s() > 0.5, 10.0, "the views to age during the outage")
+        wait_until(lambda: views.staleness_s() > 0.5, 10.0, "the views to age during the outage")
         assert ids(views.view(1)) == ["n"]  # the last view, still served
     finally:
         views.stop()
@@ -194,7 +186,7 @@ def test_reading_one_stage_of_2000_members_touches_only_that_stage(server):
     ready = threading.Event()
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
-    poll(lambda: client.echo("start-of-read") and ready.is_set(), 5.0, "MONITOR to see our commands")
+    wait_until(lambda: client.echo("start-of-read") and ready.is_set(), 5.0, "MONITOR to see our commands")
     client.config_resetstat()
     view = reader.stage_view(2)  # a first read: the whole stage
     again = reader.stage_view(2)  # then: the change log only

@@ -22,6 +22,7 @@ from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
+from tests.waiting import wait_until
 from workers.cluster.local_cluster import read_events
 from workers.supervise.launch import worker_specs
 from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor, SupervisorEvent
@@ -35,19 +36,6 @@ SLEEPER = "import time\nfor _ in range(600):\n    time.sleep(0.1)\n"
 
 def python(code: str) -> tuple[str, ...]:
     return (sys.executable, "-c", textwrap.dedent(code))
-
-
-def wait_until(condition: Callable[[], Any], *, timeout_s: float, what: str, interval_s: float = 0.02,
-               on_poll: Callable[[], Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if on_poll is not None:
-            on_poll()
-        result = condition()
-        if result:
-            return result
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def alive(pid: int) -> bool:
