@@ -27,7 +27,8 @@ import torch
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config, load_config
 from noloco_rt.memory.fit import plan_settings
-from noloco_rt.memory.plan import PlanSettings, stage_memory
+from noloco_rt.memory.plan import stage_memory
+from noloco_rt.memory.settings import PlanSettings
 from noloco_rt.memory.tracker import TensorMemoryTracker
 from noloco_rt.model.llama import lm_loss
 from noloco_rt.model.staged import staged_model

@@ -119,7 +119,8 @@ def test_a_slower_link_gives_the_probes_more_time() -> None:
 def test_worker_memory_is_the_plans_host_share_with_headroom_and_the_process() -> None:
     """A GPU worker's pod memory is the plan's host share (exchange and wire copies), a CPU
     worker's the plan's whole peak; 25 % headroom and the process on top."""
-    from noloco_rt.memory.plan import PlanSettings, plan
+    from noloco_rt.memory.plan import plan
+    from noloco_rt.memory.settings import PlanSettings
 
     gpu = plan(PlanSettings(preset="1b", stages=4, micro_batch=8, seq_len=64, vocab_size=256, precision="bfloat16",
                             activation_checkpointing=False, max_inflight=4, device="cuda"))

@@ -8,12 +8,13 @@ import torch
 
 from benchmarks.memory_plan import measured_peak
 from noloco_rt.config.presets import PRESETS
-from noloco_rt.memory.plan import PlanSettings, plan, stage_memory
+from noloco_rt.memory.plan import plan, stage_memory
 from noloco_rt.memory.preset_ops import (
     block_activation_bytes_per_token,
     microbatch_activation_bytes,
     stage_params,
 )
+from noloco_rt.memory.settings import PlanSettings
 from noloco_rt.memory.tracker import TensorMemoryTracker
 from noloco_rt.model.llama import Block, PipelineStage, rotary_tables
 

@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from noloco_rt.hf_model.build import StagePlan, build_stage, stage_plan
 from noloco_rt.hf_model.families import hidden_size
-from noloco_rt.memory.plan import MeasuredStage
+from noloco_rt.memory.settings import MeasuredStage
 from noloco_rt.memory.tracker import TensorMemoryTracker
 
 

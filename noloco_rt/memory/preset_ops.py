@@ -28,7 +28,7 @@ from noloco_rt.memory.sizes import BF16, FP32, PRECISION_BYTES, TOKEN_ID
 
 if TYPE_CHECKING:
     from noloco_rt.config.presets import ModelShape
-    from noloco_rt.memory.plan import PlanSettings
+    from noloco_rt.memory.settings import PlanSettings
 
 
 def stage_layers(n_layers: int, num_stages: int, stage: int) -> int:
