@@ -6,7 +6,7 @@ TORCH_INDEX_URL ?=
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up demo test tls-redis browser lint bench-convergence chaos gpu-check containers clean
+.PHONY: up demo test test-fast tls-redis browser lint bench-convergence chaos gpu-check containers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,9 @@ browser:
 test: $(STAMP) tls-redis browser
 	$(BIN)/ruff check noloco_rt workers coordinator tests benchmarks
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 bench-convergence: $(STAMP)
 	$(BIN)/python -m benchmarks.convergence --out benchmarks/results
