@@ -52,8 +52,8 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
                          site: str = "") -> tuple[str, BootstrapState] | None:
     """(donor id, its state) from the first live peer of our stage that serves a valid one,
     peers of our `site` tried first (each pull bounded by `pull_timeout_s`); None if the stage
-    has no other member. Raises
-    RuntimeError when no donor served one within `timeout_s` (or a leave was asked meanwhile)."""
+    has no other member. Raises RuntimeError when no donor served one within `timeout_s` (or a
+    leave was asked meanwhile)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not leave_requested.is_set():
         peers.refresh_now(service.stage)  # start-up: a fresh view, read in this thread
