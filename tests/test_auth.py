@@ -237,6 +237,7 @@ def _other_run_forward(index: int) -> list:
     return list(message.parts())
 
 
+@pytest.mark.slow
 def test_curve_cluster_trains_and_admits_only_key_holders(tmp_path):
     """3 workers with CURVE; intruders (plain, own key pair, wrong server key) send well-formed
     messages of another run to a worker's data and exchange sockets: none is even counted as a
@@ -377,6 +378,7 @@ def test_the_redis_password_from_a_file_and_a_warning_for_one_on_the_command_lin
     assert "s3cret" not in result.stderr
 
 
+@pytest.mark.slow
 def test_acl_user_trains_and_is_refused_outside_its_keys(tmp_path, password_redis):
     admin = redis.Redis.from_url(password_redis.url)
     admin.execute_command("ACL", "SETUSER", "noloco", "on", ">pw-noloco", "~noloco:*", "+@all", "-@dangerous")
@@ -409,6 +411,7 @@ def test_acl_user_trains_and_is_refused_outside_its_keys(tmp_path, password_redi
         cluster.close()
 
 
+@pytest.mark.slow
 def test_up_secure_generates_keys_and_the_whole_run_uses_them(tmp_path, password_redis):
     import uuid
 

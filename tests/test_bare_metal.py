@@ -62,6 +62,7 @@ def _weights(path: Path) -> list[torch.Tensor]:
     return [p.detach() for p in load_consensus(path)[1].parameters()]
 
 
+@pytest.mark.slow
 def test_the_readme_steps_on_two_machines_end_with_the_runs_model(tmp_path):
     if (why_not := Partitions.unavailable()) is not None:
         pytest.skip(reason=f"{why_not}: two machines are two network namespaces, which need root and iproute2")

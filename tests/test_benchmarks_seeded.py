@@ -173,6 +173,7 @@ def _assert_report(out, stem: str, labels: list[str], first: str) -> dict:
     return rows
 
 
+@pytest.mark.slow
 def test_ablation_end_to_end(tmp_path, capsys):
     ablation.main([*TINY, "--out", str(tmp_path), "--variant", "base:", "--variant", "h4:--set outer.h=4"])
     rows = _assert_report(tmp_path, "ablation", ["base", "h4"], "base")
@@ -192,6 +193,7 @@ def test_ablation_end_to_end(tmp_path, capsys):
     assert again["h4"]["ppl"] == rows["h4"]["ppl"]
 
 
+@pytest.mark.slow
 def test_convergence_end_to_end(tmp_path):
     convergence.main([*TINY, "--out", str(tmp_path), "--methods", "ddp,noloco", "--recipe", "defaults=",
                       "--set", "outer.h=4"])

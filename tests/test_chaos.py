@@ -26,6 +26,7 @@ from workers.cluster.chaos_schedule import ALL_KINDS, FAULT_KINDS
 pytestmark = pytest.mark.timeout(400)
 
 
+@pytest.mark.slow
 def test_short_chaos_run_keeps_every_invariant(tmp_path):
     out = tmp_path / "chaos"
     # Secrets planted the ways a user gives them (environment, a file); none may reach a file

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(180)
 STEPS, H = 15, 5
 
 
+@pytest.mark.slow
 def test_a_worker_whose_disk_fills_trains_on_and_a_restart_resumes_its_last_good_checkpoint(tmp_path):
     cluster = LocalCluster(tmp_path, stages=1, settings={"outer.method": "local", "outer.h": H,
                                                          "worker.checkpoint_every": 1})

@@ -90,6 +90,7 @@ def test_bad_input_is_one_clear_line(capsys, monkeypatch, tmp_path, args, env, f
     assert fragment in err
 
 
+@pytest.mark.slow
 def test_simulate_writes_run_directory(tmp_path):
     out = tmp_path / "run"
     result = run_cli("simulate", "--method", "noloco", "--stages", "2", "--replicas", "2", "--steps", "20",
@@ -231,6 +232,7 @@ def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
                 watcher.kill()
 
 
+@pytest.mark.slow
 def test_a_redis_url_at_a_server_that_is_not_redis_is_one_line_at_once(tmp_path):
     """An HTTP server where Redis should be (a wrong port): status, worker and coordinator say
     so in one line and exit 2 at once, instead of waiting for a Redis that will never answer."""

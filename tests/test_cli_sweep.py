@@ -181,6 +181,7 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("sweep")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_answers_random_input_without_a_traceback(name, sweep_dir, monkeypatch):
     monkeypatch.chdir(sweep_dir)  # relative outputs (runs/, default --out) land here

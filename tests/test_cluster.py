@@ -27,6 +27,7 @@ def cluster(tmp_path):
     running.close()
 
 
+@pytest.mark.slow
 def test_two_by_two_trains_exchanges_and_routes_to_every_peer(tmp_path):
     # Stage-1 workers step when their microbatches are in, so their step counts drift; a wider
     # collection window lets the one behind (fed alone while its partner waits) catch up to
@@ -72,6 +73,7 @@ def _start_two_by_two(cluster):
     return workers
 
 
+@pytest.mark.slow
 def test_sigterm_leaves_the_table_at_once_and_a_restart_resumes_while_a_joiner_bootstraps(cluster):
     """One cluster for both (its start is most of the cost): a SIGTERMed worker leaves at once
     and resumes its own checkpoint when started again; a new worker bootstraps from a peer."""
@@ -112,6 +114,7 @@ def test_sigterm_leaves_the_table_at_once_and_a_restart_resumes_while_a_joiner_b
     cluster.wait_event(joiner, "train_progress", timeout_s=90)  # it received microbatches and stepped
 
 
+@pytest.mark.slow
 def test_killed_downstream_worker_microbatches_are_resent(cluster):
     workers = _start_two_by_two(cluster)
     victim = workers[3]
@@ -128,6 +131,7 @@ def test_killed_downstream_worker_microbatches_are_resent(cluster):
                          what=f"{worker.name} to keep training")
 
 
+@pytest.mark.slow
 def test_garbage_is_rejected_and_counted_and_a_redis_outage_does_not_stop_training(cluster):
     """One cluster for both (its start is most of the cost)."""
     import random
@@ -181,6 +185,7 @@ def _redis_outage_training_goes_on_and_workers_reregister(cluster, workers):
     assert all(w.events("redis_unreachable") for w in workers)
 
 
+@pytest.mark.slow
 def test_downstream_workers_finish_with_their_upstream_whatever_their_own_count(cluster):
     """run.steps counts stage 0's inner steps (the data consumed). Routing shares stage 0's
     microbatches unequally between stage-1 workers, so a stage-1 worker may never reach
@@ -197,6 +202,7 @@ def test_downstream_workers_finish_with_their_upstream_whatever_their_own_count(
         assert 0 < done["inner_step"] <= 40, done
 
 
+@pytest.mark.slow
 def test_a_slow_next_stage_worker_receives_fewer_microbatches(cluster):
     """Routing rests on round trips this worker observes: a stage-1 worker whose gradient
     replies each come 500 ms late (an injected slow link, several times a tiny-model

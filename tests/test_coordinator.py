@@ -68,6 +68,7 @@ def steps(cluster: LocalCluster) -> dict[str, int]:
     return {worker.name: worker.latest_inner_step() for worker in cluster.workers}
 
 
+@pytest.mark.slow
 def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
     cluster = LocalCluster(tmp_path, stages=2, settings={"store.url": str(tmp_path / "store")})
     # CURVE on, its secret planted in the environment (as Redis's password is): neither may reach
@@ -120,6 +121,7 @@ def test_coordinator_observes_exports_and_is_irrelevant_to_training(tmp_path):
         cluster.close()
 
 
+@pytest.mark.slow
 def test_when_the_run_finishes_the_coordinator_makes_its_model_from_the_final_states_and_exits(tmp_path):
     """Without it the model of a run on several machines was whatever the last spread
     measurement saw (step 71 of 100), and the coordinator never exited."""
@@ -159,6 +161,7 @@ def test_when_the_run_finishes_the_coordinator_makes_its_model_from_the_final_st
         cluster.close()
 
 
+@pytest.mark.slow
 def test_a_coordinator_started_after_the_run_finished_makes_its_model_and_can_keep_serving(tmp_path):
     """No worker needed: the run-finished mark and the final states in the store are enough.
     As a Kubernetes Deployment runs it (exit_when_finished = false) it keeps serving /status."""
@@ -218,6 +221,7 @@ def test_a_coordinator_started_after_the_run_finished_makes_its_model_and_can_ke
     assert done["source"] == "final states"
 
 
+@pytest.mark.slow
 def test_coordinator_pulls_a_bounded_sample_of_a_larger_stage(tmp_path):
     cluster = LocalCluster(tmp_path, stages=2)
     coordinator = None

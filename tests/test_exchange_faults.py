@@ -13,6 +13,7 @@ from workers.cluster.local_cluster import LocalCluster, each_outer_step_once
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow
 def test_a_killed_partner_leaves_local_steps_and_a_joiner_enters_groups_only(tmp_path):
     # Heartbeats of 3 s: the dead victim stays listed (3 heartbeats) long enough for the
     # survivor's next outer steps to draw it, even on a loaded machine. With the default

@@ -23,6 +23,7 @@ def test_a_forwarded_port_needs_the_fixed_port_it_forwards_to():
     assert (network.advertise_exchange_port, network.exchange_port) == (41001, 6100)
 
 
+@pytest.mark.slow
 def test_a_worker_reached_only_through_forwarded_ports_trains_and_pairs(tmp_path):
     data, exchange = TcpRelay.to_a_free_port(), TcpRelay.to_a_free_port()
     cluster = LocalCluster(tmp_path)

@@ -20,6 +20,7 @@ COUNT = int(os.environ.get("NOLOCO_FUZZ_COUNT", "2000"))
 MAX_RSS_GROWTH_KB = 200 * 1024
 
 
+@pytest.mark.slow
 def test_live_worker_survives_fuzzing_and_counts_every_reject(tmp_path):
     cluster = LocalCluster(tmp_path)
     try:

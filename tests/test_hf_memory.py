@@ -97,6 +97,7 @@ def test_a_budget_chooses_fewer_microbatches_and_never_checkpointing(tmp_path) -
     assert (worker_choice.max_inflight, worker_choice.activation_checkpointing) == (2, False)
 
 
+@pytest.mark.slow
 def test_plan_command_prints_a_measured_hf_model_and_refuses_code_of_your_own(tmp_path, capsys, monkeypatch) -> None:
     write_folder(tmp_path / "gpt2", "gpt2", weights=False)
     code, out, err = run_cli_in_process(capsys, monkeypatch, "plan", "--model", f"hf:{tmp_path / 'gpt2'}",

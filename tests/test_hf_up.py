@@ -16,6 +16,8 @@ from noloco_rt.consensus.file import load_consensus
 from tests.hf_folders import write_folder
 from tests.test_up import finish, marked_processes, start_up
 
+pytestmark = pytest.mark.slow  # real processes: left out of the fast loop (pytest -m "not slow")
+
 pytest.importorskip("transformers", reason="transformers is a dev dependency: pip install -e '.[dev]'")
 
 

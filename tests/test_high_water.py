@@ -75,6 +75,7 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(tmp_path):
     """...and, run as a Job runs it, touches its alive file and leaves with worker.left_exit_code."""
     with EmbeddedRedis() as server:
@@ -119,6 +120,7 @@ def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(t
                 allowed.wait()
 
 
+@pytest.mark.slow
 def test_a_late_worker_of_a_stage_that_finished_exits_0_instead_of_3(tmp_path):
     """Its peers reached run.steps and left while a later stage still trains (no run-finished
     mark yet): nothing to train and nobody to bootstrap from, which is not an error."""

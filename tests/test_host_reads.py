@@ -6,7 +6,11 @@ outer steps (local and matched). On a CPU the same reads that would stall a GPU 
 
 from __future__ import annotations
 
+import pytest
+
 from workers.cluster.local_cluster import LocalCluster, WorkerProcess
+
+pytestmark = pytest.mark.slow  # real processes: left out of the fast loop (pytest -m "not slow")
 
 STEPS = 20
 COUNTED = {"worker.count_host_reads": True, "outer.h": 5, "worker.upstream_gone_s": 1.0}

@@ -229,6 +229,7 @@ def test_a_workers_own_checkpoint_wins_over_init_from(consensus, tmp_path):
         assert torch.equal(mine, theirs)
 
 
+@pytest.mark.slow
 def test_a_worker_says_which_weights_it_started_from(consensus, tmp_path):
     from workers.cluster.local_cluster import LocalCluster
 

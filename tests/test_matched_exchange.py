@@ -11,6 +11,8 @@ import pytest
 from noloco_rt.checkpoints.worker import load_checkpoint
 from workers.cluster.local_cluster import LocalCluster, each_outer_step_once, one_sided_share
 
+pytestmark = pytest.mark.slow  # real processes: left out of the fast loop (pytest -m "not slow")
+
 
 # Overlap with seeded groups runs in tests/test_exchange_faults.py, with readiness pairing in
 # tests/test_unequal_speeds.py (one-sided uses, Σ c = 0 over partners at different steps).

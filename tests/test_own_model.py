@@ -106,6 +106,7 @@ def test_a_stream_that_ends_or_yields_something_else_is_a_clear_error():
         CountedBatches(lambda seed: iter([torch.zeros(2)]), seed=0).next_batch()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stage(tmp_path):
     """2 stages x 2 replicas of the CNN: every worker finishes, both stages take matched outer

@@ -24,6 +24,8 @@ from workers.cluster.chaos_report import mean_kept, microbatch_accounting
 from workers.cluster.local_cluster import LocalCluster, WorkerProcess
 from workers.faults import netns
 
+pytestmark = pytest.mark.slow  # real processes: left out of the fast loop (pytest -m "not slow")
+
 # rank: (stage, name). Stage 0 has three replicas (a and b will be split, c cut from Redis).
 WORKERS = {0: (0, "s0a"), 1: (0, "s0b"), 2: (0, "s0c"), 3: (1, "s1a"), 4: (1, "s1b")}
 REDIS_PORT = 6379

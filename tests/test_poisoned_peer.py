@@ -16,6 +16,7 @@ from workers.cluster.local_cluster import LocalCluster
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.mark.slow
 def test_honest_worker_rejects_and_blacklists_poisoned_peers(tmp_path):
     # Lossless, so a NaN travels as a NaN (int8 refuses to quantise it and says "codec").
     cluster = LocalCluster(tmp_path, stages=1, settings={"worker.exchange_timeout_s": 2.0,

@@ -113,6 +113,7 @@ def _closed_by_peer(stranger: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_strangers_who_never_finish_the_handshake_are_closed_and_their_bytes_freed(server_with):
     cfg = load_config(environ={})
     limit = exchange_frame_limit_bytes(cfg)

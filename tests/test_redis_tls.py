@@ -98,6 +98,7 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_workers_train_through_a_tls_redis_that_checks_client_certificates(tls_redis, tmp_path):
     url, folder = tls_redis
     out = tmp_path / "run"

@@ -61,6 +61,7 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_worker_with_nothing_at_the_url_exits_2_after_the_wait():
     port = free_port()
     result = subprocess.run([*CLI, "worker", "--stage", "0", "--redis-url", f"redis://127.0.0.1:{port}/0",
@@ -74,6 +75,7 @@ def test_worker_with_nothing_at_the_url_exits_2_after_the_wait():
     assert "member_online" not in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_worker_started_before_redis_registers_once_it_is_up(tmp_path):
     port = free_port()
     log_path = tmp_path / "worker.log"

@@ -35,6 +35,7 @@ def _config(method: str, replicas: int = 3, **run):
     }])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["noloco", "diloco", "local", "ddp", "adam"])
 def test_every_method_learns(method, corpus, tmp_path):
     records = run_simulation(_config(method, replicas=2), tmp_path, corpus=corpus)
@@ -49,6 +50,7 @@ def test_every_method_learns(method, corpus, tmp_path):
         assert records[-1].spread > 0.0  # nobody synchronises
 
 
+@pytest.mark.slow
 def test_noloco_keeps_replicas_closer_than_local(corpus, tmp_path):
     def spread_before_outer(method: str) -> float:
         cfg = _config(method, steps=59)
@@ -86,6 +88,7 @@ def _inner_steps_after(cfg, corpus) -> list[list[int]]:
     return sim.inner_steps()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("routing", ["balanced", "balanced-sequence"])
 @pytest.mark.parametrize("replicas", [2, 3, 4, 8])
 def test_no_replica_skips_an_inner_step(replicas, routing, corpus):
@@ -121,6 +124,7 @@ def test_per_sequence_routing_gives_each_stage_the_same_mean_gradient(method, co
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_outputs(tmp_path, corpus):
     cfg = _config("noloco", steps=40, eval_every=20)
     run_simulation(cfg, tmp_path, corpus=corpus)

@@ -37,6 +37,7 @@ def _weights_after(cfg, corpus) -> list[list[torch.Tensor]]:
     return [[t.clone() for t in replica.slow + replica.fast] for stage in sim.replicas for replica in stage]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("correction", ["provisional", "deferred"])
 @pytest.mark.parametrize("method", ["noloco", "diloco"])
 def test_overlap_with_no_delay_is_the_blocking_step_bit_for_bit(method, correction, corpus):
@@ -50,6 +51,7 @@ def test_overlap_with_no_delay_is_the_blocking_step_bit_for_bit(method, correcti
     assert worst == 0.0, worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("correction", ["provisional", "deferred"])
 def test_a_delayed_correction_changes_the_trajectory_but_is_applied_before_the_next_outer_step(correction, corpus):
     blocking = _weights_after(_cfg("noloco", overlap=False, steps=14), corpus)

@@ -47,6 +47,7 @@ def _assert_matches_eager_and_compiles_once(compiled: torch.nn.Module, eager: to
     torch.testing.assert_close(again, want_loss, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "activation-checkpointing"])
 def test_a_compiled_stage_matches_eager_and_compiles_once(checkpointed):
     # The CPU runs inductor's real code generation (C++), the path a CUDA worker takes with
@@ -58,6 +59,7 @@ def test_a_compiled_stage_matches_eager_and_compiles_once(checkpointed):
     _assert_matches_eager_and_compiles_once(compiled, eager)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "activation-checkpointing"])
 def test_a_stage_compiled_whole_matches_eager_and_compiles_once(checkpointed):
     # aot_eager traces the forward and the backward as inductor would, without its C++ code

@@ -95,6 +95,7 @@ def _kill_everything_and_restart(cluster: LocalCluster, workers: list[WorkerProc
     return again, steps
 
 
+@pytest.mark.slow
 def test_a_stage_then_the_whole_run_and_redis_die_and_training_resumes_from_the_store(tmp_path):
     store = RunStore(str(tmp_path / "store"))
     # upstream_lost_s far below how long stage 0 stays dead: a stage gone that long must not end the run.

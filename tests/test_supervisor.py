@@ -457,6 +457,7 @@ class Launch:
             self.process.wait(10)
 
 
+@pytest.mark.slow
 def test_launch_restarts_only_the_killed_worker_and_leaves_gracefully(tmp_path):
     with EmbeddedRedis() as redis_server:
         launches = [Launch(tmp_path, redis_server.url, stage=0, nproc=2, prefix="a"),

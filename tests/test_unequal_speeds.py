@@ -21,6 +21,7 @@ def test_one_sided_share_counts_unreturned_uses():
     assert one_sided_share({"a": ["b", "c"], "b": ["a"], "c": []}) == pytest.approx(1 / 3)
 
 
+@pytest.mark.slow
 def test_a_worker_slowed_twice_still_pairs_symmetrically(tmp_path):
     # Lossless, so that every pair's corrections cancel exactly (the check at the end). The
     # default outer step otherwise (overlapped, rounds open until the next outer step): with

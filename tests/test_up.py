@@ -76,6 +76,7 @@ def finish(process: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
     return process.returncode, output
 
 
+@pytest.mark.slow
 def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothing_running(tmp_path):
     from noloco_rt.membership.embedded_redis import free_port
 
@@ -141,6 +142,7 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
     assert result["val_loss"] < result["untrained_val_loss"] - 0.5, result
 
 
+@pytest.mark.slow
 def test_a_live_run_shows_on_its_page_and_ctrl_c_shuts_everything_down_gracefully(tmp_path):
     """A 2 x 2 run: its coordinator's page, rendered by a real headless browser, shows both
     stages' workers and both curves; Ctrl-C then ends everything within the grace period."""
