@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.test_docs import heading_anchors
-from tests.test_readme_names import REPO, _config_key_problem, readme_names, span_problems
+from tests.test_readme_names import (
+    REPO,
+    _config_key_problem,
+    code_block_commands,
+    readme_names,
+    span_problems,
+)
 
 PAGE = REPO / "benchmarks" / "README.md"
 MAKEFILE = REPO / "Makefile"
@@ -154,17 +160,8 @@ def page_problems(name: str) -> list[str]:
 
 
 def page_names() -> list[str]:
-    """Code spans (as README.md's), and every command line of the page's code blocks."""
-    lines = PAGE.read_text().splitlines()
-    names = readme_names(PAGE)
-    for i, line in enumerate(lines):
-        if line.startswith("    ") and line.strip() and not lines[i - 1].rstrip().endswith("\\"):
-            command = line.strip()
-            while command.endswith("\\") and i + 1 < len(lines):
-                i += 1
-                command = command[:-1] + " " + lines[i].strip()
-            names.append(command)
-    return names
+    """Code spans and noloco-rt commands (as README.md's), and every command of the page's code blocks."""
+    return readme_names(PAGE) + code_block_commands(PAGE.read_text())
 
 
 # -- the page ------------------------------------------------------------------------------------
@@ -178,8 +175,8 @@ def test_every_name_the_benchmarks_page_mentions_exists():
 
 def test_every_benchmark_command_of_the_page_is_checked():
     """Each code-block line is a command this test understands, so none escapes the check."""
-    commands = [name for name in page_names() if name not in readme_names(PAGE)]
-    unchecked = [c for c in commands if benchmark_command_problems(c) is None and not c.startswith("noloco-rt ")]
+    unchecked = [c for c in code_block_commands(PAGE.read_text())
+                 if benchmark_command_problems(c) is None and not c.startswith("noloco-rt ")]
     assert not unchecked, f"commands the check does not parse: {unchecked}"
 
 

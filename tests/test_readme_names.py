@@ -184,19 +184,26 @@ def span_problems(span: str, other_options: frozenset[str] = frozenset()) -> lis
 
 # -- the README ----------------------------------------------------------------------------------
 
+def code_block_commands(text: str) -> list[str]:
+    """Every command of a page's indented code blocks, its continuation lines (after a
+    trailing backslash) joined into one."""
+    lines = text.splitlines()
+    commands = []
+    for i, line in enumerate(lines):
+        if line.startswith("    ") and line.strip() and not (i and lines[i - 1].rstrip().endswith("\\")):
+            command = line.strip()
+            while command.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                command = command[:-1] + " " + lines[i].strip()
+            commands.append(command)
+    return commands
+
+
 def readme_names(page: Path = README) -> list[str]:
     """Code spans (which may wrap a line), and the noloco-rt command lines of its code blocks."""
     text = page.read_text()
-    names = re.findall(r"`([^`]+)`", text)
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        stripped = line.strip().removeprefix("$ ").removeprefix(".venv/bin/")
-        if line.startswith("    ") and stripped.startswith("noloco-rt "):
-            while stripped.endswith("\\") and i + 1 < len(lines):
-                i += 1
-                stripped = stripped[:-1] + " " + lines[i].strip()
-            names.append(stripped)
-    return names
+    commands = (command.removeprefix("$ ").removeprefix(".venv/bin/") for command in code_block_commands(text))
+    return re.findall(r"`([^`]+)`", text) + [command for command in commands if command.startswith("noloco-rt ")]
 
 
 def test_every_name_the_readme_mentions_exists():
