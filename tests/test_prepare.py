@@ -101,9 +101,20 @@ def test_manifest_dtype_split_and_counts(prepared, inputs):
     assert sources["records.jsonl"]["kind"] == "jsonl" and sources["records.jsonl"]["documents"] == 150
     assert sources["doc2.txt"]["documents"] > 2 and sources["doc0.txt"]["documents"] == 1
     assert sum(s["documents"] for s in sources.values()) == sum(manifest["documents"].values())
-    assert 0.1 < manifest["documents"]["val"] / sum(manifest["documents"].values()) < 0.3
+    # the keys hold this run's temporary folder, so the split is checked against the hash, not a share
+    expected_val = sum(is_validation(source.split_key, doc.index, 20.0)
+                       for source in expand_inputs([str(inputs / "*.txt"), str(inputs / "records.jsonl")])
+                       for doc in read_documents(source, field="text"))
+    assert manifest["documents"]["val"] == expected_val
     assert sorted(p.name for p in prepared.iterdir()) == sorted(
         ["prepared.json", "tokenizer.json"] + [s["file"] for v in manifest["shards"].values() for s in v])
+
+
+@pytest.mark.parametrize("val_percent", [5.0, 20.0, 50.0])
+def test_the_split_takes_the_asked_share_of_documents(val_percent):
+    share = sum(is_validation("corpus/records", index, val_percent) for index in range(20_000)) / 20_000
+    assert abs(share - val_percent / 100) < 0.01
+    assert is_validation("corpus/records", 7, val_percent) == is_validation("corpus/records", 7, val_percent)
 
 
 def test_decoding_the_shards_gives_back_the_text(prepared, inputs):
