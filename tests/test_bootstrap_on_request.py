@@ -129,7 +129,7 @@ def test_a_joiner_asks_again_until_the_donor_has_copied_its_state():
             ctx, a.worker_id, a.server.address, reader_for(a), stage=0, sender="j" * 32, timeout_s=20.0,
             on_reject=rejects.append, log=log)))
         joiner.start()
-        wait_until(lambda: a.step.service._bootstrap_wanted.is_set())  # the joiner's first request came
+        wait_until(lambda: a.step.service.bootstrap_asked())  # the joiner's first request came
         while joiner.is_alive():  # the donor's training thread, stepping on
             a.step.after_inner_step()
             joiner.join(timeout=0.01)

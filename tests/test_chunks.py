@@ -149,7 +149,7 @@ def _tamper(frames, **extra):
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({"chunk": [5, 2]}, "malformed_chunk"),
-    ({"chunk": None}, "malformed_chunk"),
+    ({"chunk": None}, "malformed_header"),  # not [index, total]: the header's own check
     ({"pieces": [[0, 0, 10**9]]}, "malformed_chunk"),
     ({"pieces": [[0, 0, 7]]}, "shape_mismatch"),  # the payload holds another number of elements
     ({"parts": "slow+momentum"}, "wrong_parts"),

@@ -11,6 +11,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from noloco_rt.net.header_extra import HeaderExtra
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
@@ -40,7 +41,7 @@ def message(tensors: list[torch.Tensor] | None = None, **overrides: Any) -> list
     fields: dict[str, Any] = dict(
         version=PROTOCOL_VERSION, run_id=RUN, kind=MessageKind.FORWARD, sender="w1", microbatch_id=7,
         attempt=1, outer_step=3, stage=0, tensors=[spec_of(t) for t in tensors],
-        extra={"reply_to": "tcp://127.0.0.1:5"})
+        extra=HeaderExtra(reply_to="tcp://127.0.0.1:5"))
     fields.update(overrides)
     return encode_message(Header(**fields), [frame_of(t) for t in tensors])
 
@@ -70,7 +71,7 @@ def test_round_trip_of_several_tensors():
     header = decoded.header
     assert header.kind is MessageKind.FORWARD and header.sender == "w1"
     assert (header.microbatch_id, header.attempt, header.outer_step, header.stage) == (7, 1, 3, 0)
-    assert header.extra == {"reply_to": "tcp://127.0.0.1:5"}
+    assert header.extra == HeaderExtra(reply_to="tcp://127.0.0.1:5")
     assert len(decoded.tensors) == len(tensors)
     for got, want in zip(decoded.tensors, tensors, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
@@ -205,6 +206,8 @@ BASE = {"version": PROTOCOL_VERSION, "run_id": RUN, "kind": "forward", "sender":
     [msgpack.packb({**BASE, "tensors": {}})],
     [msgpack.packb({**BASE, "extra": []})],
     [msgpack.packb({**BASE, "extra": {"k": msgpack.ExtType(1, b"x")}})],
+    [msgpack.packb({**BASE, "extra": {"surprise": 1}})],
+    [msgpack.packb({**BASE, "extra": {"origin_step": True}})],
     [msgpack.packb({1: 2})],
     [b"\x91" * 5000],  # deeply nested arrays
     with_header({**BASE, "tensors": [{"shape": [1], "dtype": "float32"}]}, [bytes(4)]),

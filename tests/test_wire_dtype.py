@@ -84,8 +84,7 @@ def test_the_receiver_refuses_a_forward_whose_packing_is_broken():
     codes = torch.zeros(2, 4, 8, dtype=torch.int8)
     targets = torch.zeros(2, 4, dtype=torch.int64)
     for tensors in ([codes, targets], [codes, torch.ones(2, 4, 2), targets], [codes, torch.ones(2, 4, 1)]):
-        outgoing = messages._message(messages.MessageKind.FORWARD, RUN, "s", 0, 1, 0, tensors,
-                                     {"reply_to": "tcp://127.0.0.1:1"})
+        outgoing = messages.forward(RUN, "s", 0, 1, "tcp://127.0.0.1:1", tensors[:-1], tensors[-1])
         with pytest.raises(WireReject) as refused:
             messages.decode([bytes(p) for p in outgoing.parts()], run_id=RUN)
         assert refused.value.reason is RejectReason.FRAME_COUNT_MISMATCH

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from noloco_rt.counts import is_count
 from noloco_rt.net.addresses import peer_address_problem
+from noloco_rt.net.header_extra import HeaderExtra
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
@@ -72,10 +72,11 @@ def _tensor_frames(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], l
 
 
 def _message(kind: MessageKind, run_id: str, sender: str, stage: int, microbatch_id: int, attempt: int,
-             tensors: list[torch.Tensor], extra: dict[str, Any] | None = None) -> Outgoing:
+             tensors: list[torch.Tensor], extra: HeaderExtra | None = None) -> Outgoing:
     specs, frames = _tensor_frames(tensors)
     header = Header(version=PROTOCOL_VERSION, run_id=run_id, kind=kind, sender=sender, microbatch_id=microbatch_id,
-                    attempt=attempt, outer_step=0, stage=stage, codec="raw", tensors=specs, extra=extra or {})
+                    attempt=attempt, outer_step=0, stage=stage, codec="raw", tensors=specs,
+                    extra=extra or HeaderExtra())
     return Outgoing(header, frames)
 
 
@@ -85,9 +86,7 @@ def forward(run_id: str, sender: str, stage: int, microbatch_id: int, reply_to: 
     """Stage output (B, T, C) packed in the wire dtype (noloco_rt.net.wire_dtype.pack) and the
     targets (B, T) int64 that travel to the last stage; `origin_step`: the stage-0 inner step
     of this data, which a later stage's outer-step clock follows; `ready`: see Outgoing."""
-    extra: dict[str, Any] = {"reply_to": reply_to} if reply_to else {}
-    if origin_step is not None:
-        extra["origin_step"] = origin_step
+    extra = HeaderExtra(reply_to=reply_to or None, origin_step=origin_step)
     message = _message(MessageKind.FORWARD, run_id, sender, stage, microbatch_id, 0, [*activations, targets],
                        extra)
     message.ready = ready
@@ -133,7 +132,7 @@ def decode(parts: list[Any], *, run_id: str) -> DataMessage:
 def _reply_to(header: Header) -> str:
     """Where a forward's gradient goes: "" (none given), else a peer address (tcp://host:port;
     we connect to it)."""
-    value = header.extra.get("reply_to", "")
+    value = header.extra.reply_to or ""
     if value == "":
         return ""
     if (problem := peer_address_problem(value)) is not None:
@@ -142,10 +141,5 @@ def _reply_to(header: Header) -> str:
 
 
 def _origin_step(header: Header) -> int | None:
-    """A forward's origin step: absent is None (an older sender), anything but an int >= 0 a reject."""
-    value = header.extra.get("origin_step")
-    if value is None:
-        return None
-    if not is_count(value):
-        raise WireReject(RejectReason.MALFORMED_HEADER, f"origin_step {value!r} is not a step")
-    return value
+    """A forward's origin step: absent is None (an older sender); its type was checked on decode."""
+    return header.extra.origin_step

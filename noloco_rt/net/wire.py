@@ -17,6 +17,8 @@ from typing import Any
 import msgpack
 import torch
 
+from noloco_rt.net.header_extra import ExtraError, HeaderExtra
+
 ALLOWED_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -114,8 +116,9 @@ class Header:
     codec: str = "raw"
     tensors: list[dict[str, Any]] = field(default_factory=list)
     """One {"shape": [..], "dtype": name, "nbytes": int} per frame after the header."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Small msgpack-able map for what a kind needs (reply address, snapshot specs)."""
+    extra: HeaderExtra = field(default_factory=HeaderExtra)
+    """What a kind needs beyond these fields (a reply address, a snapshot's specs), typed
+    and checked on decode (noloco_rt/net/header_extra.py)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ def encode_message(header: Header, frames: Sequence[Any]) -> list[Any]:
     # sending cost on the training thread (msgpack reads the lists and maps as they are).
     values = {name: getattr(header, name) for name in _HEADER_FIELDS}
     values["kind"] = str(header.kind)
+    values["extra"] = header.extra.to_wire()
     return [msgpack.packb(values, use_bin_type=True), *frames]
 
 
@@ -190,9 +194,11 @@ def _parse_header(raw: memoryview, limits: WireLimits) -> Header:
             raise WireReject(RejectReason.MALFORMED_HEADER, f"{name} {fields[name]!r} is not a string")
     if not isinstance(fields.get("tensors", []), list):
         raise WireReject(RejectReason.MALFORMED_HEADER, "tensors is not a list")
-    if not isinstance(fields.get("extra", {}), dict):
-        raise WireReject(RejectReason.MALFORMED_HEADER, "extra is not a map")
-    return Header(**fields)
+    try:
+        extra = HeaderExtra.from_wire(fields.pop("extra", {}))
+    except ExtraError as exc:
+        raise WireReject(RejectReason.MALFORMED_HEADER, str(exc)) from None
+    return Header(**fields, extra=extra)
 
 
 def _tensor_spec(spec: Any, limits: WireLimits) -> tuple[tuple[int, ...], torch.dtype, int]:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from noloco_rt.config.choices import DELTA_CODECS
 from noloco_rt.counts import is_count
+from noloco_rt.net.header_extra import HeaderExtra
 from noloco_rt.net.wire import (
     PROTOCOL_VERSION,
     DecodedMessage,
@@ -143,21 +144,22 @@ def contribution_state(tensors: Sequence[torch.Tensor], parts_kind: PartsKind) -
 
 
 def snapshot_message(kind: MessageKind, *, run_id: str, stage: int, sender: str, snapshot: Snapshot | None = None,
-                     outer_step: int = -1, extra: dict[str, Any] | None = None) -> list[Any]:
+                     outer_step: int = -1, extra: HeaderExtra | None = None) -> list[Any]:
     """Wire frames of a snapshot message. Without a snapshot (a request for one, or an
     answer that has none) the header carries `outer_step` and `extra` and no payload; with
     one, `extra` adds to the snapshot's own fields (a push's `for_step`)."""
     if snapshot is None:
         header = Header(version=PROTOCOL_VERSION, run_id=run_id, kind=kind, sender=sender, microbatch_id=0,
-                        attempt=0, outer_step=outer_step, stage=stage, codec="raw", tensors=[], extra=extra or {})
+                        attempt=0, outer_step=outer_step, stage=stage, codec="raw", tensors=[],
+                        extra=extra or HeaderExtra())
         return encode_message(header, [])
     payload = snapshot.encoded.payload
     header = Header(version=PROTOCOL_VERSION, run_id=run_id, kind=kind, sender=sender, microbatch_id=0,
                     attempt=0, outer_step=snapshot.outer_step, stage=stage, codec="raw",
                     tensors=[{"shape": [len(payload)], "dtype": "uint8", "nbytes": len(payload)}],
-                    extra={"codec": snapshot.encoded.codec, "parts": snapshot.parts_kind,
-                           "specs": [[list(s.shape), s.dtype] for s in snapshot.encoded.specs],
-                           "checksum": snapshot.digest, "counters": snapshot.counters, **(extra or {})})
+                    extra=replace(extra or HeaderExtra(), codec=snapshot.encoded.codec, parts=str(snapshot.parts_kind),
+                                  specs=[[list(s.shape), s.dtype] for s in snapshot.encoded.specs],
+                                  checksum=snapshot.digest, counters=snapshot.counters))
     return encode_message(header, [payload])
 
 
@@ -166,16 +168,17 @@ def chunk_message(kind: MessageKind, *, run_id: str, stage: int, sender: str, ch
     """Wire frames of chunk `index` of `total` of a streamed contribution (its pieces encoded
     as one snapshot), for a receiver whose outer step is `for_step`; `group_size`: the group
     as the sender computed it, itself included (the pair's weight: correction.py)."""
-    extra: dict[str, Any] = {"for_step": for_step, "chunk": [index, total], "pieces": [p.as_wire() for p in pieces]}
-    if group_size is not None:
-        extra["group"] = group_size
+    extra = HeaderExtra(for_step=for_step, chunk=[index, total], pieces=[p.as_wire() for p in pieces],
+                        group=group_size)
     return snapshot_message(kind, run_id=run_id, stage=stage, sender=sender, snapshot=chunk, extra=extra)
 
 
 def push_target_step(decoded: DecodedMessage) -> int:
     """The receiver's outer step a push is for (its `for_step`; the sender's own step when
     absent: seeded groups pair equal steps). Raises SnapshotRejected when malformed."""
-    value = decoded.header.extra.get("for_step", decoded.header.outer_step)
+    value = decoded.header.extra.for_step
+    if value is None:
+        value = decoded.header.outer_step
     if not is_count(value):
         raise SnapshotRejected("malformed_header")
     return value
@@ -185,10 +188,10 @@ def push_group_size(decoded: DecodedMessage) -> int | None:
     """The size of the group the sender of a push computed, itself included; None when the
     header has none (then the receiver's own size stands for it). Raises SnapshotRejected
     when malformed."""
-    value = decoded.header.extra.get("group")
+    value = decoded.header.extra.group
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 2 <= value <= MAX_GROUP_SIZE:
+    if not 2 <= value <= MAX_GROUP_SIZE:
         raise SnapshotRejected("malformed_header")
     return value
 
@@ -198,14 +201,10 @@ def max_decompressed_bytes(shapes: Sequence[Sequence[int]]) -> int:
     return 2 * 4 * sum(math.prod(int(d) for d in s) for s in shapes) + DECOMPRESSED_SLACK_BYTES
 
 
-BOOTSTRAP_PREPARING = "preparing"
-"""The `extra` flag of a BOOTSTRAP_REPLY without a snapshot: the donor copies one for us, ask again."""
-
-
 def bootstrap_preparing(decoded: DecodedMessage) -> bool:
     """Whether a reply says the donor is copying its state for us (no snapshot yet)."""
     return MessageKind(decoded.header.kind) == MessageKind.BOOTSTRAP_REPLY and \
-        decoded.header.extra.get(BOOTSTRAP_PREPARING) is True and not decoded.tensors
+        decoded.header.extra.preparing and not decoded.tensors
 
 
 MAX_COUNTER = 2**53
@@ -256,42 +255,39 @@ class SnapshotReader:
                   expected_shapes: Callable[[PartsKind], Sequence[tuple[int, ...]]]) -> Snapshot:
         header = decoded.header
         extra = header.extra
-        if not decoded.tensors or "specs" not in extra:
+        if not decoded.tensors or extra.specs is None:
             raise SnapshotRejected("empty_snapshot")
         if decoded.tensors[0].numel() > self.max_decompressed_bytes + PAYLOAD_SLACK_BYTES:
             raise SnapshotRejected("payload_too_large")
         payload = decoded.tensors[0].numpy().tobytes()
-        if checksum(payload) != extra.get("checksum"):
+        if checksum(payload) != extra.checksum:
             raise SnapshotRejected("checksum")
-        try:
-            specs = [TensorSpec(shape=tuple(int(d) for d in shape), dtype=str(dtype)) for shape, dtype in extra["specs"]]
-        except (TypeError, ValueError):
-            raise SnapshotRejected("malformed_specs") from None
-        parts_kind = str(extra.get("parts", ""))
+        specs = [TensorSpec(shape=tuple(shape), dtype=dtype) for shape, dtype in extra.specs]  # typed on decode
+        parts_kind = extra.parts or ""
         if parts_kind not in tuple(PartsKind) or \
                 [s.shape for s in specs] != list(expected_shapes(PartsKind(parts_kind))):
             raise SnapshotRejected("shape_mismatch")
-        codec = str(extra.get("codec"))
+        codec = str(extra.codec)
         if (parts_kind == PartsKind.GRAD) != (codec in DELTA_CODECS):  # Δ alone travels sparse, states never
             raise SnapshotRejected("wrong_codec")
         encoded = EncodedTensors(codec=codec, specs=specs, payload=payload,
                                  raw_bytes=sum(4 * s.numel for s in specs), wire_bytes=len(payload))
-        return Snapshot(header.outer_step, parts_kind, encoded, str(extra["checksum"]),
-                        snapshot_counters(extra.get("counters")))
+        return Snapshot(header.outer_step, parts_kind, encoded, str(extra.checksum),
+                        snapshot_counters(extra.counters))
 
     def chunk(self, decoded: DecodedMessage) -> ReceivedChunk:
         """One chunk of a partner's streamed contribution, validated in full: its place in
         the stage's tensors, then the same checks as a whole snapshot on its pieces."""
         extra = decoded.header.extra
-        parts_kind = str(extra.get("parts", ""))
+        parts_kind = extra.parts or ""
         if parts_kind == PartsKind.SLOW_MOMENTUM:
             raise SnapshotRejected("wrong_parts")
         if parts_kind not in tuple(PartsKind):
             raise SnapshotRejected("shape_mismatch")
         numels = [math.prod(s) for s in self.expected_shapes] * PartsKind(parts_kind).copies
         try:
-            index, total = parse_chunk_position(extra.get("chunk"))
-            pieces = parse_pieces(extra.get("pieces"), numels)
+            index, total = parse_chunk_position(extra.chunk)
+            pieces = parse_pieces(extra.pieces, numels)
         except ChunkError:
             raise SnapshotRejected("malformed_chunk") from None
         snapshot = self._snapshot(decoded, lambda _: [(p.count,) for p in pieces])

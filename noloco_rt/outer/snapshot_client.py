@@ -17,6 +17,7 @@ import torch
 import zmq
 
 from noloco_rt.logs import EventLog
+from noloco_rt.net.header_extra import HeaderExtra
 from noloco_rt.net.transport import request
 from noloco_rt.net.wire import MessageKind
 from noloco_rt.outer.snapshot import (
@@ -47,7 +48,7 @@ def pull_bootstrap(ctx: zmq.Context, donor_id: str, address: str, reader: Snapsh
                    observer: bool = False) -> BootstrapState | None:
     """The donor's bootstrap state, or None: a timeout is logged, a refusal passed to on_reject."""
     frames = snapshot_message(MessageKind.BOOTSTRAP_REQUEST, run_id=reader.run_id, stage=stage, sender=sender,
-                              outer_step=0, extra={"observer": True} if observer else {})
+                              outer_step=0, extra=HeaderExtra(observer=observer))
     deadline = time.monotonic() + timeout_s
     pause = ASK_AGAIN_S
     while True:

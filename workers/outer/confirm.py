@@ -86,7 +86,7 @@ def read_verdict(reader: SnapshotReader, reply: list[zmq.Frame] | None) -> Verdi
         header = reader.message(reply).header
         if MessageKind(header.kind) != MessageKind.OUTER_VERDICT:
             return None
-        return Verdict(header.extra.get("verdict"))
+        return Verdict(header.extra.verdict)
     except (SnapshotRejected, ValueError):
         return None
 

@@ -25,13 +25,13 @@ from noloco_rt.config import Config
 from noloco_rt.config.choices import LOSSLESS_CODECS
 from noloco_rt.device_check import one_device
 from noloco_rt.logs import EventLog
+from noloco_rt.net.header_extra import HeaderExtra
 from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
 from noloco_rt.outer.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
 from noloco_rt.outer.codecs.quantized import QuantizedTensor
 from noloco_rt.outer.codecs.sparse import CHUNK as SPARSE_CHUNK
 from noloco_rt.outer.formula import PeerOuterState
 from noloco_rt.outer.snapshot import (
-    BOOTSTRAP_PREPARING,
     PartsKind,
     Snapshot,
     SnapshotReader,
@@ -155,6 +155,10 @@ class SnapshotService:
             self._bootstrap_parts = None
             self._bootstrap = None
 
+    def bootstrap_asked(self) -> bool:
+        """Whether a joiner's request waits for our next copy of φ and δ."""
+        return self._bootstrap_wanted.is_set()
+
     def publish_bootstrap_if_wanted(self) -> None:
         """Training thread, at an inner-step boundary where φ and δ are final: the copy a
         request is waiting for (one Event read when nobody asked)."""
@@ -234,23 +238,23 @@ class SnapshotService:
         if header.outer_step < 0:
             raise SnapshotRejected("malformed_header")
         verdict = self.verdicts.answer(header.sender, header.outer_step)
-        return self._message_at(MessageKind.OUTER_VERDICT, header.outer_step, {"verdict": verdict.value})
+        return self._message_at(MessageKind.OUTER_VERDICT, header.outer_step, HeaderExtra(verdict=verdict.value))
 
     def _note_verdict(self, header: Header) -> list[Any]:
         """A partner that finishes or leaves tells us, unasked, what it decided on our push
         for our step `outer_step` (workers/outer/verdicts.py)."""
-        verdict = header.extra.get("verdict")
+        verdict = header.extra.verdict
         if header.outer_step < 0 or verdict not in (Verdict.USED, Verdict.DECLINED):
             raise SnapshotRejected("malformed_header")
         self.verdicts.note_told(header.sender, header.outer_step, verdict == Verdict.USED)
-        return self._message_at(MessageKind.OUTER_VERDICT, header.outer_step, {"verdict": Verdict.UNKNOWN.value})
+        return self._message_at(MessageKind.OUTER_VERDICT, header.outer_step, HeaderExtra(verdict=Verdict.UNKNOWN.value))
 
     def verdict_message(self, partner_step: int, used: bool) -> list[Any]:
         """Our decision on a partner's push for its step `partner_step`, told unasked."""
         verdict = Verdict.USED if used else Verdict.DECLINED
-        return self._message_at(MessageKind.OUTER_VERDICT, partner_step, {"verdict": verdict.value})
+        return self._message_at(MessageKind.OUTER_VERDICT, partner_step, HeaderExtra(verdict=verdict.value))
 
-    def _message_at(self, kind: MessageKind, outer_step: int, extra: dict[str, Any]) -> list[Any]:
+    def _message_at(self, kind: MessageKind, outer_step: int, extra: HeaderExtra) -> list[Any]:
         return snapshot_message(kind, run_id=self.cfg.run.run_id, stage=self.stage, sender=self.worker_id,
                                 outer_step=outer_step, extra=extra)
 
@@ -280,9 +284,9 @@ class SnapshotService:
     def _serve_bootstrap(self, header: Header) -> list[Any]:
         snapshot = self.bootstrap_snapshot()
         if snapshot is None:  # the requester asks again shortly (snapshot_client.pull_bootstrap)
-            return self._message_at(MessageKind.BOOTSTRAP_REPLY, -1, {BOOTSTRAP_PREPARING: True})
+            return self._message_at(MessageKind.BOOTSTRAP_REPLY, -1, HeaderExtra(preparing=True))
         # The coordinator pulls the same snapshot read-only, often: not worth a log line.
-        if not header.extra.get("observer"):
+        if not header.extra.observer:
             self.log.info("bootstrap_served", to=header.sender[:8], checksum=snapshot.digest,
                           outer_step=snapshot.outer_step)
         return self._message(MessageKind.BOOTSTRAP_REPLY, snapshot)
