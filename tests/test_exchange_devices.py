@@ -121,7 +121,7 @@ def test_a_round_settled_but_seen_late_is_applied_on_both_sides():
         b.step.finish()
         a.counters.inner_steps += 2  # two inner steps with no boundary seen: a busy training thread
         # a's round is over too (its result kept, not yet applied): read, not taken
-        wait_until(lambda: 1 in a.exchanger._results)
+        assert a.exchanger.round_over(1, wait_s=30)
         a.step.after_inner_step()
         sums = []
         for worker in (a, b):
@@ -141,7 +141,7 @@ def test_a_round_seen_late_while_its_correction_is_computed_is_applied_on_both_s
     compute = exchanger_module.correction_term
 
     def held_on_a(*args, **kwargs):
-        if threading.current_thread() is a.exchanger._thread:
+        if threading.current_thread() is a.exchanger.thread:
             computing.set()
             assert release.wait(30), "the test never released a's correction"
         return compute(*args, **kwargs)
@@ -185,7 +185,7 @@ def test_a_partners_push_for_our_next_step_pulls_us_to_it_and_the_pair_matches()
         assert b.counters.pulled_outer_steps == 1 and b.step.pulled_to() is None
         assert not b.step.due(b.counters.clock_steps)  # the next one is h inner steps away
         b.step.finish()
-        wait_until(lambda: 1 in a.exchanger._results)
+        assert a.exchanger.round_over(1, wait_s=30)
         a.step.after_inner_step()
         for worker in (a, b):
             assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
@@ -205,7 +205,7 @@ def test_a_worker_two_steps_behind_is_pulled_over_the_step_its_partner_took_with
         assert b.counters.outer_steps == 2 and b.counters.skipped_outer_steps == 1
         assert b.counters.clock_steps == 2 * h
         b.step.finish()
-        wait_until(lambda: 2 in a.exchanger._results)
+        assert a.exchanger.round_over(2, wait_s=30)
         a.step.after_inner_step()
         for worker in (a, b):
             assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines

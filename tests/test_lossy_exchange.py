@@ -126,10 +126,7 @@ def test_lossy_rounds_keep_the_replicas_mean_exactly(corpus, codec):
     sim = Simulation(cfg, corpus=corpus)
     for _ in range(7):
         sim.train_step()
-    plan = sim.step_plan()  # the 8th inner step by hand, to see the state just before outer step k = 1
-    sim.accumulate(plan)
-    sim._inner_steps(plan.grads_are_means)
-    sim.step += 1
+    sim.inner_step()  # the 8th alone, to see the state just before outer step k = 1
     replicas, coeffs = sim.replicas[0], sim.coeffs
 
     def stepped_with(r) -> list[torch.Tensor]:  # a sparse round steps with what it sends (delta_exchange.py)

@@ -69,8 +69,8 @@ def test_view_follows_joins_state_changes_and_leaves_reading_only_changes(server
     assert ids(reader.stage_view(0)) == ["a", "b"]  # sorted by id
     assert b.leave()
     assert ids(reader.stage_view(0)) == ["a"]
-    view = reader._views[0]
-    assert view.full_reads == 1 and view.change_reads >= 2
+    full_reads, change_reads = reader.view_reads(0)
+    assert full_reads == 1 and change_reads >= 2
 
 
 def test_heartbeats_do_not_touch_the_view_but_a_queue_depth_hint_does_slowly(server):
@@ -83,7 +83,7 @@ def test_heartbeats_do_not_touch_the_view_but_a_queue_depth_hint_does_slowly(ser
         clock[0] += 1.0
         a.heartbeat(queue_depth=depth)
     assert reader.stage_view(0)[0].queue_depth == 0
-    assert reader._views[0].change_reads == 0
+    assert reader.view_reads(0)[1] == 0
     clock[0] += 5.0
     a.heartbeat(queue_depth=7)
     assert reader.stage_view(0)[0].queue_depth == 7
@@ -129,7 +129,7 @@ def test_a_trimmed_log_or_an_emptied_redis_makes_the_reader_read_whole(server):
     client.xtrim(reader.keys.log(0), maxlen=0)  # b's entry is gone before the reader saw it
     Membership(client, run_id="r").register(record("c"))
     assert ids(reader.stage_view(0)) == ["a", "b", "c"]
-    assert reader._views[0].full_reads == 2
+    assert reader.view_reads(0)[0] == 2
     server.stop()
     assert ids(reader.stage_view(0)) == ["a", "b", "c"]  # cached through the outage
     server.start()  # empty
@@ -164,8 +164,7 @@ def test_reading_one_stage_of_2000_members_touches_only_that_stage(server):
         pipe = client.pipeline(transaction=False)
         for i in range(500):
             member = replace(record(f"w{stage}-{i:04d}", stage=stage), heartbeat_time=time.time())
-            writer._queue_beat(pipe, member)
-            writer._queue_publish(pipe, member)
+            writer.queue_heartbeat(pipe, member, publish=True)
         pipe.execute()
     reader = Membership(connect(server.url), run_id="r")
     touched: list[list[str]] = []

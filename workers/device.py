@@ -72,6 +72,8 @@ class PinnedArena:
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self._buffer: torch.Tensor | None = None
+        self.pins = 0
+        """Buffers pinned so far: one for a run whose state does not grow."""
 
     @property
     def reserved_bytes(self) -> int:
@@ -85,6 +87,7 @@ class PinnedArena:
         if self.reserved_bytes < nbytes:
             self._buffer = None  # the old one goes first: never both
             self._buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+            self.pins += 1
         return True
 
     def views(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:

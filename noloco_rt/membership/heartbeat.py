@@ -54,6 +54,11 @@ class HeartbeatThread:
                     self.failures += 1
             self._stop.wait(self.TICK_S)
 
+    @property
+    def running(self) -> bool:
+        """Whether the heartbeat thread is alive (a Redis error must not end it)."""
+        return self._thread.is_alive()
+
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
         if self._thread.is_alive():

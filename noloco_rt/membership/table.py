@@ -301,6 +301,12 @@ class Membership:
             members = view.members()
         return [r for r in members if states is None or r.state in states]
 
+    def view_reads(self, stage: int) -> tuple[int, int]:
+        """(whole reads, change-log reads) of `stage`'s view so far: what following it cost Redis."""
+        with self._views_lock:
+            view = self._views.get(stage)
+            return (0, 0) if view is None else (view.full_reads, view.change_reads)
+
     def live_members(self, stage: int | None = None,
                      states: frozenset[WorkerState] | set[WorkerState] | None = ONLINE_ONLY, *,
                      exclude_id: str | None = None) -> list[MemberRecord]:

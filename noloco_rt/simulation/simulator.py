@@ -160,14 +160,21 @@ class Simulation:
         return loss_sum / rows_seen
 
     def train_step(self) -> float:
-        """One inner step for every replica; returns the mean training loss over sequences."""
+        """One inner step for every replica, then the outer step when one is due; returns the
+        mean training loss over sequences."""
+        loss = self.inner_step()
+        self._apply_due_corrections()
+        if self.outer.method not in NO_OUTER_STEP and self.step % self.outer.h == 0:
+            self.outer_step()
+        return loss
+
+    def inner_step(self) -> float:
+        """One inner step for every replica and nothing else (no outer step even when due);
+        returns the mean training loss over sequences."""
         plan = self.step_plan()
         loss = self.accumulate(plan)
         self._inner_steps(plan.grads_are_means)
         self.step += 1
-        self._apply_due_corrections()
-        if self.outer.method not in NO_OUTER_STEP and self.step % self.outer.h == 0:
-            self.outer_step()
         return loss
 
     def _inner_steps(self, grads_are_means: bool) -> None:

@@ -155,6 +155,17 @@ class OuterExchanger:
                 del self._results[stale]
             return self._results.pop(outer_step, None)
 
+    def round_over(self, outer_step: int, *, wait_s: float = 0.0) -> bool:
+        """Whether the round has ended with its result not yet taken, waiting up to wait_s
+        (the result stays for `result` to take)."""
+        with self._done:
+            return self._done.wait_for(lambda: outer_step in self._results, timeout=wait_s)
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread that runs the rounds (their pushes, collection and correction)."""
+        return self._thread
+
     def give_up(self, outer_step: int) -> set[str]:
         """Give the round up as late: stop waiting for partners whose push is not here, and
         refuse their pushes from now on, so that they give up their side too (a push not
