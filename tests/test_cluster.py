@@ -193,8 +193,7 @@ def test_downstream_workers_finish_with_their_upstream_whatever_their_own_count(
     stage-1 workers are given a count they cannot reach: 2 x 20 steps x 2 microbatches
     are 40 forwards, at most 20 stage-1 steps each."""
     first = [cluster.start_worker(0, f"s0-{i}", steps=20) for i in range(2)]
-    # Nothing restarts here: a 1 s margin past stage 0's finish (worker.upstream_gone_s) will do.
-    downstream = [cluster.start_worker(1, f"s1-{i}", steps=1000, **{"worker.upstream_gone_s": 1.0}) for i in range(2)]
+    downstream = [cluster.start_worker(1, f"s1-{i}", steps=1000) for i in range(2)]
     for worker in [*first, *downstream]:
         assert cluster.wait_exit(worker, timeout_s=120) == 0, worker.log_text()[-2000:]
     for worker in downstream:

@@ -88,9 +88,11 @@ class LocalCluster:
         self.redis = redis or EmbeddedRedis(password=random_password()).start()
         self._workers_redis_url = workers_redis_url
         self.workers: list[WorkerProcess] = []
-        # A checkpoint at every outer step: tests kill and resume workers within seconds.
+        # A checkpoint at every outer step: tests kill and resume workers within seconds. A later
+        # stage finishes 1 s after its upstream stage did, not 5 (worker.upstream_gone_s: the
+        # margin for an upstream worker restarting after its stage finished, which no test does).
         self.settings = {"pipeline.stages": stages, "outer.h": 5, "pipeline.max_inflight": 2,
-                         "worker.checkpoint_every": 1,
+                         "worker.checkpoint_every": 1, "worker.upstream_gone_s": 1.0,
                          "worker.heartbeat_interval_s": 0.25, "worker.deadline_floor_s": 1.0,
                          "worker.deadline_ceiling_s": 5.0, "worker.exchange_timeout_s": 3.0,
                          "worker.leave_grace_s": 10.0, "run.log_format": "json",
