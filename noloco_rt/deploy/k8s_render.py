@@ -1,6 +1,6 @@
 """Kubernetes manifests for a run of S stages × R replicas, as plain dicts (pure, no I/O).
 
-The same objects as `kubectl kustomize k8s/overlays/<name>` (tests/test_deploy.py compares them
+The same objects as `kubectl kustomize k8s/overlays/<name>` (tests/deploy/test_deploy.py compares them
 where kubectl exists); this renderer needs only PyYAML, so `noloco-rt k8s render` works without
 kubectl and CI validates the manifests without it. The worker's command line, the probes'
 ports and thresholds, the disk requests and the termination grace all derive from one

@@ -8,7 +8,7 @@ what a small one does), and noloco_rt.memory.tracker counts the storages as they
 go. Two batch sizes, the run's and one more sequence, separate what a microbatch keeps
 whatever its size (autocast's weight casts) from what grows with its sequences: exact at the
 run's size (a batch of one can skip a copy, so sizes are not exactly linear from there), and
-the fake run's bytes equal a real run's (tests/test_hf_memory.py).
+the fake run's bytes equal a real run's (tests/memory/test_hf_memory.py).
 
 The forward runs on fake CPU tensors, so the kernels and bfloat16 casts are the CPU's: a CUDA
 worker's attention kernels and autocast may keep a little more or less (not yet measured on

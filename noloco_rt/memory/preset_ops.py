@@ -17,7 +17,7 @@ backward (noloco_rt/model/llama.py), C = dim, F = ffn_dim, H = heads:
     Checkpointed: the block's input only (4C); one block is recomputed at a time in backward.
 
 Measured on the CPU (float32 and bfloat16 autocast) these match to the byte; the whole
-peak is checked within 15 % by tests/test_memory_plan.py.
+peak is checked within 15 % by tests/memory/test_memory_plan.py.
 """
 
 from __future__ import annotations

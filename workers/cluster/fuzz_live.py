@@ -5,7 +5,7 @@ beforehand by running the worker's own validation on it locally (noloco_rt.net.m
 for the data path, a SnapshotService.handle for the exchange path); a message the local
 check would accept is not sent. The worker's Prometheus rejected counters must then
 grow by exactly the predicted counts per reason, and the exchange server must answer
-every request with an ERROR. Used by tests/test_fuzz_live.py (a small count) and
+every request with an ERROR. Used by tests/cluster/test_fuzz_live.py (a small count) and
 benchmarks/fuzz_live.py (10,000 messages).
 """
 
