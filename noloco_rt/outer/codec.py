@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from noloco_rt.config.choices import CODECS
-from noloco_rt.device_check import one_device
 from noloco_rt.outer.codecs import codec_named, is_lossless
 from noloco_rt.outer.codecs.base import (
     ALLOWED_DTYPES,
@@ -33,6 +32,7 @@ from noloco_rt.outer.codecs.base import (
 )
 from noloco_rt.outer.codecs.frame import compress_frame, decompress_exactly
 from noloco_rt.outer.codecs.quantized import BlockQuantizedCodec, QuantizedTensor
+from noloco_rt.outer.device_check import one_device
 
 __all__ = ["ALLOWED_DTYPES", "CODECS", "CodecError", "EncodedTensors", "TensorSpec", "checksum",
            "decode_tensors", "encode_quantized_tensors", "encode_tensors", "fresh_generator", "is_lossless",

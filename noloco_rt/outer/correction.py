@@ -46,7 +46,7 @@ from collections.abc import Sequence
 
 import torch
 
-from noloco_rt.device_check import one_device
+from noloco_rt.outer.device_check import one_device
 from noloco_rt.outer.formula import (
     OuterCoefficients,
     PeerOuterState,

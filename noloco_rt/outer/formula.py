@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from noloco_rt.config import ResolvedOuter
-from noloco_rt.device_check import one_device
+from noloco_rt.outer.device_check import one_device
 
 TensorList = list[torch.Tensor]
 

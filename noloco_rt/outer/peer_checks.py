@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from noloco_rt.device_check import one_device
+from noloco_rt.outer.device_check import one_device
 from noloco_rt.outer.formula import PeerOuterState, state_tensors
 
 EPSILON = 1e-12

@@ -14,7 +14,7 @@ correction's arithmetic) works on host float32 tensors, on background threads:
                                                       pins it
     training thread, inner boundary  host -> device   c, then δ += c; φ += c; θ += c
 
-The pure functions refuse a mix of devices (noloco_rt.device_check), so a tensor that
+The pure functions refuse a mix of devices (noloco_rt.outer.device_check), so a tensor that
 slips past this boundary fails loudly at its first use instead of inside torch.
 Snapshots for joiners take the same device -> host path, from the training thread after
 each outer step.

@@ -23,13 +23,13 @@ import zmq
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.config.choices import LOSSLESS_CODECS
-from noloco_rt.device_check import one_device
 from noloco_rt.logs import EventLog
 from noloco_rt.net.header_extra import HeaderExtra
 from noloco_rt.net.wire import DecodedMessage, Header, MessageKind
 from noloco_rt.outer.chunks import ALIGN, ChunkError, Piece, piece_views, plan_chunks
 from noloco_rt.outer.codecs.quantized import QuantizedTensor
 from noloco_rt.outer.codecs.sparse import CHUNK as SPARSE_CHUNK
+from noloco_rt.outer.device_check import one_device
 from noloco_rt.outer.formula import PeerOuterState
 from noloco_rt.outer.snapshot import (
     PartsKind,
