@@ -22,5 +22,5 @@ CODECS = SNAPSHOT_CODECS + DELTA_CODECS
 LOSSLESS_CODECS = ("raw", "zstd", "shuffle-zstd")
 """Those that give back exactly the bits sent: the only ones a joiner's bootstrap may use."""
 
-WIRE_DTYPES = ("float32", "bfloat16", "float16", "int8")
+WIRE_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
 """How activations and gradients may travel (pipeline.wire_dtype; noloco_rt.net.wire_dtype)."""

@@ -338,8 +338,8 @@ class PipelineConfig:
     wire_dtype: str = "float16"
     """How activations and gradients travel between stages: float32 (exact), bfloat16,
     float16 (default: half the bytes, val loss within +0.07 % median over 6 seeds,
-    benchmarks/wire_dtype.py), or int8 (activations: int8 with a per-token scale; gradients:
-    bfloat16)."""
+    benchmarks/wire_dtype.py), int8 (activations: int8 with a per-token scale; gradients:
+    bfloat16) or int4 (the same at 7 levels a side, two codes a byte)."""
     simulate_wire_dtype: bool = False
     """The simulator passes activations (forward) and gradients (backward) between stages
     through wire_dtype as workers pack them (true), or hands them on exactly (false: how the

@@ -135,7 +135,7 @@ def wire_copy_bytes(s: PlanSettings, stage: int) -> int:
     if stage == s.stages - 1:
         return 0
     c = s.measured[stage].width if s.measured else s.shape.dim
-    per_token = WIRE_BYTES[s.wire_dtype] * c + (FP32 if s.wire_dtype == "int8" else 0) + TOKEN_ID
+    per_token = WIRE_BYTES[s.wire_dtype] * c + (FP32 if s.wire_dtype in ("int8", "int4") else 0) + TOKEN_ID
     return round(s.tokens * per_token)
 
 

@@ -3,7 +3,7 @@
 FP32 = 4
 BF16 = 2
 TOKEN_ID = 8  # int64 token ids and targets
-WIRE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0}
+WIRE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
 # Encoded snapshot bytes per float32 element, upper ends (the docs measure shuffle-zstd at
 # 1.16x and int8-zstd at 3.9x fewer bytes than raw; trained weights compress better than these).
 CODEC_BYTES = {"raw": 4.0, "zstd": 4.0, "shuffle-zstd": 4.0, "bf16-shuffle-zstd": 2.0, "int8-zstd": 1.05,

@@ -12,6 +12,9 @@ the stage's compute never sees the wire form.
   largest magnitude / 127, as SWARM compresses its activations): absolute error at most
   scale / 2 per element. Gradients travel in bfloat16 (their per-token range is too wide
   for 8 bits to carry well).
+- int4: the same with 7 levels a side, two codes a byte (uint8: the even element in the low
+  half): an eighth of float32's bytes plus the scales; a tensor whose last dimension is odd
+  travels as int8. Gradients travel in bfloat16.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from noloco_rt.config.choices import WIRE_DTYPES
 _CASTS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FLOATS = frozenset(_CASTS.values())
 INT8_LEVELS = 127
+INT4_LEVELS = 7
 
 
 class WireDtypeError(ValueError):
@@ -33,7 +37,7 @@ class WireDtypeError(ValueError):
 
 def gradient_wire_dtype(wire_dtype: str) -> str:
     """The dtype gradients travel in when activations travel in `wire_dtype`."""
-    return "bfloat16" if wire_dtype == "int8" else wire_dtype
+    return "bfloat16" if wire_dtype in ("int8", "int4") else wire_dtype
 
 
 def pack(tensor: torch.Tensor, wire_dtype: str) -> list[torch.Tensor]:
@@ -45,12 +49,18 @@ def pack(tensor: torch.Tensor, wire_dtype: str) -> list[torch.Tensor]:
         return [tensor.clamp(-limit, limit).to(torch.float16).contiguous()]
     if wire_dtype in _CASTS:
         return [tensor.to(_CASTS[wire_dtype]).contiguous()]
-    if wire_dtype != "int8":
+    if wire_dtype not in ("int8", "int4"):
         raise ValueError(f"unknown wire dtype {wire_dtype!r}; one of {', '.join(WIRE_DTYPES)}")
+    nibbles = wire_dtype == "int4" and tensor.dim() > 0 and tensor.shape[-1] % 2 == 0
+    levels = INT4_LEVELS if nibbles else INT8_LEVELS
     values = tensor.float()
-    scale = values.abs().amax(dim=-1, keepdim=True).div_(INT8_LEVELS)
-    codes = values.div(scale.clamp_min(torch.finfo(torch.float32).tiny)).round_().clamp_(-INT8_LEVELS, INT8_LEVELS)
-    return [codes.to(torch.int8).contiguous(), scale.contiguous()]
+    scale = values.abs().amax(dim=-1, keepdim=True).div_(levels)
+    codes = values.div(scale.clamp_min(torch.finfo(torch.float32).tiny)).round_().clamp_(-levels, levels)
+    if not nibbles:
+        return [codes.to(torch.int8).contiguous(), scale.contiguous()]
+    offset = codes.to(torch.int16).add_(INT4_LEVELS + 1)  # 1..15: a nibble each
+    pairs = offset[..., 0::2] | (offset[..., 1::2] << 4)
+    return [pairs.to(torch.uint8).contiguous(), scale.contiguous()]
 
 
 def frames_of(dtypes: Sequence[torch.dtype]) -> int:
@@ -60,19 +70,25 @@ def frames_of(dtypes: Sequence[torch.dtype]) -> int:
         raise WireDtypeError("no tensors")
     if dtypes[0] in _FLOATS:
         return 1
-    if dtypes[0] == torch.int8 and len(dtypes) >= 2 and dtypes[1] == torch.float32:
+    if dtypes[0] in (torch.int8, torch.uint8) and len(dtypes) >= 2 and dtypes[1] == torch.float32:
         return 2
     raise WireDtypeError(f"tensors of {[str(d) for d in dtypes]} are not a wire packing")
 
 
 def unpack(frames: Sequence[torch.Tensor]) -> torch.Tensor:
-    """float32 back from one packing (one float tensor, or int8 codes and their per-token
-    scales, whose shape must be the codes' with a last dimension of 1)."""
+    """float32 back from one packing (one float tensor, or int8 codes, or int4 codes two a
+    byte, and their per-token scales, whose shape must be the codes' with a last dimension
+    of 1)."""
     if len(frames) == 1 and frames[0].dtype in _FLOATS:
         return frames[0].float()
-    if len(frames) != 2 or frames[0].dtype != torch.int8 or frames[1].dtype != torch.float32:
+    if len(frames) != 2 or frames[0].dtype not in (torch.int8, torch.uint8) or frames[1].dtype != torch.float32:
         raise WireDtypeError("not a wire packing")
     codes, scale = frames
     if codes.dim() == 0 or tuple(scale.shape) != (*codes.shape[:-1], 1):
         raise WireDtypeError(f"scales {tuple(scale.shape)} do not fit codes {tuple(codes.shape)}")
-    return codes.float().mul_(scale)
+    if codes.dtype == torch.int8:
+        return codes.float().mul_(scale)
+    # Nibbles outside 1..15 decode past the levels: the clamp keeps a hostile byte within scale * 7.
+    low, high = (codes & 0xF).to(torch.int16), (codes >> 4).to(torch.int16)
+    values = torch.stack((low, high), dim=-1).flatten(-2).sub_(INT4_LEVELS + 1).clamp_(-INT4_LEVELS, INT4_LEVELS)
+    return values.float().mul_(scale)

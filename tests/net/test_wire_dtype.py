@@ -38,7 +38,7 @@ def test_each_wire_dtype_round_trips_within_its_bound(wire):
         tiny = 0.0 if wire == "bfloat16" else 2.0 ** -24  # float16 subnormals: an absolute floor
         assert bool((error <= rel * acts.abs() + tiny).all())
     else:
-        scale = acts.abs().amax(dim=-1, keepdim=True) / 127
+        scale = acts.abs().amax(dim=-1, keepdim=True) / (127 if wire == "int8" else 7)
         assert bool((error <= scale / 2 * (1 + 1e-5)).all())  # half a step of its own token's scale
 
 
@@ -53,6 +53,26 @@ def test_int8_sends_a_quarter_of_the_bytes_and_gradients_go_in_bfloat16():
     outgoing = messages.backward(RUN, "s", 1, 3, 0, packed)
     received = messages.decode([bytes(p) for p in outgoing.parts()], run_id=RUN)
     assert received.tensors[0].dtype == torch.float32 and len(received.tensors) == 1
+
+
+def test_int4_sends_two_codes_a_byte_and_an_odd_last_dimension_as_int8():
+    acts = torch.randn(8, 32, 128)
+    codes, scale = pack(acts, "int4")
+    assert codes.dtype == torch.uint8 and tuple(codes.shape) == (8, 32, 64) and tuple(scale.shape) == (8, 32, 1)
+    assert gradient_wire_dtype("int4") == "bfloat16"
+    odd = torch.randn(2, 3, 5)
+    packed = pack(odd, "int4")
+    assert packed[0].dtype == torch.int8  # no half byte to spare: int8's packing, which the receiver knows
+    assert bool(((unpack(packed) - odd).abs() <= odd.abs().amax(-1, keepdim=True) / 254 * (1 + 1e-5)).all())
+    # The extremes and zero are exact: codes ±7 and 0.
+    token = torch.tensor([[-7.0, 7.0, 0.0, 3.0]])
+    assert torch.equal(unpack(pack(token, "int4")), token)
+
+
+def test_a_hostile_int4_byte_decodes_within_its_tokens_scale():
+    codes = torch.tensor([[0x00, 0xFF, 0x0F, 0xF0]], dtype=torch.uint8)  # nibble 0 names no level: clamped to -7
+    got = unpack([codes, torch.ones(1, 1)])
+    assert got.shape == (1, 8) and bool((got.abs() <= 7).all())
 
 
 def test_float16_saturates_instead_of_overflowing():
@@ -74,6 +94,8 @@ def test_an_all_zero_token_stays_zero_in_int8():
     [torch.zeros(2, 3, dtype=torch.int8), torch.ones(2, 1, dtype=torch.float16)],
     [torch.zeros(2, 3), torch.zeros(2, 3)],
     [torch.zeros(2, 3, dtype=torch.int64)],
+    [torch.zeros(2, 3, dtype=torch.uint8)],  # int4 codes without scales
+    [torch.zeros(2, 3, dtype=torch.uint8), torch.ones(2, 6)],  # scales of the wrong shape
 ])
 def test_a_packing_that_does_not_hold_together_is_refused(frames):
     with pytest.raises(WireDtypeError):

@@ -167,8 +167,10 @@ def _data_header_mutation(rng: random.Random) -> Frames:
 
 def _data_bad_packing(rng: random.Random) -> Frames:
     """A forward in a wire dtype (pipeline.wire_dtype) whose packing does not hold together:
-    int8 codes without their scales, scales of the wrong shape, or the frames out of order."""
-    acts = torch.randint(-127, 128, (BATCH, SEQ, DIM), dtype=torch.int8)
+    int8 or int4 codes (two a byte) without their scales, scales of the wrong shape, or the
+    frames out of order."""
+    acts = torch.randint(-127, 128, (BATCH, SEQ, DIM), dtype=torch.int8) if rng.random() < 0.5 else \
+        torch.randint(0, 256, (BATCH, SEQ, DIM // 2), dtype=torch.uint8)
     scales = torch.rand(BATCH, SEQ, 1)
     targets = torch.randint(0, 256, (BATCH, SEQ))
     choice = rng.randrange(4)
