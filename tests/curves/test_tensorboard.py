@@ -108,18 +108,18 @@ def test_up_refuses_an_explicit_tensorboard_without_the_package_and_starts_nothi
 
 
 def test_up_default_tensorboard_without_the_package_is_a_warning_and_no_curves(tmp_path, monkeypatch):
-    from workers.cluster.up import _curves_settings
+    from workers.cluster.up import curves_settings
 
     warnings = []
     monkeypatch.setattr("workers.cluster.up.get_logger",
                         lambda **_: type("Log", (), {"warning": lambda self, *a, **k: warnings.append((a, k))})())
     if HAVE_TENSORBOARD:
-        assert _curves_settings(tmp_path, None, False, False).tensorboard == (tmp_path / "tb").resolve()
+        assert curves_settings(tmp_path, None, False, False).tensorboard == (tmp_path / "tb").resolve()
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    settings = _curves_settings(tmp_path, None, False, False)
+    settings = curves_settings(tmp_path, None, False, False)
     assert settings.tensorboard is None and len(warnings) == 1
     assert "pip install tensorboard" in warnings[0][1]["reason"]
-    assert _curves_settings(tmp_path, None, True, False).tensorboard is None and len(warnings) == 1  # asked: quiet
+    assert curves_settings(tmp_path, None, True, False).tensorboard is None and len(warnings) == 1  # asked: quiet
 
 
 class RecordingLog:

@@ -91,7 +91,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     from noloco_rt.process.startup import process_startup
 
     out = Path(cfg.paths.out_dir)
-    curves = _curves_settings(out, tensorboard_dir, no_tensorboard, with_wandb)
+    curves = curves_settings(out, tensorboard_dir, no_tensorboard, with_wandb)
     cfg = _with_curve(cfg, out, secure)
     from noloco_rt.net.exposure import open_door
 
@@ -111,7 +111,7 @@ def up(stages: int | None, replicas: int | None, steps: int | None, preset: str 
     sys.exit(code)
 
 
-def _curves_settings(out: Path, tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool) -> CurvesSettings:
+def curves_settings(out: Path, tensorboard_dir: str | None, no_tensorboard: bool, with_wandb: bool) -> CurvesSettings:
     """Where the scalars go. A backend asked for but not installed stops `up` (one line, exit 2);
     the default OUT/tb without tensorboard installed is one warning and no curves."""
     if tensorboard_dir and no_tensorboard:
