@@ -337,9 +337,10 @@ class PipelineConfig:
     that fit, at least 1; on the CPU and in the simulator always 4."""
     wire_dtype: str = "float16"
     """How activations and gradients travel between stages: float32 (exact), bfloat16,
-    float16 (default: half the bytes, val loss within +0.07 % median over 6 seeds,
-    benchmarks/wire_dtype.py), int8 (activations: int8 with a per-token scale; gradients:
-    bfloat16) or int4 (the same at 7 levels a side, two codes a byte)."""
+    float16 (default: half the bytes), int8 (activations: int8 with a per-token scale;
+    gradients: bfloat16) or int4 (the same at 7 levels a side, two codes a byte). Their
+    cost in perplexity, simulated at 2,000 steps over 3 seeds: float16 +0.6 %, int8 +0.9 %,
+    int4 +3.9 % (benchmarks/README.md, "Wire dtype of activations and gradients")."""
     simulate_wire_dtype: bool = False
     """The simulator passes activations (forward) and gradients (backward) between stages
     through wire_dtype as workers pack them (true), or hands them on exactly (false: how the
