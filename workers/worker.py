@@ -297,7 +297,8 @@ class StageWorker:
     def _bootstrap(self) -> tuple[str, BootstrapState] | None:
         return bootstrap_from_stage(self.ctx, self.peers, self.snapshots, timeout_s=self.timeouts.bootstrap_s,
                                     pull_timeout_s=self.timeouts.bootstrap_pull_s, leave_requested=self.leave_requested,
-                                    site=self.cfg.worker.site)
+                                    site=self.cfg.worker.site,
+                                    stage_high_water=lambda: self.membership.high_water.of(self.stage))
 
     def _resume_from_store(self) -> bool:
         """No live peer: continue the stage from its newest checkpoint in the durable store."""

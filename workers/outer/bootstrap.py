@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -47,18 +48,32 @@ def check_may_seed(stage: int, high_water: int | None, *, allow_reseed: bool, st
         f"scratch (a new run needs a new run.run_id)")
 
 
+def seeds_in_its_site(donor_sites: list[str], site: str, stage_high_water: int | None) -> bool:
+    """Whether a joiner starts from the seed rather than pull a donor's state from another site
+    (pure): it names a site, no donor is in it, and the stage has finished no outer step (0;
+    None is Redis not answering). A donor then holds the seed moved by fewer than h inner
+    steps, not worth a wait across a slow link (a 125m state at 10 Mbit/s: minutes); the
+    first outer step pulls the joiner along."""
+    return bool(site) and stage_high_water == 0 and site not in donor_sites
+
+
 def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotService, *, timeout_s: float,
-                         pull_timeout_s: float, leave_requested: threading.Event,
-                         site: str = "") -> tuple[str, BootstrapState] | None:
+                         pull_timeout_s: float, leave_requested: threading.Event, site: str = "",
+                         stage_high_water: Callable[[], int | None] = lambda: None) -> tuple[str, BootstrapState] | None:
     """(donor id, its state) from the first live peer of our stage that serves a valid one,
     peers of our `site` tried first (each pull bounded by `pull_timeout_s`); None if the stage
-    has no other member. Raises RuntimeError when no donor served one within `timeout_s` (or a
-    leave was asked meanwhile)."""
+    has no other member, or none in our site while it is at outer step 0 (seeds_in_its_site).
+    Raises RuntimeError when no donor served one within `timeout_s` (or a leave was asked
+    meanwhile)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not leave_requested.is_set():
         peers.refresh_now(service.stage)  # start-up: a fresh view, read in this thread
         donors = peers.random_peers(service.stage, site=site)
         if not donors:
+            return None
+        if seeds_in_its_site([d.site for d in donors], site, stage_high_water()):
+            service.log.info("first_in_site", site=site, donors_elsewhere=len(donors),
+                             note="the stage has taken no outer step: the seed, not a state across sites")
             return None
         for donor in donors:
             state = pull_bootstrap(ctx, donor.worker_id, donor.exchange_addr, service.reader, stage=service.stage,
