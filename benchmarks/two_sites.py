@@ -202,6 +202,8 @@ def main() -> None:
         raise SystemExit(f"--layout {args.layout}: the replicas split evenly over two sites")
     if (why := missing_tools([])) is not None:
         raise SystemExit(why)
+    if args.runs_dir is not None and args.runs_dir.is_dir() and any(args.runs_dir.iterdir()):
+        raise SystemExit(f"--runs-dir {args.runs_dir} holds earlier runs: remove it or name an empty folder")
     links = [LinkSpec(int(rate), args.rtt_ms / 2000) for rate in args.rates.split(",") if rate.strip()]
     trials = []
     for seed in (int(s) for s in args.seeds.split(",")):
