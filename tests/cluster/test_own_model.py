@@ -116,8 +116,11 @@ def test_up_trains_the_example_cnn_with_real_workers_and_exchanges_on_every_stag
     # 300 steps, not 60: alone, one stage-0 worker ran 60 CNN steps in 1.2 s, before its
     # partner was online; the partner found the stage past step 0 with no live worker and
     # exited 3 (as it should), and no outer step matched (the CI failure at c3d6822).
+    # outer.h 20, not the fast runs' 5: a CNN step takes ~20 ms, and a round closes as late after
+    # h - 1 inner steps, 80 ms at h = 5, which a loaded CI machine's exchange overran in 79 of
+    # 101 rounds of stage 1 once (none matched); 380 ms at h = 20.
     process = start_up(out, steps=300, mark=mark, **{"model.factory": EXAMPLE, "pipeline.stages": 2,
-                                                     "pipeline.replicas": 2})
+                                                     "pipeline.replicas": 2, "outer.h": 20})
     code, output = finish(process, 200)
     assert code == 0, output[-4000:]
     assert marked_processes(mark) == []

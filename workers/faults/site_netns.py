@@ -59,6 +59,11 @@ def create(sites: Sequence[int]) -> None:
         run_command("ip", "netns", "add", router)
         _in(router, "ip", "link", "set", "lo", "up")
         _in(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        # IPv4 only: a new link's IPv6 neighbour solicitations (86-byte frames) would cross the
+        # shaped link uninvited and count as traffic between the sites.
+        for scope in ("all", "default"):
+            run_command("ip", "netns", "exec", router, "sysctl", "-qw", f"net.ipv6.conf.{scope}.disable_ipv6=1",
+                        check=False)
     run_command("ip", "link", "add", _LINK_IFNAMES[0], "netns", ROUTERS[0], "type", "veth",
          "peer", "name", _LINK_IFNAMES[1], "netns", ROUTERS[1])
     for site in (0, 1):
