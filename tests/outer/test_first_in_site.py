@@ -17,4 +17,11 @@ from workers.outer.bootstrap import seeds_in_its_site
     ([], "a", 0, True),
 ])
 def test_the_seed_only_for_the_first_of_an_untrained_stage_in_its_site(donor_sites, site, high_water, seeds):
-    assert seeds_in_its_site(donor_sites, site, high_water) is seeds
+    asked = []
+
+    def mark() -> int | None:
+        asked.append(1)
+        return high_water
+
+    assert seeds_in_its_site(donor_sites, site, mark) is seeds
+    assert asked == ([1] if site and site not in donor_sites else [])  # Redis asked only when it decides

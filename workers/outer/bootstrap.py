@@ -48,13 +48,14 @@ def check_may_seed(stage: int, high_water: int | None, *, allow_reseed: bool, st
         f"scratch (a new run needs a new run.run_id)")
 
 
-def seeds_in_its_site(donor_sites: list[str], site: str, stage_high_water: int | None) -> bool:
+def seeds_in_its_site(donor_sites: list[str], site: str, stage_high_water: Callable[[], int | None]) -> bool:
     """Whether a joiner starts from the seed rather than pull a donor's state from another site
     (pure): it names a site, no donor is in it, and the stage has finished no outer step (0;
     None is Redis not answering). A donor then holds the seed moved by fewer than h inner
     steps, not worth a wait across a slow link (a 125m state at 10 Mbit/s: minutes); the
-    first outer step pulls the joiner along."""
-    return bool(site) and stage_high_water == 0 and site not in donor_sites
+    first outer step pulls the joiner along. The mark is read only when the rest holds: a
+    joiner without a site asks Redis nothing more."""
+    return bool(site) and site not in donor_sites and stage_high_water() == 0
 
 
 def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotService, *, timeout_s: float,
@@ -71,7 +72,7 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
         donors = peers.random_peers(service.stage, site=site)
         if not donors:
             return None
-        if seeds_in_its_site([d.site for d in donors], site, stage_high_water()):
+        if seeds_in_its_site([d.site for d in donors], site, stage_high_water):
             service.log.info("first_in_site", site=site, donors_elsewhere=len(donors),
                              note="the stage has taken no outer step: the seed, not a state across sites")
             return None
