@@ -6,12 +6,15 @@
 S x R real `noloco-rt worker` processes and one redis-server in namespaces
 (workers/faults/site_netns.py): replicas 0 .. R/2 - 1 of every stage in site a, the others in
 site b, fast links inside a site, one link of the given rate between the sites with an RTT of
---rtt-ms added by a relay on that link only. Three placements per seed:
+--rtt-ms added by a relay on that link only. Placements per seed:
 
 - one site: every worker in site a (the baseline; nothing crosses the slow link);
 - two sites, local routing: worker.site names the site and routing.far_share (--far-share,
   0 by default) is the share of microbatches sent to the other site;
-- two sites, uniform (--uniform): no site names, so half the activations cross.
+- two sites, measured links (--measured): no site names; workers tell the other site's
+  next-stage workers by their link round trips (routing.locality = auto), the same far_share;
+- two sites, uniform (--uniform): no site names and routing.locality = labels, so half the
+  activations cross.
 
 Across sites every worker sets worker.min_bandwidth_mbit_s to the link's rate, as a run
 across such a link must (a joiner's bootstrap may cross it). Per run: stage 0's tokens/s (benchmarks/wan.py), the val loss of the consensus of the final
@@ -57,10 +60,13 @@ class Placement:
     two_sites: bool
     site_names: bool
     """worker.site is set (routing keeps activations inside a site)."""
+    measured: bool = False
+    """No site names: routing tells near from far by measured links."""
 
 
 ONE_SITE = Placement("one site", False, False)
 LOCAL = Placement("two sites, local routing", True, True)
+MEASURED = Placement("two sites, measured links", True, False, measured=True)
 UNIFORM = Placement("two sites, uniform routing", True, False)
 
 
@@ -98,6 +104,10 @@ def _worker_command(trial: Trial, out: Path, rank: int) -> list[str]:
                 "network.trusted_network": "true"}  # namespaces of our own: nobody else reaches them
     if trial.placement.site_names:
         settings |= {"worker.site": SITE_NAMES[trial.site_of(rank)], "routing.far_share": trial.far_share}
+    elif trial.placement.measured:
+        settings |= {"routing.locality": "auto", "routing.far_share": trial.far_share}
+    else:  # nothing tells near from far
+        settings["routing.locality"] = "labels"
     if trial.link is not None:  # what a run across such a link sets: transfer timeouts for its rate
         settings["worker.min_bandwidth_mbit_s"] = trial.link.rate_mbit
     return [*netns.exec_prefix(rank), sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage),
@@ -190,7 +200,10 @@ def main() -> None:
     parser.add_argument("--rates", default="10,100", help="Mbit/s of the link between the sites, comma-separated")
     parser.add_argument("--rtt-ms", type=float, default=50.0)
     parser.add_argument("--far-share", type=float, default=0.0)
-    parser.add_argument("--uniform", action="store_true", help="also run two sites without site names")
+    parser.add_argument("--measured", action="store_true",
+                        help="also run two sites without site names, near and far from measured links")
+    parser.add_argument("--uniform", action="store_true", help="also run two sites without site names or locality")
+    parser.add_argument("--no-labels", action="store_true", help="leave out the placement with site names")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--runs-dir", type=Path, default=None,
                         help="keep every run's logs and checkpoints here (default: a temporary folder)")
@@ -211,7 +224,9 @@ def main() -> None:
                       far_share=args.far_share)
         trials.append(Trial(ONE_SITE, None, **common))
         for link in links:
-            trials += [Trial(p, link, **common) for p in ([LOCAL, UNIFORM] if args.uniform else [LOCAL])]
+            placements = [p for p, wanted in ((LOCAL, not args.no_labels), (MEASURED, args.measured),
+                                              (UNIFORM, args.uniform)) if wanted]
+            trials += [Trial(p, link, **common) for p in placements]
     results: list[tuple[Trial, dict[str, Any]]] = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="two-sites-") as tmp:

@@ -205,8 +205,8 @@ class WorkerConfig:
     """Where this worker runs (a data centre, region or cloud zone: letters, digits, '.', '_'
     and '-', at most 63). Workers that name their sites keep most microbatches among the next
     stage's workers of their own site and send routing.far_share of them to other sites, so
-    fewer bytes cross the slow links between sites (balanced routing only). Empty: no site,
-    every worker is as near as any."""
+    fewer bytes cross the slow links between sites (balanced routing only). Empty: near and
+    far are told by measured links (routing.locality)."""
     count_host_reads: bool = False
     """DIAGNOSTIC: count the training thread's reads of device values (each a host
     synchronisation on a GPU) and log them as host_reads on every train_progress line, the

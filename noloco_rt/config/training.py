@@ -26,6 +26,7 @@ OUTER_PAIRINGS = ("matched", "ready", "random-peer")
 OVERLAP_CORRECTIONS = ("provisional", "deferred")
 ROUTING_POLICIES = ("balanced", "p2c", "random")
 SIMULATION_ROUTINGS = ("balanced", "balanced-sequence", "local", "fixed", "p2c", "random")
+LOCALITIES = ("auto", "labels")
 DATA_SOURCES = ("stdlib", "files", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")
 LOG_FORMATS = ("auto", "json", "console")
@@ -385,13 +386,20 @@ class RoutingConfig:
     """The simulator's sites for routing.simulation = local: each stage's replicas split into
     this many equal groups (pipeline.replicas must divide evenly)."""
     far_share: float = 0.5
-    """The share of microbatches sent to another site at each hop: by workers that name their
-    site (worker.site), and by the simulator's local routing. Two sites: 0.5 is what balanced
+    """The share of microbatches sent to another site at each hop: by workers (see
+    routing.locality), and by the simulator's local routing. Two sites: 0.5 is what balanced
     routing crosses anyway; 0 keeps every site to itself between outer steps, so only the
-    outer exchange mixes them."""
+    outer exchange mixes them (and a peer judged far by measurement is never measured again)."""
+    locality: str = "auto"
+    """How a worker tells near next-stage workers from far ones (balanced routing). auto: by
+    worker.site where it names one, otherwise by measured links: a peer whose best recent link
+    round trip (its own time with the forward taken out) is 2x and 10 ms more than the
+    nearest peer's is far (routing/locality.py); labels: by worker.site only, a worker
+    without one treats every peer as near."""
 
     def __post_init__(self) -> None:
         require_choice("routing", "policy", self.policy, ROUTING_POLICIES)
         require_choice("routing", "simulation", self.simulation, SIMULATION_ROUTINGS)
+        require_choice("routing", "locality", self.locality, LOCALITIES)
         require(self.sites >= 1, "routing", "sites", self.sites, "must be >= 1")
         require(0.0 <= self.far_share <= 1.0, "routing", "far_share", self.far_share, "must be in [0, 1]")

@@ -49,6 +49,10 @@ class HeaderExtra:
     """Where the gradient goes: tcp://host:port, or absent for none."""
     origin_step: int | None = None
     """The stage-0 inner step of this data, which a later stage's outer-step clock follows."""
+    # a gradient (the data path)
+    held_us: int | None = None
+    """Microseconds the receiver held the forward, from its arrival to this reply: the sender
+    takes it from its round trip to learn the link's (noloco_rt/routing/locality.py)."""
     # a snapshot: a push, a bootstrap reply
     codec: str | None = None
     parts: str | None = None
@@ -97,6 +101,7 @@ class HeaderExtra:
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reply_to": (lambda v: isinstance(v, str), "a string"),
     "origin_step": (is_count, "a step"),
+    "held_us": (is_count, "a count of microseconds"),
     "codec": (lambda v: isinstance(v, str), "a string"),
     "parts": (lambda v: isinstance(v, str), "a string"),
     "specs": (_is_specs, "a list of [shape, dtype]"),

@@ -42,6 +42,10 @@ class DataMessage:
     tensors: list[torch.Tensor]
     origin_step: int | None = None
     """A forward's: the stage-0 inner step its data belongs to (None when the sender did not say)."""
+    held_s: float | None = None
+    """A gradient's: how long its sender held the forward before replying (None: not said)."""
+    received_at: float | None = None
+    """When this worker's link took the message off the wire (time.monotonic; None: not stamped)."""
 
 
 @dataclass
@@ -94,10 +98,14 @@ def forward(run_id: str, sender: str, stage: int, microbatch_id: int, reply_to: 
 
 
 def backward(run_id: str, sender: str, stage: int, microbatch_id: int, attempt: int,
-             grad: list[torch.Tensor], *, ready: Callable[[], None] | None = None) -> Outgoing:
+             grad: list[torch.Tensor], *, held_s: float | None = None,
+             ready: Callable[[], None] | None = None) -> Outgoing:
     """Gradient of the loss with respect to the forward's activations, packed in the wire
-    dtype, for (microbatch_id, attempt); `ready`: see Outgoing."""
-    message = _message(MessageKind.BACKWARD, run_id, sender, stage, microbatch_id, attempt, grad)
+    dtype, for (microbatch_id, attempt); `held_s`: how long we held the forward (the sender
+    learns its link from it); `ready`: see Outgoing."""
+    held_us = None if held_s is None else max(0, round(held_s * 1e6))
+    message = _message(MessageKind.BACKWARD, run_id, sender, stage, microbatch_id, attempt, grad,
+                       HeaderExtra(held_us=held_us))
     message.ready = ready
     return message
 
@@ -126,7 +134,8 @@ def decode(parts: list[Any], *, run_id: str) -> DataMessage:
         raise WireReject(RejectReason.FRAME_COUNT_MISMATCH, f"{header.kind}: {exc}") from None
     return DataMessage(kind=kind, sender=header.sender, stage=header.stage, microbatch_id=header.microbatch_id,
                        attempt=header.attempt, reply_to=_reply_to(header),
-                       tensors=[value, *tensors[packed:]], origin_step=_origin_step(header))
+                       tensors=[value, *tensors[packed:]], origin_step=_origin_step(header),
+                       held_s=None if header.extra.held_us is None else header.extra.held_us / 1e6)
 
 
 def _reply_to(header: Header) -> str:

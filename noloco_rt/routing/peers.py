@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.routing.balanced import DealSlot, balanced_next_hop, goes_far
+from noloco_rt.routing.locality import LinkTimes, link_round_trip
 from noloco_rt.routing.next_hop import next_hop_costs, route_next_hop
 from noloco_rt.routing.peer_load import PeerLoad
 
@@ -60,6 +61,10 @@ class PeerView:
         self.blacklist = Blacklist(max_s=backoff_max_s)
         self._local_load = PeerLoad()
         """What this worker observes of each peer (in flight, round trips): the routing signal."""
+        self.links = LinkTimes()
+        """Each next-stage peer's link round trips: which are far (routing/locality.py)."""
+        self.far_ids: frozenset[str] = frozenset()
+        """The peers the last measured deal judged far."""
 
     def members(self, stage: int) -> list[MemberRecord]:
         """ONLINE members of `stage` sorted by id, without us and without blacklisted peers."""
@@ -81,6 +86,14 @@ class PeerView:
         self._local_load.observe(worker_id, rtt_s)
         self.blacklist.succeed(worker_id)
 
+    def link_measured(self, worker_id: str, round_trip_s: float, held_s: float) -> None:
+        """A gradient came back `round_trip_s` after its forward left, and the peer says it held
+        the forward `held_s` of that: the rest is the link's (a claim past the round trip is
+        not learnt)."""
+        link_s = link_round_trip(round_trip_s, held_s)
+        if link_s is not None:
+            self.links.observe(worker_id, link_s)
+
     def local_load(self, worker_id: str) -> int:
         """Microbatches this worker has in flight at the peer."""
         return self._local_load.inflight(worker_id)
@@ -100,24 +113,32 @@ class PeerView:
             return None
         return self._by_id(candidates)[route_next_hop(self._costs(candidates), self.rng, policy)]
 
-    def deal_next_hop(self, stage: int, slot: DealSlot, *, site: str = "",
-                      far_share: float = 0.5) -> tuple[MemberRecord | None, bool]:
+    def deal_next_hop(self, stage: int, slot: DealSlot, *, site: str = "", far_share: float = 0.5,
+                      measured: bool = False) -> tuple[MemberRecord | None, bool]:
         """(the worker of `stage` the balanced deal gives `slot` to, passed_over): when the
         dealt worker is slow, the p2c choice with passed_over True; (None, False) if none is live.
         With our `site` named, the slot is dealt within it, or with probability `far_share`
-        among the other sites' workers (routing/balanced.py)."""
+        among the other sites' workers (routing/balanced.py); with no site but `measured`, the
+        same with near and far judged from link round trips (routing/locality.py)."""
         candidates = self.members(stage)
         if not candidates:
             return None, False
-        if site:
+        if site or measured:
+            far_ids = set() if site else self.links.far(r.worker_id for r in candidates)
+            if not site:
+                self.far_ids = frozenset(far_ids)
             far = goes_far(slot, far_share)
-            pool = [r for r in candidates if (r.site == site) != far]
+            pool = [r for r in candidates if self._is_far(r, site, far_ids) == far]
             if pool:
                 candidates = pool
-                if not far:  # our place among our site's senders
+                if not far and site:  # our place among our site's senders
                     slot = dataclasses.replace(slot, sender_rank=self.rank(slot.stage, site=site))
         chosen, passed_over = balanced_next_hop(self._costs(candidates), slot, self.rng)
         return self._by_id(candidates)[chosen], passed_over
+
+    @staticmethod
+    def _is_far(member: MemberRecord, site: str, far_ids: set[str]) -> bool:
+        return member.site != site if site else member.worker_id in far_ids
 
     def rank(self, stage: int, *, site: str | None = None) -> int:
         """Our index among `stage`'s live workers (of `site` only, when given) sorted by id, us

@@ -6,12 +6,15 @@ link between the sites carries what crosses and nothing else.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
 import pytest
 
-from benchmarks.two_sites import link_bytes
+from benchmarks.two_sites import MEASURED, Trial, link_bytes, run_trial
+from noloco_rt.logs import read_json_lines
+from noloco_rt.routing.locality import MIN_SAMPLES
 from workers.cluster.chaos_faults import Partitions
 from workers.faults import netns, site_netns
 from workers.faults.netns import LinkSpec
@@ -85,3 +88,27 @@ def test_a_sites_relay_forwards_the_other_sites_ports_to_their_far_addresses():
     # Site a's relay forwards to site b's workers only, each port to the worker's far address.
     assert routes == ["--route=7000=10.79.2.2:7000", "--route=7100=10.79.2.2:7100",
                       "--route=7000=10.79.3.2:7000", "--route=7100=10.79.3.2:7100"]
+
+
+@pytest.mark.slow
+def test_without_site_names_workers_learn_which_next_stage_peer_is_far_and_keep_the_pipeline_home(tmp_path):
+    """2 x 2 across the two sites, nobody naming one, routing.far_share 0: each stage-0 worker
+    measures both stage-1 workers' links, judges the other site's far and sends it nothing more."""
+    why_not = Partitions.unavailable()
+    if why_not is not None:
+        pytest.skip(reason=f"{why_not}: network namespaces need root and iproute2")
+    trial = Trial(MEASURED, LinkSpec(100, DELAY_S / 2), seed=0, stages=2, replicas=2, preset="tiny", steps=30,
+                  far_share=0.0)
+    result = run_trial(trial, tmp_path)
+    assert math.isfinite(result["val_loss"])
+    logs = next(tmp_path.iterdir()) / "logs"
+    ids = {path.stem: read_json_lines(path)[0][0]["worker"] for path in logs.glob("s*.log")}
+    for replica in (0, 1):
+        events, _ = read_json_lines(logs / f"s0-r{replica}.log")
+        near, far = ids[f"s1-r{replica}"][:8], ids[f"s1-r{1 - replica}"][:8]  # replica r of each stage in site r
+        judged = [e for e in events if e.get("event") == "far_peers"]
+        assert judged and judged[-1]["far"] == [far], judged
+        assert judged[-1]["links_ms"][far] > 40 > 5 > judged[-1]["links_ms"][near]  # 50 ms RTT across
+        routed = [e for e in events if e.get("event") == "worker_summary"][-1]["routed_to"]
+        # Before the far peer is judged: its MIN_SAMPLES round trips, and what was in flight then.
+        assert routed[far] <= MIN_SAMPLES + 4 and routed[near] >= 30 * 4 - routed[far], routed

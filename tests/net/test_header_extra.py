@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from noloco_rt.net.header_extra import ExtraError, HeaderExtra
-from noloco_rt.net.messages import forward
+from noloco_rt.net.messages import backward, decode, forward
 from noloco_rt.net.wire import MessageKind, RejectReason, WireReject, decode_message
 from noloco_rt.outer.snapshot import snapshot_message
 
-EVERY_FIELD = HeaderExtra(reply_to="tcp://127.0.0.1:5", origin_step=3, codec="int8-zstd", parts="fast",
+EVERY_FIELD = HeaderExtra(reply_to="tcp://127.0.0.1:5", origin_step=3, held_us=1500, codec="int8-zstd", parts="fast",
                           specs=[[[2, 3], "float32"], [[], "float32"]], checksum="ab" * 8,
                           counters={"inner_steps": 7, "outer_steps": 1}, for_step=4, group=2, chunk=[0, 1],
                           pieces=[[0, 0, 6]], verdict="used", observer=True, preparing=True)
@@ -29,6 +29,9 @@ def test_messages_carry_it_through_the_wire():
                    origin_step=11)
     header = decode_message(sent.parts(), expected_run_id="run", check_finite=False).header
     assert header.extra == HeaderExtra(reply_to="tcp://127.0.0.1:9", origin_step=11)
+    reply = decode(backward("run", "w", 1, 5, 0, [torch.zeros(2)], held_s=0.0125).parts(), run_id="run")
+    assert reply.held_s == pytest.approx(0.0125) and reply.received_at is None  # the link stamps arrival
+    assert decode(backward("run", "w", 1, 5, 0, [torch.zeros(2)]).parts(), run_id="run").held_s is None
     asked = snapshot_message(MessageKind.BOOTSTRAP_REQUEST, run_id="run", stage=0, sender="c",
                              extra=HeaderExtra(observer=True))
     assert decode_message(asked, expected_run_id="run").header.extra.observer is True
@@ -40,6 +43,8 @@ def test_messages_carry_it_through_the_wire():
     ({"reply_to": None}, "reply_to"),  # nil is not "absent": no sender of ours writes it
     ({"origin_step": True}, "origin_step"),
     ({"origin_step": -1}, "origin_step"),
+    ({"held_us": -5}, "held_us"),
+    ({"held_us": 0.5}, "held_us"),
     ({"for_step": 2.0}, "for_step"),
     ({"group": "2"}, "group"),
     ({"chunk": [0]}, "chunk"),

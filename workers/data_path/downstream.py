@@ -50,6 +50,7 @@ class Downstream:
         self._microbatch_ids = itertools.count()
         self._deal = DealPosition(seed=ctx.cfg.run.seed, stage=ctx.stage, per_sender=ctx.budget,
                                   rank=lambda: ctx.peers.rank(ctx.stage))
+        self._far_logged: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self.inflight)
@@ -64,10 +65,16 @@ class Downstream:
             return ctx.peers.choose_next_hop(self.next_stage, "p2c" if policy == "balanced" else policy,
                                              exclude=exclude)
         peer, passed_over = ctx.peers.deal_next_hop(self.next_stage, self._deal.slot(origin_step),
-                                                    site=ctx.cfg.worker.site, far_share=ctx.cfg.routing.far_share)
+                                                    site=ctx.cfg.worker.site, far_share=ctx.cfg.routing.far_share,
+                                                    measured=ctx.cfg.routing.locality == "auto")
         if peer is not None:
             self._deal.taken(origin_step)
             ctx.counters.route_passed_over += passed_over
+        if ctx.peers.far_ids != self._far_logged:  # a user sees where the pipeline stays
+            self._far_logged = ctx.peers.far_ids
+            ctx.log.info("far_peers", next_stage=self.next_stage, far=sorted(p[:8] for p in self._far_logged),
+                         links_ms={p[:8]: round(1000 * best, 2) for p in ctx.peers.links.peers()
+                                   if (best := ctx.peers.links.best(p)) is not None})
         return peer
 
     def forward(self, output: torch.Tensor, targets: torch.Tensor, context: Any, peer: MemberRecord | None, *,
@@ -148,8 +155,11 @@ class Downstream:
         self.inflight.abandon(mb_id)
         ctx.drop(mb_id, "retries_exhausted")
 
-    def resolve(self, microbatch_id: int, attempt: int) -> InflightEntry | None:
-        """The entry a gradient answers (its peer credited), or None for a late or duplicate reply."""
+    def resolve(self, microbatch_id: int, attempt: int, *, received_at: float | None = None,
+                held_s: float | None = None) -> InflightEntry | None:
+        """The entry a gradient answers (its peer credited), or None for a late or duplicate
+        reply. With when our link took the gradient (`received_at`) and how long the peer held
+        the forward (`held_s`), the peer's link round trip is learnt too (routing/locality.py)."""
         entry = self.inflight.resolve(microbatch_id, attempt)
         if entry is None:
             return None
@@ -157,6 +167,8 @@ class Downstream:
         rtt_s = entry.round_trip_s(now)
         self.latency.observe(rtt_s)
         peers = self.ctx.peers
+        if received_at is not None and held_s is not None:
+            peers.link_measured(entry.answered_by, entry.round_trip_s(received_at), held_s)
         if entry.answered == entry.attempt and not entry.released():
             peers.blacklist.succeed(entry.peer)
             peers.returned_from(entry.peer, rtt_s)

@@ -40,11 +40,12 @@ def decoder(run_id: str, staging: HostStaging) -> Callable[[list[zmq.Frame]], me
     pinned for a CUDA device, or the rejection (never raised: the link thread serves on)."""
 
     def decode(frames: list[zmq.Frame]) -> messages.DataMessage | WireReject:
+        arrived = time.monotonic()  # before decoding: a peer's link round trip leaves our work out
         try:
             message = messages.decode(frames, run_id=run_id)
         except WireReject as reject:
             return reject
-        return replace(message, tensors=[staging.pinned(t) for t in message.tensors])
+        return replace(message, tensors=[staging.pinned(t) for t in message.tensors], received_at=arrived)
 
     return decode
 

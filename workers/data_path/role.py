@@ -7,6 +7,7 @@ bottom. The parts here are what several roles share, written once.
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Any
 
@@ -109,8 +110,9 @@ class Role:
         """Send the input gradient back to the exact worker that sent the forward."""
         ctx = self.ctx
         host = ctx.to_wire(grad, gradient=True)
+        held_s = None if upstream.received_at is None else time.monotonic() - upstream.received_at
         reply = messages.backward(ctx.cfg.run.run_id, ctx.worker_id, ctx.stage, upstream.microbatch_id,
-                                  upstream.attempt, host.tensors, ready=host.ready)
+                                  upstream.attempt, host.tensors, held_s=held_s, ready=host.ready)
         # If no connection takes it, the origin died or is unreachable: its microbatch is lost with it.
         ctx.data.send(upstream.reply_to, reply.parts(), ready=reply.ready,
                       on_failure=lambda: ctx.drop(upstream.microbatch_id, "origin_unreachable"))

@@ -42,7 +42,8 @@ class SendsDownstream(Role):
 
     def _on_gradient(self, message: messages.DataMessage) -> None:
         ctx = self.ctx
-        entry = self.downstream.resolve(message.microbatch_id, message.attempt)
+        entry = self.downstream.resolve(message.microbatch_id, message.attempt,
+                                        received_at=message.received_at, held_s=message.held_s)
         if entry is None:
             ctx.discard("late_or_duplicate")
             return

@@ -1,0 +1,79 @@
+"""Which next-stage peers are far, from measured link round trips (pure: the caller measures).
+
+A sender learns one hop's link from each microbatch: the time from its send of the forward
+to the arrival of the gradient, less the time the receiver says it held the forward (from
+the forward's arrival to its reply, in the gradient's header). What is left is the two
+transfers: the link's round trip and the bytes' time on it, the same for peers of one
+site and larger by the slow link's for another site's. No site needs naming (DESIGN §12).
+
+A peer is far when even its best recent link round trip is both FAR_FACTOR times and
+FAR_MARGIN_S more than the nearest peer's: the best of a window, because queueing and a
+busy receiver only ever add time; both bounds, because peers of one site differ by a
+fraction where messages are large and by noise where they are small. A peer measured fewer
+than MIN_SAMPLES times counts as near, so it is sent to and measured (its first round trip
+holds the connection's set-up). With routing.far_share 0 a peer judged far gets nothing
+more and keeps its judgement; a share above 0 keeps measuring far peers.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+
+FAR_FACTOR = 2.0
+"""A far peer's best link round trip is at least this many times the nearest peer's."""
+FAR_MARGIN_S = 0.010
+"""... and at least this much longer: sites joined over the internet are tens of ms apart,
+while a worker on a busy host answers within a few ms of its neighbours."""
+MIN_SAMPLES = 4
+"""Link round trips a peer needs before it is judged (until then it is near)."""
+LINK_WINDOW = 16
+"""Link round trips kept per peer: the best of them is the peer's link. A peer whose link
+changed (a route, a move) shows it within this many microbatches."""
+
+
+def link_round_trip(round_trip_s: float, held_s: float) -> float | None:
+    """One hop's link round trip: the sender's round trip less what the receiver held; None
+    when the receiver claims to have held it longer than the whole round trip (its interval
+    lies inside ours, so that is a lie, or a stamp gone wrong: nothing to learn)."""
+    if held_s < 0 or held_s > round_trip_s:
+        return None
+    return round_trip_s - held_s
+
+
+def far_peers(best_links: dict[str, float]) -> set[str]:
+    """The peers of `best_links` (peer: best link round trip, seconds) that are far."""
+    if not best_links:
+        return set()
+    nearest = min(best_links.values())
+    return {peer for peer, link in best_links.items()
+            if link >= FAR_FACTOR * nearest and link - nearest >= FAR_MARGIN_S}
+
+
+class LinkTimes:
+    """The last LINK_WINDOW link round trips of each peer, and which peers are far now."""
+
+    def __init__(self, *, window: int = LINK_WINDOW) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self._links: dict[str, collections.deque[float]] = {}
+
+    def observe(self, peer: str, link_s: float) -> None:
+        if link_s < 0:
+            raise ValueError(f"a link round trip cannot be negative, got {link_s}")
+        self._links.setdefault(peer, collections.deque(maxlen=self.window)).append(link_s)
+
+    def peers(self) -> list[str]:
+        """Every peer measured at least once."""
+        return list(self._links)
+
+    def best(self, peer: str) -> float | None:
+        """The peer's best recent link round trip, or None if measured fewer than MIN_SAMPLES times."""
+        links = self._links.get(peer)
+        return min(links) if links and len(links) >= min(MIN_SAMPLES, self.window) else None
+
+    def far(self, peers: Iterable[str]) -> set[str]:
+        """Which of `peers` are far, judged among those of them measured enough (the others: near)."""
+        measured = {peer: best for peer in peers if (best := self.best(peer)) is not None}
+        return far_peers(measured)
