@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from noloco_rt.config.choices import WIRE_DTYPES
+from noloco_rt.config.choices import GRADIENT_WIRE_DTYPES, WIRE_DTYPES
 from noloco_rt.config.errors import require, require_choice
 from noloco_rt.config.presets import PRESETS
 
@@ -342,6 +342,10 @@ class PipelineConfig:
     gradients: bfloat16) or int4 (the same at 7 levels a side, two codes a byte). Their
     cost in perplexity, simulated at 2,000 steps over 3 seeds: float16 +0.6 %, int8 +0.9 %,
     int4 +3.9 % (benchmarks/README.md, "Wire dtype of activations and gradients")."""
+    gradient_wire_dtype: str = "auto"
+    """How gradients travel back between stages: auto (bfloat16 when wire_dtype is int8 or
+    int4, otherwise wire_dtype), float32, bfloat16, float16 or int8 (a per-token scale, as
+    int8 activations)."""
     simulate_wire_dtype: bool = False
     """The simulator passes activations (forward) and gradients (backward) between stages
     through wire_dtype as workers pack them (true), or hands them on exactly (false: how the
@@ -350,6 +354,7 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         require_choice("pipeline", "wire_dtype", self.wire_dtype, WIRE_DTYPES)
+        require_choice("pipeline", "gradient_wire_dtype", self.gradient_wire_dtype, GRADIENT_WIRE_DTYPES)
         require(self.stages >= 1, "pipeline", "stages", self.stages, "must be >= 1")
         require(self.replicas >= 1, "pipeline", "replicas", self.replicas, "must be >= 1")
         require(self.max_inflight >= 0, "pipeline", "max_inflight", self.max_inflight,

@@ -10,8 +10,8 @@ the stage's compute never sees the wire form.
   saturates at ±65504 instead of overflowing to inf, and flushes magnitudes below 2^-24).
 - int8: activations as int8 codes with one float32 scale per token (the last dimension's
   largest magnitude / 127, as SWARM compresses its activations): absolute error at most
-  scale / 2 per element. Gradients travel in bfloat16 (their per-token range is too wide
-  for 8 bits to carry well).
+  scale / 2 per element. Gradients travel in bfloat16 unless pipeline.gradient_wire_dtype
+  says int8 (packed the same way; priced in benchmarks/README.md).
 - int4: the same with 7 levels a side, two codes a byte (uint8: the even element in the low
   half): an eighth of float32's bytes plus the scales; a tensor whose last dimension is odd
   travels as int8. Gradients travel in bfloat16.
@@ -35,8 +35,12 @@ class WireDtypeError(ValueError):
     """Received tensors that are not a valid packing of one tensor."""
 
 
-def gradient_wire_dtype(wire_dtype: str) -> str:
-    """The dtype gradients travel in when activations travel in `wire_dtype`."""
+def gradient_wire_dtype(wire_dtype: str, chosen: str = "auto") -> str:
+    """The dtype gradients travel in when activations travel in `wire_dtype` and
+    pipeline.gradient_wire_dtype is `chosen` (auto: bfloat16 under int8 and int4, else the
+    activations'; int4 gradients are not offered)."""
+    if chosen != "auto":
+        return chosen
     return "bfloat16" if wire_dtype in ("int8", "int4") else wire_dtype
 
 

@@ -125,7 +125,7 @@ class Simulation:
         hidden = inputs
         for stage, index in enumerate(hop.path):
             if stage > 0 and self.cfg.pipeline.simulate_wire_dtype:  # the hop from the stage before
-                hidden = through_wire(hidden, self.cfg.pipeline.wire_dtype)
+                hidden = through_wire(hidden, self.cfg.pipeline.wire_dtype, self.cfg.pipeline.gradient_wire_dtype)
             hidden = self.replicas[stage][index].module(hidden)
         loss = self.model.loss(hidden.float(), targets)
         (loss * hop.loss_weight).backward()  # retraces the forward route through exactly these replicas

@@ -48,6 +48,7 @@ def test_int8_sends_a_quarter_of_the_bytes_and_gradients_go_in_bfloat16():
     assert sizes["bfloat16"] == sizes["float16"] == sizes["float32"] // 2
     assert sizes["int8"] == sizes["float32"] // 4 + 8 * 32 * 4  # codes, plus one float32 scale per token
     assert gradient_wire_dtype("int8") == "bfloat16" and gradient_wire_dtype("float16") == "float16"
+    assert gradient_wire_dtype("int8", "int8") == "int8" and gradient_wire_dtype("float16", "float32") == "float32"
     grad = torch.randn(8, 32, 128)
     packed = pack(grad, gradient_wire_dtype("int8"))
     outgoing = messages.backward(RUN, "s", 1, 3, 0, packed)
@@ -116,3 +117,7 @@ def test_the_config_names_the_allowed_wire_dtypes():
     assert load_config(environ={}, overrides=[{"pipeline": {"wire_dtype": "int8"}}]).pipeline.wire_dtype == "int8"
     with pytest.raises(ConfigError, match="float32, bfloat16, float16, int8"):
         load_config(environ={}, overrides=[{"pipeline": {"wire_dtype": "fp8"}}])
+    gradients = load_config(environ={}, overrides=[{"pipeline": {"gradient_wire_dtype": "int8"}}]).pipeline
+    assert gradients.gradient_wire_dtype == "int8" and gradients.wire_dtype == "float16"
+    with pytest.raises(ConfigError, match="auto, float32, bfloat16, float16, int8"):
+        load_config(environ={}, overrides=[{"pipeline": {"gradient_wire_dtype": "int4"}}])

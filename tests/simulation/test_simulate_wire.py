@@ -22,6 +22,16 @@ def test_activations_go_as_packed_and_gradients_come_back_in_the_gradient_dtype(
     assert torch.equal(hidden.grad, upstream.to(torch.bfloat16).float())  # int8's gradients travel in bfloat16
 
 
+def test_gradients_go_in_the_chosen_gradient_dtype_even_under_float32_activations():
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(2, 5, 16, generator=generator, requires_grad=True)
+    upstream = torch.randn(2, 5, 16, generator=generator)
+    sent = through_wire(hidden, "float32", "int8")
+    assert torch.equal(sent, hidden.detach())  # activations exact
+    sent.backward(upstream)
+    assert torch.equal(hidden.grad, unpack(pack(upstream, "int8"))) and not torch.equal(hidden.grad, upstream)
+
+
 def test_float32_is_exact_and_float16_rounds_both_ways():
     hidden = torch.full((3, 4), 1 / 3, requires_grad=True)
     assert through_wire(hidden, "float32") is hidden
@@ -46,3 +56,6 @@ def test_the_simulator_changes_only_when_the_wire_rounds():
     assert _val_loss("pipeline.simulate_wire_dtype=true", "pipeline.wire_dtype=float32") == exact
     rounded = _val_loss("pipeline.simulate_wire_dtype=true", "pipeline.wire_dtype=int8")
     assert rounded != exact and abs(rounded - exact) < 0.05 * exact
+    gradients_too = _val_loss("pipeline.simulate_wire_dtype=true", "pipeline.wire_dtype=int8",
+                              "pipeline.gradient_wire_dtype=int8")
+    assert gradients_too not in (rounded, exact) and abs(gradients_too - exact) < 0.05 * exact

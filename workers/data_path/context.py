@@ -51,8 +51,10 @@ class DataContext:
         """Host frames of an activation (or a gradient) packed in pipeline.wire_dtype: packed on
         the device first, so fewer bytes cross to the host too (on CUDA the copy may still be
         running: the sending thread waits for it)."""
-        wire = self.cfg.pipeline.wire_dtype
-        return self.staging.to_host(wire_dtype.pack(tensor, wire_dtype.gradient_wire_dtype(wire) if gradient else wire))
+        pipeline = self.cfg.pipeline
+        wire = (wire_dtype.gradient_wire_dtype(pipeline.wire_dtype, pipeline.gradient_wire_dtype) if gradient
+                else pipeline.wire_dtype)
+        return self.staging.to_host(wire_dtype.pack(tensor, wire))
 
     def run_stage(self, inputs: torch.Tensor) -> torch.Tensor:
         """The stage's forward (with its graph), under autocast when model.precision asks for
