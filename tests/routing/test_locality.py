@@ -10,7 +10,14 @@ import pytest
 
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.routing.balanced import DealSlot
-from noloco_rt.routing.locality import FAR_MARGIN_S, LINK_WINDOW, MIN_SAMPLES, LinkTimes, far_peers, link_round_trip
+from noloco_rt.routing.locality import (
+    FAR_MARGIN_S,
+    LINK_WINDOW,
+    MIN_SAMPLES,
+    LinkTimes,
+    far_peers,
+    link_round_trip,
+)
 from noloco_rt.routing.peers import PeerView
 
 
