@@ -23,5 +23,6 @@ LOSSLESS_CODECS = ("raw", "zstd", "shuffle-zstd")
 """Those that give back exactly the bits sent: the only ones a joiner's bootstrap may use."""
 
 WIRE_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
-GRADIENT_WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 """How activations and gradients may travel (pipeline.wire_dtype; noloco_rt.net.wire_dtype)."""
+GRADIENT_WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+"""How gradients may travel (pipeline.gradient_wire_dtype; auto follows wire_dtype)."""
