@@ -109,6 +109,11 @@ def test_without_site_names_workers_learn_which_next_stage_peer_is_far_and_keep_
         judged = [e for e in events if e.get("event") == "far_peers"]
         assert judged and judged[-1]["far"] == [far], judged
         assert judged[-1]["links_ms"][far] > 40 > 5 > judged[-1]["links_ms"][near]  # 50 ms RTT across
-        routed = [e for e in events if e.get("event") == "worker_summary"][-1]["routed_to"]
-        # Before the far peer is judged: its MIN_SAMPLES round trips, and what was in flight then.
-        assert routed[far] <= MIN_SAMPLES + 4 and routed[near] >= 30 * 4 - routed[far], routed
+        summary = [e for e in events if e.get("event") == "worker_summary"][-1]
+        routed = summary["routed_to"]
+        # Judged after at least MIN_SAMPLES round trips to it (more on a loaded machine, where the
+        # near peer's best trip takes longer to be half the far one's); after that, nothing
+        # goes far but a re-send that finds no other worker untried.
+        assert MIN_SAMPLES <= judged[-1]["sent_before"][far] <= routed[far] <= (
+            judged[-1]["sent_before"][far] + summary["retried"]), (judged[-1], summary)
+        assert routed[near] > 2 * routed[far], routed

@@ -72,7 +72,9 @@ class Downstream:
             ctx.counters.route_passed_over += passed_over
         if ctx.peers.far_ids != self._far_logged:  # a user sees where the pipeline stays
             self._far_logged = ctx.peers.far_ids
-            ctx.log.info("far_peers", next_stage=self.next_stage, far=sorted(p[:8] for p in self._far_logged),
+            far = sorted(p[:8] for p in self._far_logged)
+            ctx.log.info("far_peers", next_stage=self.next_stage, far=far,
+                         sent_before={p: ctx.counters.routed_to[p] for p in far},
                          links_ms={p[:8]: round(1000 * best, 2) for p in ctx.peers.links.peers()
                                    if (best := ctx.peers.links.best(p)) is not None})
         return peer
