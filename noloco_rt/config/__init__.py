@@ -15,6 +15,12 @@ toml_out    config_to_toml, the effective config written back as TOML
 
 from noloco_rt.config.errors import ConfigError
 from noloco_rt.config.loading import ENV_PREFIX, env_overrides, load_config, parse_assignment
+from noloco_rt.config.pipeline import (
+    ROUTING_POLICIES,
+    SIMULATION_ROUTINGS,
+    PipelineConfig,
+    RoutingConfig,
+)
 from noloco_rt.config.runtime import (
     CoordinatorConfig,
     NetworkConfig,
@@ -29,16 +35,12 @@ from noloco_rt.config.training import (
     LOG_FORMATS,
     METHODS,
     OUTER_DEFAULTS,
-    ROUTING_POLICIES,
-    SIMULATION_ROUTINGS,
     TOKEN_DTYPES,
     DataConfig,
     ModelConfig,
     OptimConfig,
     OuterConfig,
-    PipelineConfig,
     ResolvedOuter,
-    RoutingConfig,
     RunConfig,
 )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noloco_rt.config.errors import require
+from noloco_rt.config.pipeline import PipelineConfig, RoutingConfig
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.config.runtime import (
     CoordinatorConfig,
@@ -16,15 +17,7 @@ from noloco_rt.config.runtime import (
     StoreConfig,
     WorkerConfig,
 )
-from noloco_rt.config.training import (
-    DataConfig,
-    ModelConfig,
-    OptimConfig,
-    OuterConfig,
-    PipelineConfig,
-    RoutingConfig,
-    RunConfig,
-)
+from noloco_rt.config.training import DataConfig, ModelConfig, OptimConfig, OuterConfig, RunConfig
 
 
 @dataclass(kw_only=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from noloco_rt.config import Config
+from noloco_rt.config.pipeline import DEFAULT_MAX_INFLIGHT
 from noloco_rt.config.presets import PRESETS
-from noloco_rt.config.training import DEFAULT_MAX_INFLIGHT
 from noloco_rt.memory.plan import StageMemory, plan
 from noloco_rt.memory.settings import MeasuredStage, PlanSettings
 
