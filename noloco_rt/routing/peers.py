@@ -123,12 +123,11 @@ class PeerView:
         candidates = self.members(stage)
         if not candidates:
             return None, False
+        if measured and not site:
+            self.far_ids = frozenset(self.links.far(r.worker_id for r in candidates))
         if site or measured:
-            far_ids = set() if site else self.links.far(r.worker_id for r in candidates)
-            if not site:
-                self.far_ids = frozenset(far_ids)
             far = goes_far(slot, far_share)
-            pool = [r for r in candidates if self._is_far(r, site, far_ids) == far]
+            pool = [r for r in candidates if self._is_far(r, site) == far]
             if pool:
                 candidates = pool
                 if not far and site:  # our place among our site's senders
@@ -136,9 +135,9 @@ class PeerView:
         chosen, passed_over = balanced_next_hop(self._costs(candidates), slot, self.rng)
         return self._by_id(candidates)[chosen], passed_over
 
-    @staticmethod
-    def _is_far(member: MemberRecord, site: str, far_ids: set[str]) -> bool:
-        return member.site != site if site else member.worker_id in far_ids
+    def _is_far(self, member: MemberRecord, site: str) -> bool:
+        """Of another site than our named one; without a name, judged far by its link."""
+        return member.site != site if site else member.worker_id in self.far_ids
 
     def rank(self, stage: int, *, site: str | None = None) -> int:
         """Our index among `stage`'s live workers (of `site` only, when given) sorted by id, us
