@@ -54,6 +54,10 @@ class MessageKind(enum.StrEnum):
     or leaving partner's decision on our push."""
     BOOTSTRAP_REQUEST = "bootstrap_request"
     BOOTSTRAP_REPLY = "bootstrap_reply"
+    PROBE = "probe"
+    """A link round trip asked of an exchange server (a joiner ordering its donors,
+    noloco_rt/net/link_probe.py): answered at once with PROBE_REPLY, whatever our stage."""
+    PROBE_REPLY = "probe_reply"
     ERROR = "error"
 
 

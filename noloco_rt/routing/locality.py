@@ -13,12 +13,19 @@ fraction where messages are large and by noise where they are small. A peer meas
 than MIN_SAMPLES times counts as near, so it is sent to and measured (its first round trip
 holds the connection's set-up). With routing.far_share 0 a peer judged far gets nothing
 more and keeps its judgement; a share above 0 keeps measuring far peers.
+
+A joiner has sent no microbatch yet: it probes its stage's donors and workers of every
+stage over their exchange sockets (noloco_rt/net/link_probe.py) and orders its bootstrap
+by the same rule (`donor_plan`), so that a state crosses a slow link only when no donor is
+near, and a site's first worker of a stage at step 0 starts from the seed, as a named site's
+does.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 FAR_FACTOR = 2.0
 """A far peer's best link round trip is at least this many times the nearest peer's."""
@@ -77,3 +84,33 @@ class LinkTimes:
         """Which of `peers` are far, judged among those of them measured enough (the others: near)."""
         measured = {peer: best for peer in peers if (best := self.best(peer)) is not None}
         return far_peers(measured)
+
+
+@dataclass(frozen=True)
+class DonorPlan:
+    """A joiner's donors as its probes found them: whom to ask first, and whether all are far."""
+
+    order: list[str]
+    """The donors nearest first; those that did not answer a probe after the near ones, far
+    ones last (nearest first among them)."""
+    far: set[str]
+    """The donors judged far against every worker probed (any stage)."""
+
+    @property
+    def all_far(self) -> bool:
+        """Every donor answered and is far: another site holds the whole stage."""
+        return bool(self.order) and self.far == set(self.order)
+
+
+def donor_plan(donors: list[str], links: dict[str, float]) -> DonorPlan:
+    """The bootstrap's order of `donors` (live workers of the joiner's stage, in random order)
+    from `links` (worker: probed round trip in seconds, for the donors and for workers of any
+    stage: a joiner has no data-path measurements yet, and a worker of another stage in its own
+    site is the reference that shows a whole stage elsewhere). Far by the routing's own rule
+    (far_peers) against the nearest worker probed. A donor that did not answer keeps its place
+    after the measured near ones: it may be near, it may be gone."""
+    far = far_peers(links) & set(donors)
+    measured_near = sorted((d for d in donors if d in links and d not in far), key=lambda d: links[d])
+    unmeasured = [d for d in donors if d not in links]
+    far_order = sorted(far, key=lambda d: links[d])
+    return DonorPlan(order=measured_near + unmeasured + far_order, far=far)

@@ -7,14 +7,19 @@ link between the sites carries what crosses and nothing else.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from benchmarks import two_sites
 from benchmarks.two_sites import MEASURED, Trial, link_bytes, run_trial
+from benchmarks.wan import start_redis
 from noloco_rt.logs import read_json_lines
 from noloco_rt.routing.locality import MIN_SAMPLES
+from tests.support.waiting import wait_until
 from workers.cluster.chaos_faults import Partitions
 from workers.faults import netns, site_netns
 from workers.faults.netns import LinkSpec
@@ -117,3 +122,73 @@ def test_without_site_names_workers_learn_which_next_stage_peer_is_far_and_keep_
         assert MIN_SAMPLES <= judged[-1]["sent_before"][far] <= routed[far] <= (
             judged[-1]["sent_before"][far] + summary["retried"]), (judged[-1], summary)
         assert routed[near] > 2 * routed[far], routed
+
+
+def _events(log: Path, name: str) -> list[dict]:
+    if not log.exists():
+        return []
+    return [e for e in read_json_lines(log)[0] if e.get("event") == name]
+
+
+@pytest.mark.slow
+def test_without_site_names_a_joiner_whose_stage_is_only_in_the_other_site_starts_from_the_seed(tmp_path):
+    """s0-r0 and s1-r0 in site a and s1-r1 in site b train, their stage 0 at outer step 0; then
+    s0-r1 joins in site b. Its probes find its only donor (s0-r0) far against s1-r1, a worker
+    of its own site: it starts from the seed, as a named site's first worker does, and pulls
+    no state across the slow link."""
+    why_not = Partitions.unavailable()
+    if why_not is not None:
+        pytest.skip(reason=f"{why_not}: network namespaces need root and iproute2")
+    trial = Trial(MEASURED, LinkSpec(100, DELAY_S / 2), seed=0, stages=2, replicas=2, preset="tiny", steps=100_000,
+                  far_share=0.0)
+    sites = [trial.site_of(rank) for rank in range(4)]  # ranks stage-major: s0-r0 a, s0-r1 b, s1-r0 a, s1-r1 b
+    assert sites == [0, 1, 0, 1]
+    no_outer_step = ["--set", "outer.h=100000"]  # the stage stays at outer step 0 while the joiner decides
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: list[subprocess.Popen[bytes]] = []
+    workers: list[subprocess.Popen[bytes]] = []
+    netns.cleanup()
+    try:
+        site_netns.create(sites)
+        site_netns.shape(trial.link)
+        procs.append(start_redis(netns.SERVICE_IP, site_netns.router_prefix(0)))
+        ports = [two_sites._ports(rank) for rank in range(4)]
+        procs += [subprocess.Popen(site_netns.relay_command(site, sites, ports, DELAY_S / 2),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for site in (0, 1)]
+
+        def start(rank: int) -> None:
+            stage, replica = divmod(rank, trial.replicas)
+            with (logs / f"s{stage}-r{replica}.log").open("wb") as out:
+                workers.append(subprocess.Popen([*two_sites._worker_command(trial, tmp_path, rank), *no_outer_step],
+                                                stdout=out, stderr=subprocess.STDOUT,
+                                                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+
+        for rank in (0, 2, 3):
+            start(rank)
+        wait_until(lambda: _events(logs / "s0-r0.log", "train_progress"), 120, "s0-r0 training")
+        start(1)
+        wait_until(lambda: _events(logs / "s0-r1.log", "member_online"), 120, "the joiner online")
+        assert all(w.poll() is None for w in workers), "a worker exited early"
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        netns.cleanup()
+    ids = {name: _events(logs / f"{name}.log", "worker_started")[0]["worker"][:8] for name in ("s0-r0", "s1-r1")}
+    joiner = logs / "s0-r1.log"
+    links = _events(joiner, "donor_links")
+    assert links and links[0]["far"] == [ids["s0-r0"]], links
+    assert links[0]["donors_ms"][ids["s0-r0"]] > 40 > 5 > links[0]["nearest_ms"], links  # 50 ms RTT across
+    assert [e["measured"] for e in _events(joiner, "first_in_site")] == [True]
+    assert not _events(joiner, "bootstrapped")  # no state pulled across
+    assert _events(joiner, "first_of_stage")

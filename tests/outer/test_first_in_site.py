@@ -1,11 +1,16 @@
 """A joiner whose site holds no worker of its stage starts from the seed while the stage has
-taken no outer step, rather than wait for a state to cross the slow link between sites."""
+taken no outer step, rather than wait for a state to cross the slow link between sites: its
+site named (worker.site), or told by probed links (noloco_rt/routing/locality.py donor_plan)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from workers.outer.bootstrap import seeds_in_its_site
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from tests.support.exchange_pair import RecordingLog
+from workers.outer.bootstrap import order_by_measured_links, seeds_in_its_site
 
 
 @pytest.mark.parametrize(("donor_sites", "site", "high_water", "seeds"), [
@@ -25,3 +30,34 @@ def test_the_seed_only_for_the_first_of_an_untrained_stage_in_its_site(donor_sit
 
     assert seeds_in_its_site(donor_sites, site, mark) is seeds
     assert asked == ([1] if site and site not in donor_sites else [])  # Redis asked only when it decides
+
+
+def _donor(worker_id: str) -> MemberRecord:
+    return MemberRecord(worker_id=worker_id, run_id="r", stage=0, data_addr="tcp://127.0.0.1:1",
+                        exchange_addr=f"tcp://127.0.0.1:{len(worker_id)}", state=WorkerState.ONLINE)
+
+
+@pytest.mark.parametrize(("links", "high_water", "order"), [
+    # A worker of another stage answers 100x sooner than both donors: the stage is elsewhere.
+    ({"b1": 0.051, "b2": 0.050, "a-s1": 0.0005}, 0, None),
+    ({"b1": 0.051, "b2": 0.050, "a-s1": 0.0005}, 4, ["b2", "b1"]),  # trained: the nearest donor's state
+    ({"b1": 0.051, "a2": 0.0007, "a-s1": 0.0005}, 0, ["a2", "b1"]),  # a donor in our site first
+    ({"b1": 0.051, "b2": 0.050}, 0, ["b2", "b1"]),  # nobody nearer: nothing is far
+    ({"b1": 0.051, "a-s1": 0.0005}, 0, ["b2", "b1"]),  # b2 silent: it may be near, so asked before b1
+])
+def test_without_a_site_the_probed_links_order_the_donors_and_an_untrained_stage_elsewhere_seeds(
+        links, high_water, order):
+    log = RecordingLog()
+    service = SimpleNamespace(log=log)
+    donors = [_donor("b1"), _donor("b2")] if "a2" not in links else [_donor("b1"), _donor("a2")]
+    probed: list[list[str]] = []
+
+    def probe(asked: list[MemberRecord]) -> dict[str, float]:
+        probed.append([d.worker_id for d in asked])
+        return links
+
+    ordered = order_by_measured_links(donors, probe, service, lambda: high_water)
+    assert probed == [[d.worker_id for d in donors]]
+    assert (None if ordered is None else [d.worker_id for d in ordered]) == order
+    assert bool(log.events("first_in_site")) is (order is None)
+    assert log.events("donor_links")[0]["probed"] == len(links)

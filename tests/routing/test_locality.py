@@ -15,6 +15,7 @@ from noloco_rt.routing.locality import (
     LINK_WINDOW,
     MIN_SAMPLES,
     LinkTimes,
+    donor_plan,
     far_peers,
     link_round_trip,
 )
@@ -89,3 +90,23 @@ def test_measured_links_keep_the_deal_near_with_no_site_named():
     assert set(_deal(view, far_share=0.0, measured=False)) == {"a", "b", "c", "d"}  # locality = labels
     view.link_measured("c", 0.010, held_s=0.5)  # held past the round trip: not learnt
     assert view.links.best("c") == pytest.approx(0.052)
+
+
+# -- a joiner's donors, from probes ------------------------------------------------------------
+
+def test_a_joiner_asks_near_donors_first_then_unanswered_then_far():
+    links = {"near-slow": 0.004, "near-fast": 0.001, "far": 0.060, "other-stage-here": 0.0008}
+    plan = donor_plan(["far", "silent", "near-slow", "near-fast"], links)
+    assert plan.order == ["near-fast", "near-slow", "silent", "far"]
+    assert plan.far == {"far"} and not plan.all_far
+
+
+def test_a_stage_held_only_by_another_site_is_all_far_when_a_worker_of_ours_answers_nearer():
+    """The joiner's reference is a worker of another stage in its own site."""
+    donors = ["b1", "b2"]
+    assert donor_plan(donors, {"b1": 0.052, "b2": 0.051, "a-stage1": 0.0005}).all_far
+    # No reference nearer than the donors: nothing tells the other site from ours.
+    assert not donor_plan(donors, {"b1": 0.052, "b2": 0.051}).far
+    # A donor that did not answer may be near: not all far.
+    assert not donor_plan(donors, {"b1": 0.052, "a-stage1": 0.0005}).all_far
+    assert not donor_plan([], {"a-stage1": 0.0005}).all_far

@@ -155,7 +155,7 @@ def _data_header_mutation(rng: random.Random) -> Frames:
     if choice == 1:
         header["tensors"][1]["dtype"] = rng.choice(["float64", "object", "", "complex64"])
     elif choice == 2:
-        header["kind"] = rng.choice(["forwardx", "snapshot_push", "error", "bootstrap_reply"])
+        header["kind"] = rng.choice(["forwardx", "snapshot_push", "error", "bootstrap_reply", "probe"])
     elif choice == 3:
         header[rng.choice(["evil", "tensors2"])] = 1
     elif choice == 4:

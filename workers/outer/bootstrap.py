@@ -6,6 +6,7 @@ weights of its own yet to compare a donor's with.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -13,11 +14,20 @@ from collections.abc import Callable
 import zmq
 
 from noloco_rt.membership.high_water import MALFORMED_MARK
+from noloco_rt.membership.records import MemberRecord, WorkerState
+from noloco_rt.membership.table import Membership
+from noloco_rt.net.link_probe import probe_links
 from noloco_rt.outer.snapshot_client import BootstrapState, pull_bootstrap
+from noloco_rt.routing.locality import donor_plan
 from noloco_rt.routing.peers import PeerView
 from workers.outer.service import SnapshotService
 
 RETRY_PAUSE_S = 0.2
+PROBE_REFERENCES = 16
+"""Workers of any stage probed beside the donors: enough to find one of our own site."""
+
+LinkProbe = Callable[[list[MemberRecord]], dict[str, float]]
+"""Given the donors, each probed worker's round trip in seconds (donors and references)."""
 
 
 class NoDonorServed(RuntimeError):
@@ -60,10 +70,12 @@ def seeds_in_its_site(donor_sites: list[str], site: str, stage_high_water: Calla
 
 def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotService, *, timeout_s: float,
                          pull_timeout_s: float, leave_requested: threading.Event, site: str = "",
-                         stage_high_water: Callable[[], int | None] = lambda: None) -> tuple[str, BootstrapState] | None:
+                         stage_high_water: Callable[[], int | None] = lambda: None,
+                         probe: LinkProbe | None = None) -> tuple[str, BootstrapState] | None:
     """(donor id, its state) from the first live peer of our stage that serves a valid one,
-    peers of our `site` tried first (each pull bounded by `pull_timeout_s`); None if the stage
-    has no other member, or none in our site while it is at outer step 0 (seeds_in_its_site).
+    peers of our `site` tried first, or without a site and with `probe`, the nearest by
+    measured link first (each pull bounded by `pull_timeout_s`); None if the stage has no
+    other member, or none in our site (named, or by measure) while it is at outer step 0.
     Raises RuntimeError when no donor served one within `timeout_s` (or a leave was asked
     meanwhile)."""
     deadline = time.monotonic() + timeout_s
@@ -76,6 +88,10 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
             service.log.info("first_in_site", site=site, donors_elsewhere=len(donors),
                              note="the stage has taken no outer step: the seed, not a state across sites")
             return None
+        if not site and probe is not None:
+            donors = order_by_measured_links(donors, probe, service, stage_high_water)
+            if donors is None:
+                return None
         for donor in donors:
             state = pull_bootstrap(ctx, donor.worker_id, donor.exchange_addr, service.reader, stage=service.stage,
                                    sender=service.worker_id, timeout_s=pull_timeout_s,
@@ -85,3 +101,43 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
             peers.blacklist.fail(donor.worker_id)
         time.sleep(RETRY_PAUSE_S)
     raise NoDonorServed(f"no peer of stage {service.stage} served a bootstrap within {timeout_s} s")
+
+
+def order_by_measured_links(donors: list[MemberRecord], probe: LinkProbe, service: SnapshotService,
+                       stage_high_water: Callable[[], int | None]) -> list[MemberRecord] | None:
+    """The donors nearest first by probed link; None: every donor is far (another site holds
+    the whole stage, judged against workers of any stage) and the stage is at outer step 0,
+    so the seed, as a named site's first worker does (seeds_in_its_site)."""
+    links = probe(donors)
+    plan = donor_plan([d.worker_id for d in donors], links)
+    by_id = {d.worker_id: d for d in donors}
+    nearest = min(links.values(), default=None)
+    service.log.info("donor_links", donors_ms={d[:8]: round(links[d] * 1e3, 2) for d in plan.order if d in links},
+                     far=sorted(d[:8] for d in plan.far), nearest_ms=None if nearest is None else round(nearest * 1e3, 2),
+                     probed=len(links))
+    if plan.all_far and stage_high_water() == 0:
+        service.log.info("first_in_site", site="", donors_elsewhere=len(donors), measured=True,
+                         note="every donor is far by measured link and the stage has taken no outer step: "
+                              "the seed, not a state across sites")
+        return None
+    return [by_id[d] for d in plan.order]
+
+
+def link_probe(ctx: zmq.Context, membership: Membership, *, run_id: str, worker_id: str, stage: int,
+               stages: int, rng: random.Random | None = None) -> LinkProbe:
+    """The probe a joiner without a named site orders its donors by: the donors and up to
+    PROBE_REFERENCES other workers of any stage, joining or online (their exchange sockets
+    answer from start-up), timed over their exchange sockets (noloco_rt/net/link_probe.py)."""
+    chooser = rng or random.Random()
+    live = {WorkerState.JOINING, WorkerState.ONLINE}
+
+    def probe(donors: list[MemberRecord]) -> dict[str, float]:
+        donor_ids = {d.worker_id for d in donors}
+        others = [m for s in range(stages) for m in membership.stage_view(s, states=live)
+                  if m.worker_id != worker_id and m.worker_id not in donor_ids]
+        chooser.shuffle(others)
+        targets = {d.worker_id: d.exchange_addr for d in donors}
+        targets |= {m.worker_id: m.exchange_addr for m in others[:PROBE_REFERENCES]}
+        return probe_links(ctx, targets, run_id=run_id, sender=worker_id, stage=stage)
+
+    return probe

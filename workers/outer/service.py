@@ -203,14 +203,16 @@ class SnapshotService:
                                 snapshot=snapshot)
 
     def handle(self, frames: list[zmq.Frame]) -> list[Any]:
-        """The reply to one message: an ACK for a kept push, a bootstrap, or an ERROR for
-        anything refused (and counted)."""
+        """The reply to one message: an ACK for a kept push, a bootstrap, a probe's reply, or
+        an ERROR for anything refused (and counted)."""
         try:
             decoded = self.reader.message(frames)
             header = decoded.header
+            kind = MessageKind(header.kind)
+            if kind == MessageKind.PROBE:  # a joiner of any stage timing its link to us: no state read
+                return self._message(MessageKind.PROBE_REPLY)
             if header.stage != self.stage:
                 raise SnapshotRejected("wrong_stage")
-            kind = MessageKind(header.kind)
             if kind == MessageKind.BOOTSTRAP_REQUEST:
                 return self._serve_bootstrap(header)
             if kind == MessageKind.OUTER_CONFIRM:
