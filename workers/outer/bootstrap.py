@@ -23,6 +23,9 @@ from noloco_rt.routing.peers import PeerView
 from workers.outer.service import SnapshotService
 
 RETRY_PAUSE_S = 0.2
+PROBE_DONORS = 16
+"""Donors probed (the first of the random order; the rest stay unmeasured): a stage of
+thousands costs a joiner no more sockets than a small one."""
 PROBE_REFERENCES = 16
 """Workers of any stage probed beside the donors: enough to find one of our own site."""
 
@@ -104,7 +107,7 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
 
 
 def order_by_measured_links(donors: list[MemberRecord], probe: LinkProbe, service: SnapshotService,
-                       stage_high_water: Callable[[], int | None]) -> list[MemberRecord] | None:
+                            stage_high_water: Callable[[], int | None]) -> list[MemberRecord] | None:
     """The donors nearest first by probed link; None: every donor is far (another site holds
     the whole stage, judged against workers of any stage) and the stage is at outer step 0,
     so the seed, as a named site's first worker does (seeds_in_its_site)."""
@@ -125,8 +128,8 @@ def order_by_measured_links(donors: list[MemberRecord], probe: LinkProbe, servic
 
 def link_probe(ctx: zmq.Context, membership: Membership, *, run_id: str, worker_id: str, stage: int,
                stages: int, rng: random.Random | None = None) -> LinkProbe:
-    """The probe a joiner without a named site orders its donors by: the donors and up to
-    PROBE_REFERENCES other workers of any stage, joining or online (their exchange sockets
+    """The probe a joiner without a named site orders its donors by: up to PROBE_DONORS donors
+    and PROBE_REFERENCES other workers of any stage, joining or online (their exchange sockets
     answer from start-up), timed over their exchange sockets (noloco_rt/net/link_probe.py)."""
     chooser = rng or random.Random()
     live = {WorkerState.JOINING, WorkerState.ONLINE}
@@ -136,7 +139,7 @@ def link_probe(ctx: zmq.Context, membership: Membership, *, run_id: str, worker_
         others = [m for s in range(stages) for m in membership.stage_view(s, states=live)
                   if m.worker_id != worker_id and m.worker_id not in donor_ids]
         chooser.shuffle(others)
-        targets = {d.worker_id: d.exchange_addr for d in donors}
+        targets = {d.worker_id: d.exchange_addr for d in donors[:PROBE_DONORS]}
         targets |= {m.worker_id: m.exchange_addr for m in others[:PROBE_REFERENCES]}
         return probe_links(ctx, targets, run_id=run_id, sender=worker_id, stage=stage)
 
