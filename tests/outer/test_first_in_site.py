@@ -42,13 +42,12 @@ def _donor(worker_id: str) -> MemberRecord:
     ({"b1": 0.051, "b2": 0.050, "a-s1": 0.0005}, 0, None),
     ({"b1": 0.051, "b2": 0.050, "a-s1": 0.0005}, 4, ["b2", "b1"]),  # trained: the nearest donor's state
     ({"b1": 0.051, "a2": 0.0007, "a-s1": 0.0005}, 0, ["a2", "b1"]),  # a donor in our site first
-    ({"b1": 0.051, "b2": 0.050}, 0, ["b2", "b1"]),  # nobody nearer: nothing is far
+    ({"b1": 0.051, "b2": 0.050}, 0, ["b2", "b1"]),  # nobody nearer (and no more waiting): nothing is far
     ({"b1": 0.051, "a-s1": 0.0005}, 0, ["b2", "b1"]),  # b2 silent: it may be near, so asked before b1
 ])
 def test_without_a_site_the_probed_links_order_the_donors_and_an_untrained_stage_elsewhere_seeds(
         links, high_water, order):
     log = RecordingLog()
-    service = SimpleNamespace(log=log)
     donors = [_donor("b1"), _donor("b2")] if "a2" not in links else [_donor("b1"), _donor("a2")]
     probed: list[list[str]] = []
 
@@ -56,8 +55,24 @@ def test_without_a_site_the_probed_links_order_the_donors_and_an_untrained_stage
         probed.append([d.worker_id for d in asked])
         return links
 
-    ordered = order_by_measured_links(donors, probe, service, lambda: high_water)
+    verdict, ordered = order_by_measured_links(donors, probe, SimpleNamespace(log=log), lambda: high_water)
     assert probed == [[d.worker_id for d in donors]]
-    assert (None if ordered is None else [d.worker_id for d in ordered]) == order
+    assert (verdict, [d.worker_id for d in ordered]) == (("seed", []) if order is None else ("ask", order))
     assert bool(log.events("first_in_site")) is (order is None)
     assert log.events("donor_links")[0]["probed"] == len(links)
+
+
+@pytest.mark.parametrize(("links", "high_water", "may_wait", "verdict"), [
+    ({"b1": 0.051, "b2": 0.050}, 0, True, "wait"),  # only donors answered, 50 ms away: who else is starting?
+    ({"b1": 0.051, "b2": 0.050}, 0, False, "ask"),  # waited long enough
+    ({"b1": 0.051, "b2": 0.050}, 2, True, "ask"),  # a trained stage's state is pulled wherever it is
+    ({"b1": 0.002, "b2": 0.050}, 0, True, "ask"),  # b1 within FAR_MARGIN_S: near whatever answers later
+    ({}, 0, True, "ask"),  # nobody answered: ask them in turn
+])
+def test_at_step_0_a_joiner_that_reached_only_far_looking_donors_waits_for_a_reference(
+        links, high_water, may_wait, verdict):
+    log = RecordingLog()
+    got, _ = order_by_measured_links([_donor("b1"), _donor("b2")], lambda _: links, SimpleNamespace(log=log),
+                                     lambda: high_water, may_wait=may_wait)
+    assert got == verdict
+    assert bool(log.events("donor_links")) is (verdict != "wait")  # a line per decision, not per wait

@@ -18,7 +18,7 @@ from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.table import Membership
 from noloco_rt.net.link_probe import probe_links
 from noloco_rt.outer.snapshot_client import BootstrapState, pull_bootstrap
-from noloco_rt.routing.locality import donor_plan
+from noloco_rt.routing.locality import FAR_MARGIN_S, donor_plan
 from noloco_rt.routing.peers import PeerView
 from workers.outer.service import SnapshotService
 
@@ -28,6 +28,12 @@ PROBE_DONORS = 16
 thousands costs a joiner no more sockets than a small one."""
 PROBE_REFERENCES = 16
 """Workers of any stage probed beside the donors: enough to find one of our own site."""
+
+REFERENCE_WAIT_S = 5.0
+"""At outer step 0, how long a joiner whose probes reached only donors, none of them within
+FAR_MARGIN_S, probes again for another worker to measure them against: workers started
+together register within seconds, and a donor's state across a slow link takes longer (a
+small preset's: 13 s at 10 Mbit/s)."""
 
 LinkProbe = Callable[[list[MemberRecord]], dict[str, float]]
 """Given the donors, each probed worker's round trip in seconds (donors and references)."""
@@ -82,6 +88,7 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
     Raises RuntimeError when no donor served one within `timeout_s` (or a leave was asked
     meanwhile)."""
     deadline = time.monotonic() + timeout_s
+    references_by = time.monotonic() + REFERENCE_WAIT_S
     while time.monotonic() < deadline and not leave_requested.is_set():
         peers.refresh_now(service.stage)  # start-up: a fresh view, read in this thread
         donors = peers.random_peers(service.stage, site=site)
@@ -92,9 +99,13 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
                              note="the stage has taken no outer step: the seed, not a state across sites")
             return None
         if not site and probe is not None:
-            donors = order_by_measured_links(donors, probe, service, stage_high_water)
-            if donors is None:
+            verdict, donors = order_by_measured_links(donors, probe, service, stage_high_water,
+                                                      may_wait=time.monotonic() < references_by)
+            if verdict == "seed":
                 return None
+            if verdict == "wait":
+                time.sleep(RETRY_PAUSE_S)
+                continue
         for donor in donors:
             state = pull_bootstrap(ctx, donor.worker_id, donor.exchange_addr, service.reader, stage=service.stage,
                                    sender=service.worker_id, timeout_s=pull_timeout_s,
@@ -107,13 +118,22 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
 
 
 def order_by_measured_links(donors: list[MemberRecord], probe: LinkProbe, service: SnapshotService,
-                            stage_high_water: Callable[[], int | None]) -> list[MemberRecord] | None:
-    """The donors nearest first by probed link; None: every donor is far (another site holds
-    the whole stage, judged against workers of any stage) and the stage is at outer step 0,
-    so the seed, as a named site's first worker does (seeds_in_its_site)."""
+                            stage_high_water: Callable[[], int | None], *,
+                            may_wait: bool = False) -> tuple[str, list[MemberRecord]]:
+    """("ask", the donors nearest first by probed link); ("seed", []): every donor is far
+    (another site holds the whole stage, judged against workers of any stage) and the stage
+    is at outer step 0, so the seed, as a named site's first worker does (seeds_in_its_site);
+    ("wait", []): at step 0 only donors answered, none within FAR_MARGIN_S, and `may_wait`:
+    nothing yet tells a donor in another site from one in ours, and workers starting
+    together are still registering."""
     links = probe(donors)
     plan = donor_plan([d.worker_id for d in donors], links)
-    by_id = {d.worker_id: d for d in donors}
+    donor_ids = {d.worker_id for d in donors}
+    referenced = any(worker not in donor_ids for worker in links)
+    # A donor within FAR_MARGIN_S can never be judged far, whatever answers later: no wait.
+    could_be_far = min(links.values(), default=0.0) >= FAR_MARGIN_S
+    if may_wait and not referenced and could_be_far and stage_high_water() == 0:
+        return "wait", []
     nearest = min(links.values(), default=None)
     service.log.info("donor_links", donors_ms={d[:8]: round(links[d] * 1e3, 2) for d in plan.order if d in links},
                      far=sorted(d[:8] for d in plan.far), nearest_ms=None if nearest is None else round(nearest * 1e3, 2),
@@ -122,8 +142,9 @@ def order_by_measured_links(donors: list[MemberRecord], probe: LinkProbe, servic
         service.log.info("first_in_site", site="", donors_elsewhere=len(donors), measured=True,
                          note="every donor is far by measured link and the stage has taken no outer step: "
                               "the seed, not a state across sites")
-        return None
-    return [by_id[d] for d in plan.order]
+        return "seed", []
+    by_id = {d.worker_id: d for d in donors}
+    return "ask", [by_id[d] for d in plan.order]
 
 
 def link_probe(ctx: zmq.Context, membership: Membership, *, run_id: str, worker_id: str, stage: int,
