@@ -64,12 +64,13 @@ def test_without_a_site_the_probed_links_order_the_donors_and_an_untrained_stage
 
 @pytest.mark.parametrize(("links", "high_water", "may_wait", "verdict"), [
     ({"b1": 0.051, "b2": 0.050}, 0, True, "wait"),  # only donors answered, 50 ms away: who else is starting?
+    ({"b1": 0.051, "b-s1": 0.049}, 0, True, "wait"),  # others too, but none near: ours may still register
     ({"b1": 0.051, "b2": 0.050}, 0, False, "ask"),  # waited long enough
     ({"b1": 0.051, "b2": 0.050}, 2, True, "ask"),  # a trained stage's state is pulled wherever it is
     ({"b1": 0.002, "b2": 0.050}, 0, True, "ask"),  # b1 within FAR_MARGIN_S: near whatever answers later
     ({}, 0, True, "ask"),  # nobody answered: ask them in turn
 ])
-def test_at_step_0_a_joiner_that_reached_only_far_looking_donors_waits_for_a_reference(
+def test_at_step_0_a_joiner_that_found_nobody_near_waits_for_a_reference(
         links, high_water, may_wait, verdict):
     log = RecordingLog()
     got, _ = order_by_measured_links([_donor("b1"), _donor("b2")], lambda _: links, SimpleNamespace(log=log),

@@ -30,8 +30,8 @@ PROBE_REFERENCES = 16
 """Workers of any stage probed beside the donors: enough to find one of our own site."""
 
 REFERENCE_WAIT_S = 5.0
-"""At outer step 0, how long a joiner whose probes reached only donors, none of them within
-FAR_MARGIN_S, probes again for another worker to measure them against: workers started
+"""At outer step 0, how long a joiner whose probes found no worker within FAR_MARGIN_S
+probes again for one of its own site to measure its donors against: workers started
 together register within seconds, and a donor's state across a slow link takes longer (a
 small preset's: 13 s at 10 Mbit/s)."""
 
@@ -123,16 +123,15 @@ def order_by_measured_links(donors: list[MemberRecord], probe: LinkProbe, servic
     """("ask", the donors nearest first by probed link); ("seed", []): every donor is far
     (another site holds the whole stage, judged against workers of any stage) and the stage
     is at outer step 0, so the seed, as a named site's first worker does (seeds_in_its_site);
-    ("wait", []): at step 0 only donors answered, none within FAR_MARGIN_S, and `may_wait`:
-    nothing yet tells a donor in another site from one in ours, and workers starting
-    together are still registering."""
+    ("wait", []): at step 0 nobody answered within FAR_MARGIN_S and `may_wait`: nothing yet
+    tells a donor in another site from one in ours, and workers starting together are still
+    registering."""
     links = probe(donors)
     plan = donor_plan([d.worker_id for d in donors], links)
-    donor_ids = {d.worker_id for d in donors}
-    referenced = any(worker not in donor_ids for worker in links)
-    # A donor within FAR_MARGIN_S can never be judged far, whatever answers later: no wait.
-    could_be_far = min(links.values(), default=0.0) >= FAR_MARGIN_S
-    if may_wait and not referenced and could_be_far and stage_high_water() == 0:
+    # Nobody answered within FAR_MARGIN_S: nothing known to be in our site to judge the donors
+    # against yet. (A donor within it can never be judged far, whatever answers later.)
+    nobody_near = min(links.values(), default=0.0) >= FAR_MARGIN_S
+    if may_wait and nobody_near and stage_high_water() == 0:
         return "wait", []
     nearest = min(links.values(), default=None)
     service.log.info("donor_links", donors_ms={d[:8]: round(links[d] * 1e3, 2) for d in plan.order if d in links},
