@@ -94,8 +94,9 @@ class RoutingConfig:
     """How a worker tells near next-stage workers from far ones (balanced routing). auto: by
     worker.site where it names one, otherwise by measured links: a peer whose best recent link
     round trip (its own time with the forward taken out) is 2x and 10 ms more than the
-    nearest peer's is far (routing/locality.py); labels: by worker.site only, a worker
-    without one treats every peer as near."""
+    nearest peer's is far (routing/locality.py), and a joiner asks the nearest donor of its
+    stage by probed round trips (at step 0 it starts from the seed when every donor is far);
+    labels: by worker.site only, a worker without one treats every peer as near."""
 
     def __post_init__(self) -> None:
         require_choice("routing", "policy", self.policy, ROUTING_POLICIES)
