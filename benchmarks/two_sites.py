@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,29 +129,41 @@ def link_bytes() -> int:
     return total
 
 
+def start_sites(trial: Trial, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Fresh namespaces for the trial's workers, the link between the sites shaped, Redis in
+    site a and (with a link) each site's relay, appended to `procs` as each starts (the caller
+    stops them, and calls netns.cleanup, whatever happens)."""
+    workers = trial.stages * trial.replicas
+    sites = [trial.site_of(rank) for rank in range(workers)]
+    netns.cleanup()
+    site_netns.create(sites)
+    site_netns.shape(trial.link)
+    procs.append(start_redis(netns.SERVICE_IP, site_netns.router_prefix(0)))
+    if trial.link is not None:
+        ports = [_ports(rank) for rank in range(workers)]
+        procs += [subprocess.Popen(site_netns.relay_command(site, sites, ports, trial.link.delay_s),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for site in (0, 1)]
+
+
+def start_worker(trial: Trial, out: Path, rank: int, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """Worker `rank` in its namespace, logging to out/logs/s{stage}-r{replica}.log, with one torch
+    thread (as `up` gives each worker) and `extra_args` after its own."""
+    stage, replica = divmod(rank, trial.replicas)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with (out / "logs" / f"s{stage}-r{replica}.log").open("wb") as log:
+        return subprocess.Popen([*_worker_command(trial, out, rank), *extra_args], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+
+
 def run_trial(trial: Trial, root: Path) -> dict[str, Any]:
     """One training in fresh namespaces: tokens/s, final val loss, bytes across the sites."""
     out = root / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{trial.label}-seed{trial.seed}")
     (out / "logs").mkdir(parents=True)
-    workers = trial.stages * trial.replicas
-    sites = [trial.site_of(rank) for rank in range(workers)]
     procs: list[subprocess.Popen[bytes]] = []
-    netns.cleanup()
     try:
-        site_netns.create(sites)
-        site_netns.shape(trial.link)
-        procs.append(start_redis(netns.SERVICE_IP, site_netns.router_prefix(0)))
-        if trial.link is not None:
-            ports = [_ports(rank) for rank in range(workers)]
-            procs += [subprocess.Popen(site_netns.relay_command(site, sites, ports, trial.link.delay_s),
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for site in (0, 1)]
+        start_sites(trial, procs)
         services = len(procs)  # redis and relays: stopped with the others, never waited for
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one torch thread per worker, as `up` gives them
-        for rank in range(workers):
-            stage, replica = divmod(rank, trial.replicas)
-            with (out / "logs" / f"s{stage}-r{replica}.log").open("wb") as log:
-                procs.append(subprocess.Popen(_worker_command(trial, out, rank), stdout=log,
-                                              stderr=subprocess.STDOUT, env=env))
+        procs += [start_worker(trial, out, rank) for rank in range(trial.stages * trial.replicas)]
         for proc in procs[services:]:
             if proc.wait(timeout=3600) != 0:
                 raise SystemExit(f"{trial}: a worker exited {proc.returncode}; logs in {out / 'logs'}")

@@ -62,7 +62,6 @@ from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import (
-    LinkProbe,
     NoDonorServed,
     StageProgressLost,
     bootstrap_from_stage,
@@ -301,14 +300,8 @@ class StageWorker:
                                     pull_timeout_s=self.timeouts.bootstrap_pull_s, leave_requested=self.leave_requested,
                                     site=self.cfg.worker.site,
                                     stage_high_water=lambda: self.membership.high_water.of(self.stage),
-                                    probe=self._link_probe())
-
-    def _link_probe(self) -> LinkProbe | None:
-        """routing.locality = auto without worker.site: the bootstrap orders donors by probed links."""
-        if self.cfg.routing.locality != "auto" or self.cfg.worker.site:
-            return None
-        return link_probe(self.ctx, self.membership, run_id=self.cfg.run.run_id, worker_id=self.worker_id,
-                          stage=self.stage, stages=self.cfg.pipeline.stages)
+                                    probe=link_probe(self.ctx, self.membership, self.cfg, worker_id=self.worker_id,
+                                                     stage=self.stage))
 
     def _resume_from_store(self) -> bool:
         """No live peer: continue the stage from its newest checkpoint in the durable store."""

@@ -7,16 +7,13 @@ link between the sites carries what crosses and nothing else.
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import two_sites
-from benchmarks.two_sites import MEASURED, Trial, link_bytes, run_trial
-from benchmarks.wan import start_redis
+from benchmarks.two_sites import MEASURED, Trial, link_bytes, run_trial, start_sites, start_worker
 from noloco_rt.logs import read_json_lines
 from noloco_rt.routing.locality import MIN_SAMPLES
 from tests.support.waiting import wait_until
@@ -141,33 +138,17 @@ def test_without_site_names_a_joiner_whose_stage_is_only_in_the_other_site_start
         pytest.skip(reason=f"{why_not}: network namespaces need root and iproute2")
     trial = Trial(MEASURED, LinkSpec(100, DELAY_S / 2), seed=0, stages=2, replicas=2, preset="tiny", steps=100_000,
                   far_share=0.0)
-    sites = [trial.site_of(rank) for rank in range(4)]  # ranks stage-major: s0-r0 a, s0-r1 b, s1-r0 a, s1-r1 b
-    assert sites == [0, 1, 0, 1]
+    assert [trial.site_of(rank) for rank in range(4)] == [0, 1, 0, 1]  # stage-major: s0-r0 a, s0-r1 b, s1-r0 a, s1-r1 b
     no_outer_step = ["--set", "outer.h=100000"]  # the stage stays at outer step 0 while the joiner decides
     logs = tmp_path / "logs"
     logs.mkdir()
     procs: list[subprocess.Popen[bytes]] = []
     workers: list[subprocess.Popen[bytes]] = []
-    netns.cleanup()
     try:
-        site_netns.create(sites)
-        site_netns.shape(trial.link)
-        procs.append(start_redis(netns.SERVICE_IP, site_netns.router_prefix(0)))
-        ports = [two_sites._ports(rank) for rank in range(4)]
-        procs += [subprocess.Popen(site_netns.relay_command(site, sites, ports, DELAY_S / 2),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for site in (0, 1)]
-
-        def start(rank: int) -> None:
-            stage, replica = divmod(rank, trial.replicas)
-            with (logs / f"s{stage}-r{replica}.log").open("wb") as out:
-                workers.append(subprocess.Popen([*two_sites._worker_command(trial, tmp_path, rank), *no_outer_step],
-                                                stdout=out, stderr=subprocess.STDOUT,
-                                                env={**os.environ, "OMP_NUM_THREADS": "1"}))
-
-        for rank in (0, 2, 3):
-            start(rank)
+        start_sites(trial, procs)
+        workers += [start_worker(trial, tmp_path, rank, no_outer_step) for rank in (0, 2, 3)]
         wait_until(lambda: _events(logs / "s0-r0.log", "train_progress"), 120, "s0-r0 training")
-        start(1)
+        workers.append(start_worker(trial, tmp_path, 1, no_outer_step))
         wait_until(lambda: _events(logs / "s0-r1.log", "member_online"), 120, "the joiner online")
         assert all(w.poll() is None for w in workers), "a worker exited early"
     finally:

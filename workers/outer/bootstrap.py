@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import zmq
 
+from noloco_rt.config import Config
 from noloco_rt.membership.high_water import MALFORMED_MARK
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.table import Membership
@@ -146,11 +147,15 @@ def order_by_measured_links(donors: list[MemberRecord], probe: LinkProbe, servic
     return "ask", [by_id[d] for d in plan.order]
 
 
-def link_probe(ctx: zmq.Context, membership: Membership, *, run_id: str, worker_id: str, stage: int,
-               stages: int, rng: random.Random | None = None) -> LinkProbe:
-    """The probe a joiner without a named site orders its donors by: up to PROBE_DONORS donors
-    and PROBE_REFERENCES other workers of any stage, joining or online (their exchange sockets
+def link_probe(ctx: zmq.Context, membership: Membership, cfg: Config, *, worker_id: str, stage: int,
+               rng: random.Random | None = None) -> LinkProbe | None:
+    """The probe a joiner orders its donors by where routing.locality is auto and no
+    worker.site is named (None otherwise: labels decide): up to PROBE_DONORS donors and
+    PROBE_REFERENCES other workers of any stage, joining or online (their exchange sockets
     answer from start-up), timed over their exchange sockets (noloco_rt/net/link_probe.py)."""
+    if cfg.routing.locality != "auto" or cfg.worker.site:
+        return None
+    run_id, stages = cfg.run.run_id, cfg.pipeline.stages
     chooser = rng or random.Random()
     live = {WorkerState.JOINING, WorkerState.ONLINE}
 
