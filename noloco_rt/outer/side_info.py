@@ -1,11 +1,13 @@
 """A partner's θ coded against the receiver's own θ on int8's grid (side information), pure.
 
 int8-zstd sends, per block of BLOCK_SIZE values, a float32 scale s and codes k in
-[-127, 127] (noloco_rt.outer.codecs.quantized). A receiver holds its own θ_r, within a few
-of those steps of the sender's θ (the replicas' spread), so it needs only k's low `bits`
-bits: it takes the integer ≡ k (mod 2^bits) nearest to θ_r / s. That is right while
-|k − θ_r / s| < 2^(bits − 1): 99.9 % of values at 4 bits in the simulator's runs
-(benchmarks/README.md "A partner's θ as side information"). The sender cannot know where
+[-127, 127] (noloco_rt.outer.codecs.quantized). A receiver holds its own θ_r, within the
+replicas' spread of the sender's θ, so it needs only k's low `bits` bits: it takes the
+integer ≡ k (mod 2^bits) nearest to θ_r / s. That is right while |k − θ_r / s| <
+2^(bits − 1): for 99.9 % of values at 4 bits at the end of a simulated run's schedule,
+where partners are about 2 steps apart; earlier they are about 11 apart, and more bits, or
+int8 whole, cost less (benchmarks/README.md "A partner's θ as side information";
+bytes_by_bits tells the receiver which). The sender cannot know where
 it is wrong (it does not hold θ_r), so each block carries a 32-bit check of its codes;
 the receiver names the blocks whose check fails (or whose codes leave [-127, 127]) and
 the sender sends those blocks' int8 codes again (the repair). What the receiver ends
