@@ -56,14 +56,18 @@ _WEIGHTS = torch.tensor([(_mixed(i) & _MASK32) | 1 for i in range(BLOCK_SIZE)], 
 (no generator whose algorithm a torch release could change)."""
 
 
+def in_blocks(values: torch.Tensor, dtype: torch.dtype, fill: float | bool = 0) -> torch.Tensor:
+    """A copy of values (n,) >= 1 as (blocks, BLOCK_SIZE) of dtype, the last block padded with `fill`."""
+    padded = torch.full((block_count(values.numel()) * BLOCK_SIZE,), fill, dtype=dtype)
+    padded[: values.numel()] = values.reshape(-1).cpu()
+    return padded.view(-1, BLOCK_SIZE)
+
+
 def block_checks(codes: torch.Tensor) -> torch.Tensor:
     """(blocks,) int64 in [0, 2^32): the check of each block of codes (n,) int8 (n >= 1; the
     last block padded with code 0)."""
-    blocks = block_count(codes.numel())
-    padded = torch.zeros(blocks * BLOCK_SIZE, dtype=torch.int64)
-    padded[: codes.numel()] = codes.reshape(-1).cpu()
     # |w·k| < 2^39, 64 of them < 2^45: int64 holds the sum; & keeps its low 32 bits (two's complement).
-    return (padded.view(blocks, BLOCK_SIZE) * _WEIGHTS).sum(dim=1) & _MASK32
+    return (in_blocks(codes, torch.int64) * _WEIGHTS).sum(dim=1) & _MASK32
 
 
 def pack_low_bits(codes: torch.Tensor, bits: int) -> np.ndarray:
@@ -83,6 +87,16 @@ def residue_bytes(numel: int, bits: int) -> int:
     return math.ceil(numel * bits / 8)
 
 
+def code_bytes(numel: int, bits: int) -> int:
+    """A modulo code of numel values at `bits`: scales, checks and residues."""
+    return block_count(numel) * (SCALE_BYTES + CHECK_BYTES) + residue_bytes(numel, bits)
+
+
+def repair_bytes(failed_blocks: int) -> int:
+    """The request naming failed blocks and the repair (index and int8 codes per block)."""
+    return failed_blocks * (2 * REPAIR_INDEX_BYTES + BLOCK_SIZE)
+
+
 @dataclass(frozen=True)
 class ModuloCode:
     """One flat tensor's int8 codes as sent against the receiver's θ."""
@@ -98,8 +112,7 @@ class ModuloCode:
 
     @property
     def wire_bytes(self) -> int:
-        blocks = block_count(self.numel)
-        return blocks * (SCALE_BYTES + CHECK_BYTES) + residue_bytes(self.numel, self.bits)
+        return code_bytes(self.numel, self.bits)
 
 
 def encode(scales: torch.Tensor, codes: torch.Tensor, bits: int) -> ModuloCode:
@@ -122,9 +135,10 @@ class Resolved:
     """(f,) int64 ascending: the blocks to ask the sender for again."""
 
 
-def steps_of(reference: torch.Tensor, per_value: torch.Tensor) -> torch.Tensor:
-    """The receiver's θ in the sender's steps (n,) float64; 0 in a zero block (scale 0),
-    whose codes are all 0."""
+def steps_of(reference: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The receiver's θ (n,) in the sender's steps, its block scales (blocks,): (n,) float64;
+    0 in a zero block (scale 0), whose codes are all 0."""
+    per_value = scales.double().repeat_interleave(BLOCK_SIZE)[: reference.numel()]  # (n,)
     return torch.where(per_value > 0, reference.reshape(-1).double() / torch.where(per_value > 0, per_value, 1.0), 0.0)
 
 
@@ -154,17 +168,15 @@ def resolve(code: ModuloCode, reference: torch.Tensor) -> Resolved:
                          f"one) for a code of {code.numel}")
     modulus = 1 << code.bits
     residues = torch.from_numpy(unpack_low_bits(code.residues, code.numel, code.bits))  # (n,) in [0, 2^bits)
-    per_value = code.scales.double().repeat_interleave(BLOCK_SIZE)[: code.numel]  # (n,)
-    nearest = steps_of(reference, per_value)  # (n,) θ_r in the sender's steps
+    nearest = steps_of(reference, code.scales)  # (n,) θ_r in the sender's steps
     codes = residues + modulus * torch.round((nearest - residues) / modulus).long()  # (n,) ≡ residues, nearest θ_r
-    in_range = torch.ones(block_count(code.numel) * BLOCK_SIZE, dtype=torch.bool)  # padded to whole blocks
-    in_range[: code.numel] = codes.abs() <= MAX_CODE
-    padded = torch.zeros(block_count(code.numel) * BLOCK_SIZE, dtype=torch.int8)
-    padded[: code.numel] = torch.where(in_range[: code.numel], codes, 0).to(torch.int8)
-    wrong = (block_checks(padded[: code.numel]) != code.checks) | ~in_range.view(-1, BLOCK_SIZE).all(dim=1)
+    in_range = codes.abs() <= MAX_CODE
+    codes = torch.where(in_range, codes, 0).to(torch.int8)
+    wrong = (block_checks(codes) != code.checks) | ~in_blocks(in_range, torch.bool, True).all(dim=1)
     failed = wrong.nonzero().reshape(-1)  # (f,) ascending
-    padded.view(-1, BLOCK_SIZE)[failed] = 0
-    return Resolved(padded[: code.numel].clone(), failed)
+    blocks = in_blocks(codes, torch.int8)
+    blocks[failed] = 0
+    return Resolved(blocks.reshape(-1)[: code.numel].clone(), failed)
 
 
 def repair_codes(codes: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -175,9 +187,7 @@ def repair_codes(codes: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     if blocks.numel() and (int(blocks.min()) < 0 or int(blocks.max()) >= count
                            or torch.unique(blocks).numel() != blocks.numel()):
         raise CodecError(f"side information: a repair names a block outside 0..{count - 1} or one twice")
-    padded = torch.zeros(count * BLOCK_SIZE, dtype=torch.int8)
-    padded[: codes.numel()] = codes.reshape(-1)
-    return padded.view(count, BLOCK_SIZE)[blocks.long()].clone()
+    return in_blocks(codes, torch.int8)[blocks.long()]
 
 
 def repaired(code: ModuloCode, resolved: Resolved, repair: torch.Tensor) -> torch.Tensor:
@@ -189,9 +199,9 @@ def repaired(code: ModuloCode, resolved: Resolved, repair: torch.Tensor) -> torc
         raise CodecError(f"side information: a repair of shape {tuple(repair.shape)} for {failed.numel()} blocks")
     if bool((repair == -128).any()):
         raise CodecError("side information: repair code -128 is outside [-127, 127]")
-    padded = torch.zeros(block_count(code.numel) * BLOCK_SIZE, dtype=torch.int8)
-    padded[: code.numel] = resolved.codes
-    padded.view(-1, BLOCK_SIZE)[failed] = repair
+    blocks = in_blocks(resolved.codes, torch.int8)
+    blocks[failed] = repair
+    padded = blocks.reshape(-1)
     codes = padded[: code.numel]
     if failed.numel() and bool((block_checks(codes)[failed] != code.checks[failed]).any()):
         raise CodecError("side information: a repaired block fails its check")
@@ -203,7 +213,7 @@ def repaired(code: ModuloCode, resolved: Resolved, repair: torch.Tensor) -> torc
 def wire_bytes(code: ModuloCode, failed_blocks: int) -> int:
     """Bytes both ways for one receiver: the code, the request naming the failed blocks,
     and the repair (index and int8 codes per block)."""
-    return code.wire_bytes + failed_blocks * (2 * REPAIR_INDEX_BYTES + BLOCK_SIZE)
+    return code.wire_bytes + repair_bytes(failed_blocks)
 
 
 INT8 = 8
@@ -219,17 +229,12 @@ def bytes_by_bits(scales: torch.Tensor, codes: torch.Tensor, reference: torch.Te
     """Receiver side, once it holds the sender's codes: what each number of bits (and INT8)
     would have cost against this reference, both ways. A code of b bits resolves a value
     wrong exactly where |k − θ_r / s| ≥ 2^(b − 1) (ties included: rounding may go either way)."""
-    per_value = scales.double().repeat_interleave(BLOCK_SIZE)[: codes.numel()]
-    nearest = steps_of(reference, per_value)
-    distance = torch.zeros(block_count(codes.numel()) * BLOCK_SIZE, dtype=torch.float64)
-    distance[: codes.numel()] = (codes.double() - nearest).abs()
-    worst = distance.view(-1, BLOCK_SIZE).amax(dim=1)  # (blocks,) the farthest value of each block
+    distance = (codes.double() - steps_of(reference, scales)).abs()  # (n,)
+    worst = in_blocks(distance, torch.float64).amax(dim=1)  # (blocks,) the farthest value of each block
     costs = {INT8: int8_bytes(codes.numel())}
     for bits in BITS_ALLOWED:
         failed = int((worst >= (1 << (bits - 1))).sum())
-        blocks = block_count(codes.numel())
-        costs[bits] = (blocks * (SCALE_BYTES + CHECK_BYTES) + residue_bytes(codes.numel(), bits)
-                       + failed * (2 * REPAIR_INDEX_BYTES + BLOCK_SIZE))
+        costs[bits] = code_bytes(codes.numel(), bits) + repair_bytes(failed)
     return costs
 
 
