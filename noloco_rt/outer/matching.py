@@ -9,6 +9,7 @@ the simulator uses too.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 
@@ -38,6 +39,12 @@ def partition(members: Sequence[str], *, seed: int, stage: int, outer_step: int,
     groups = {tuple(sorted([me, *matched_partners(members, me, seed=seed, stage=stage, outer_step=outer_step,
                                                   group_size=group_size)])) for me in set(members)}
     return [list(group) for group in sorted(groups)]
+
+
+def view_digest(members: Sequence[str]) -> str:
+    """Eight hex digits naming a set of member ids (order and repeats ignored): two workers
+    whose digests for a step agree partitioned the same view, so their groups must agree."""
+    return hashlib.blake2b("\n".join(sorted(set(members))).encode(), digest_size=4).hexdigest()
 
 
 def step_rng(seed: int, step: int, purpose: str) -> random.Random:

@@ -18,7 +18,7 @@ from noloco_rt.outer.correction import (
     provisional_local_step,
 )
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_outer_step
-from noloco_rt.outer.matching import matched_partners, partition
+from noloco_rt.outer.matching import matched_partners, partition, view_digest
 
 
 def ids(n: int) -> list[str]:
@@ -49,6 +49,13 @@ def test_workers_with_the_same_view_agree_whatever_its_order():
     for me in members:
         assert (matched_partners(members, me, seed=1, stage=2, outer_step=7, group_size=2)
                 == matched_partners(shuffled, me, seed=1, stage=2, outer_step=7, group_size=2))
+
+
+def test_a_views_digest_ignores_order_and_repeats_and_tells_views_apart():
+    view = [f"w{i}" for i in range(6)]
+    assert view_digest(view) == view_digest(list(reversed(view)) + view[:2])
+    assert len(view_digest(view)) == 8
+    assert len({view_digest(view), view_digest(view[:-1]), view_digest([*view, "w6"]), view_digest([])}) == 4
 
 
 def test_groups_are_redrawn_every_step_and_differ_between_stages():

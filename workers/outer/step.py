@@ -24,7 +24,7 @@ from noloco_rt.logs import EventLog
 from noloco_rt.membership.records import MemberRecord
 from noloco_rt.outer.delta_exchange import sends_whole_state
 from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState
-from noloco_rt.outer.matching import matched_partners
+from noloco_rt.outer.matching import matched_partners, view_digest
 from noloco_rt.outer.schedule import outer_step_due, pull_target
 from noloco_rt.routing.peers import PeerView
 from workers.counters import Counters
@@ -61,6 +61,8 @@ class PendingRound:
     """Our inner step count when the provisional step was taken."""
     group: list[str]
     """The seeded group's ids (by readiness: the fallback), for the log when no result came."""
+    view: str
+    """The digest of the view the group was drawn from (noloco_rt.outer.matching.view_digest)."""
     closed: bool = False
     """Given up as late: partners' pushes for it are refused from then on."""
     committed: frozenset[str] = frozenset()
@@ -124,17 +126,17 @@ class OuterStep:
             self.log.info("outer_step_pulled", outer_step=pulled_to, skipped_steps=skipped,
                           skipped_outer_steps=pulled_to - outer_step)
             outer_step = pulled_to
-        partners = self.partners(outer_step) if self.settings.method == "noloco" else []
+        partners, view = self.group(outer_step) if self.settings.method == "noloco" else ([], "")
         own, sparse = self._local_step(outer_step)
         self.counters.outer_steps = outer_step
         if not partners:
-            self._record(outer_step, None, delay=0)
+            self._record(outer_step, None, delay=0, view=view)
         else:
             self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own, sparse=sparse),
                                             [Partner.of(p, outer_step) for p in partners], self.coeffs,
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s(),
                                             sparse=sparse))
-            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners])
+            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners], view)
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         blocked = time.monotonic() - started
@@ -227,13 +229,13 @@ class OuterStep:
                 self.log.error("outer_round_unsettled", outer_step=pending.outer_step,
                                partners=sorted(p[:8] for p in pending.committed))
             self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group,
-                         reason="one_sided" if pending.committed else None)
+                         reason="one_sided" if pending.committed else None, view=pending.view)
             return
         given_up = pending.closed and not result.used and result.failed is None  # a failed round says so instead
-        self._record(pending.outer_step, result, delay=delay, dropped=given_up)
+        self._record(pending.outer_step, result, delay=delay, dropped=given_up, view=pending.view)
 
     def _record(self, outer_step: int, result: RoundResult | None, *, delay: int, dropped: bool = False,
-                group: list[str] | None = None, reason: str | None = None) -> None:
+                group: list[str] | None = None, reason: str | None = None, view: str = "") -> None:
         used = [] if dropped or result is None else result.used
         group = result.partners if result is not None else (group or [])
         kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used),
@@ -255,7 +257,7 @@ class OuterStep:
                 # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
                 fields.update(correction_sum=result.correction_sums[0], correction_abs=result.correction_sums[1])
         self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
-                      used=[u[:8] for u in used], delay=delay, overlap=self.overlap,
+                      used=[u[:8] for u in used], view=view, delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec if self.whole_state(outer_step) else self.cfg.worker.delta_codec,
                       **fields)
         # The step is final now (corrected, or local): what joiners download (our clock: where the
@@ -265,11 +267,17 @@ class OuterStep:
 
     def partners(self, outer_step: int) -> list[MemberRecord]:
         """Our group at `outer_step` in the partition of our stage's view (us included)."""
+        return self.group(outer_step)[0]
+
+    def group(self, outer_step: int) -> tuple[list[MemberRecord], str]:
+        """(our partners at `outer_step`, the digest of the view they were drawn from: the
+        log's `view`, by which partitions can be told apart from view lag)."""
         view = {r.worker_id: r for r in self.peers.views.view(self.stage)}
-        ids = matched_partners([*view, self.worker_id], self.worker_id, seed=self.cfg.run.seed, stage=self.stage,
+        members = [*view, self.worker_id]
+        ids = matched_partners(members, self.worker_id, seed=self.cfg.run.seed, stage=self.stage,
                                outer_step=outer_step, group_size=self.settings.group_size)
         # A partner we recently failed to reach (stopped, gone) is not waited for again: a local step.
-        return [view[i] for i in ids if not self.peers.blacklist.blocked(i)]
+        return [view[i] for i in ids if not self.peers.blacklist.blocked(i)], view_digest(members)
 
 
 def outer_step_kind(partners: int, used: int, *, failed: bool = False) -> str:
