@@ -59,7 +59,8 @@ def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path,
         assert abs(sum(e["correction_sum"] for e in matched)) <= 1e-4 * sum(e["correction_abs"] for e in matched)
         return
     # Workers that partitioned the same view (its digest in the log) computed the same
-    # partition: a partner drawn from it names us back, always. Views differ while the
+    # partition: a partner drawn from it names us back, always (or says it left us out as
+    # recently unreachable: `avoided`). Views differ while the
     # stage's membership changes (a join or a leave reaches each view at its next refresh, and
     # a step's partition is drawn when each worker gets there), so groups drawn from different
     # views are counted and shown, not held to it.
@@ -69,7 +70,7 @@ def test_partners_choose_each_other_and_fault_free_steps_keep_the_mean(tmp_path,
             theirs = steps.get((ids[partner], k))
             if theirs is None or (ids[partner], k) in never_taken:
                 continue
-            named_back = name in [ids[i] for i in _full(ids, theirs["group"])]
+            named_back = name in [ids[i] for i in _full(ids, theirs["group"] + theirs.get("avoided", []))]
             (agreeing if theirs["view"] == event["view"] else differing)[named_back] += 1
     print(f"partner names us back, same view: {dict(agreeing)}; different views: {dict(differing)}; "
           f"steps jumped over {sorted(never_taken)}")

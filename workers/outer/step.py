@@ -52,6 +52,17 @@ class StepTimer:
         self._last = now
 
 
+@dataclass(frozen=True)
+class DrawnGroup:
+    """Our partners at an outer step as drawn from our view of the stage."""
+
+    partners: list[MemberRecord]
+    view: str
+    """The view's digest (noloco_rt.outer.matching.view_digest): equal digests, equal partitions."""
+    avoided: list[str]
+    """Partners of the partition left out: recently unreachable (the blacklist)."""
+
+
 @dataclass
 class PendingRound:
     """An overlapped outer step whose correction has not been applied yet."""
@@ -61,8 +72,8 @@ class PendingRound:
     """Our inner step count when the provisional step was taken."""
     group: list[str]
     """The seeded group's ids (by readiness: the fallback), for the log when no result came."""
-    view: str
-    """The digest of the view the group was drawn from (noloco_rt.outer.matching.view_digest)."""
+    drawn: DrawnGroup
+    """The partition's view and the partners it left out, for the log."""
     closed: bool = False
     """Given up as late: partners' pushes for it are refused from then on."""
     committed: frozenset[str] = frozenset()
@@ -126,17 +137,18 @@ class OuterStep:
             self.log.info("outer_step_pulled", outer_step=pulled_to, skipped_steps=skipped,
                           skipped_outer_steps=pulled_to - outer_step)
             outer_step = pulled_to
-        partners, view = self.group(outer_step) if self.settings.method == "noloco" else ([], "")
+        drawn = self.group(outer_step) if self.settings.method == "noloco" else DrawnGroup([], "", [])
+        partners = drawn.partners
         own, sparse = self._local_step(outer_step)
         self.counters.outer_steps = outer_step
         if not partners:
-            self._record(outer_step, None, delay=0, view=view)
+            self._record(outer_step, None, delay=0, drawn=drawn)
         else:
             self.exchanger.begin(OuterRound(outer_step, self.service.boundary.contribution_to_host(own, sparse=sparse),
                                             [Partner.of(p, outer_step) for p in partners], self.coeffs,
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s(),
                                             sparse=sparse))
-            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners], view)
+            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners], drawn)
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         blocked = time.monotonic() - started
@@ -229,13 +241,14 @@ class OuterStep:
                 self.log.error("outer_round_unsettled", outer_step=pending.outer_step,
                                partners=sorted(p[:8] for p in pending.committed))
             self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group,
-                         reason="one_sided" if pending.committed else None, view=pending.view)
+                         reason="one_sided" if pending.committed else None, drawn=pending.drawn)
             return
         given_up = pending.closed and not result.used and result.failed is None  # a failed round says so instead
-        self._record(pending.outer_step, result, delay=delay, dropped=given_up, view=pending.view)
+        self._record(pending.outer_step, result, delay=delay, dropped=given_up, drawn=pending.drawn)
 
     def _record(self, outer_step: int, result: RoundResult | None, *, delay: int, dropped: bool = False,
-                group: list[str] | None = None, reason: str | None = None, view: str = "") -> None:
+                group: list[str] | None = None, reason: str | None = None,
+                drawn: DrawnGroup | None = None) -> None:
         used = [] if dropped or result is None else result.used
         group = result.partners if result is not None else (group or [])
         kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used),
@@ -243,6 +256,8 @@ class OuterStep:
         self.counters.count_outer_step(kind, reason or unmatched_reason(kind, group, result))
         self.metrics.outer_steps.labels(kind=kind).inc()
         fields: dict[str, Any] = {}
+        if drawn is not None and drawn.avoided:
+            fields["avoided"] = [a[:8] for a in drawn.avoided]
         if result is not None:
             self.metrics.exchange_bytes_wire.inc(result.wire_bytes)
             self.metrics.exchange_bytes_raw.inc(result.raw_bytes)
@@ -257,7 +272,7 @@ class OuterStep:
                 # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
                 fields.update(correction_sum=result.correction_sums[0], correction_abs=result.correction_sums[1])
         self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
-                      used=[u[:8] for u in used], view=view, delay=delay, overlap=self.overlap,
+                      used=[u[:8] for u in used], view=drawn.view if drawn else "", delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec if self.whole_state(outer_step) else self.cfg.worker.delta_codec,
                       **fields)
         # The step is final now (corrected, or local): what joiners download (our clock: where the
@@ -267,17 +282,18 @@ class OuterStep:
 
     def partners(self, outer_step: int) -> list[MemberRecord]:
         """Our group at `outer_step` in the partition of our stage's view (us included)."""
-        return self.group(outer_step)[0]
+        return self.group(outer_step).partners
 
-    def group(self, outer_step: int) -> tuple[list[MemberRecord], str]:
-        """(our partners at `outer_step`, the digest of the view they were drawn from: the
-        log's `view`, by which partitions can be told apart from view lag)."""
+    def group(self, outer_step: int) -> DrawnGroup:
+        """Our group at `outer_step`, with what the log needs to tell a partition's view lag
+        from a fault: the view's digest and the partners left out."""
         view = {r.worker_id: r for r in self.peers.views.view(self.stage)}
         members = [*view, self.worker_id]
         ids = matched_partners(members, self.worker_id, seed=self.cfg.run.seed, stage=self.stage,
                                outer_step=outer_step, group_size=self.settings.group_size)
         # A partner we recently failed to reach (stopped, gone) is not waited for again: a local step.
-        return [view[i] for i in ids if not self.peers.blacklist.blocked(i)], view_digest(members)
+        avoided = [i for i in ids if self.peers.blacklist.blocked(i)]
+        return DrawnGroup([view[i] for i in ids if i not in avoided], view_digest(members), avoided)
 
 
 def outer_step_kind(partners: int, used: int, *, failed: bool = False) -> str:
