@@ -70,10 +70,9 @@ class PendingRound:
     outer_step: int
     inner_step: int
     """Our inner step count when the provisional step was taken."""
-    group: list[str]
-    """The seeded group's ids (by readiness: the fallback), for the log when no result came."""
     drawn: DrawnGroup
-    """The partition's view and the partners it left out, for the log."""
+    """Our seeded group (by readiness: the fallback), its view and the partners it left out,
+    for the log (the group's ids when no result came)."""
     closed: bool = False
     """Given up as late: partners' pushes for it are refused from then on."""
     committed: frozenset[str] = frozenset()
@@ -148,7 +147,7 @@ class OuterStep:
                                             [Partner.of(p, outer_step) for p in partners], self.coeffs,
                                             by_readiness=self.by_readiness, window_s=self.ready_window_s(),
                                             sparse=sparse))
-            self.pending = PendingRound(outer_step, self.counters.inner_steps, [p.worker_id for p in partners], drawn)
+            self.pending = PendingRound(outer_step, self.counters.inner_steps, drawn)
             if not self.overlap:
                 self.settle(final=True, wait_s=self.round_wait_s)
         blocked = time.monotonic() - started
@@ -240,23 +239,22 @@ class OuterStep:
             if pending.committed:
                 self.log.error("outer_round_unsettled", outer_step=pending.outer_step,
                                partners=sorted(p[:8] for p in pending.committed))
-            self._record(pending.outer_step, None, delay=delay, dropped=True, group=pending.group,
+            self._record(pending.outer_step, None, delay=delay, dropped=True,
                          reason="one_sided" if pending.committed else None, drawn=pending.drawn)
             return
         given_up = pending.closed and not result.used and result.failed is None  # a failed round says so instead
         self._record(pending.outer_step, result, delay=delay, dropped=given_up, drawn=pending.drawn)
 
     def _record(self, outer_step: int, result: RoundResult | None, *, delay: int, dropped: bool = False,
-                group: list[str] | None = None, reason: str | None = None,
-                drawn: DrawnGroup | None = None) -> None:
+                drawn: DrawnGroup, reason: str | None = None) -> None:
         used = [] if dropped or result is None else result.used
-        group = result.partners if result is not None else (group or [])
+        group = result.partners if result is not None else [p.worker_id for p in drawn.partners]
         kind = "dropped_late" if dropped else outer_step_kind(len(group), len(used),
                                                              failed=result is not None and result.failed is not None)
         self.counters.count_outer_step(kind, reason or unmatched_reason(kind, group, result))
         self.metrics.outer_steps.labels(kind=kind).inc()
         fields: dict[str, Any] = {}
-        if drawn is not None and drawn.avoided:
+        if drawn.avoided:
             fields["avoided"] = [a[:8] for a in drawn.avoided]
         if result is not None:
             self.metrics.exchange_bytes_wire.inc(result.wire_bytes)
@@ -272,7 +270,7 @@ class OuterStep:
                 # Σ c and Σ |c|: over a matched group the c sum to 0 (the mean is kept)
                 fields.update(correction_sum=result.correction_sums[0], correction_abs=result.correction_sums[1])
         self.log.info("outer_step_done", outer_step=outer_step, inner_step=self.counters.inner_steps, kind=kind, group=[p[:8] for p in group],
-                      used=[u[:8] for u in used], view=drawn.view if drawn else "", delay=delay, overlap=self.overlap,
+                      used=[u[:8] for u in used], view=drawn.view, delay=delay, overlap=self.overlap,
                       codec=self.cfg.worker.snapshot_codec if self.whole_state(outer_step) else self.cfg.worker.delta_codec,
                       **fields)
         # The step is final now (corrected, or local): what joiners download (our clock: where the
