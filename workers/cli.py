@@ -99,6 +99,7 @@ def worker(stage: int, redis_url: str | None, name: str | None, steps: int | Non
 def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> int:
     """Compose the worker from its parts and run it until its steps are done or it leaves."""
     from noloco_rt.membership.table import Membership
+    from noloco_rt.process.heap import settle_heap
     from noloco_rt.process.stack_dumps import arm_exit_watchdog, dump_stacks_on_sigusr1
     from workers.faults.checkpoint_writes import disk_full_from_env
     from workers.faults.data_path import data_faults_from_env
@@ -133,6 +134,7 @@ def _run_worker(cfg: Config, stage: int, name: str | None, started: Started) -> 
                               stage_worker.exchange_server, stage_worker.views)
     stage_worker.metrics_addr = f"{cfg.network.advertise_host or cfg.network.bind_host}:{metrics_port_bound}"
     install_signal_handlers(stage_worker)
+    settle_heap()  # torch, torch._dynamo and the replica: out of every collection from here on
     stage_worker.log.info("metrics_serving", port=metrics_port_bound)
     stage_worker.log.info("curve", enabled=started.curve is not None,
                           public_key=started.curve.public_key.decode() if started.curve else "")
