@@ -30,7 +30,7 @@ import gc, json, sys, time
 import torch, torch._dynamo
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
-from noloco_rt.process.heap import settle_heap
+from noloco_rt.process.heap import freeze_for_exit, settle_heap
 import workers.worker  # what a worker process imports
 
 replica = StageReplica.create(Config(), 0, device=torch.device("cpu"))
@@ -41,7 +41,7 @@ gc.collect()
 collect_ms = (time.perf_counter() - started) * 1000
 tracked = len(gc.get_objects())  # what the next full collection walks
 if sys.argv[1] == "settled":
-    settle_heap()  # what cli.entry_point does before the interpreter tears down
+    freeze_for_exit()  # what cli.entry_point does before the interpreter tears down
 print(json.dumps({"collect_ms": collect_ms, "tracked": tracked, "last_line": time.time()}), flush=True)
 """
 

@@ -112,12 +112,12 @@ def entry_point() -> None:
     """A process's entry (the noloco-rt script, python -m noloco_rt.cli): main(), with the heap
     frozen before the interpreter tears down (noloco_rt.process.heap: ~0.7 s of a core less at
     every exit). Tests call main() in their own process instead."""
-    from noloco_rt.process.heap import settle_heap
+    from noloco_rt.process.heap import freeze_for_exit
 
     try:
         main()
     finally:
-        settle_heap()
+        freeze_for_exit()
 
 
 def config_options(func: Callable[..., Any]) -> Callable[..., Any]:
