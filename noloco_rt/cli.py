@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def entry_point() -> None:
     """A process's entry (the noloco-rt script, python -m noloco_rt.cli): main(), with the heap
-    frozen before the interpreter tears down (noloco_rt.process.heap: ~0.7 s of a core less at
+    frozen before the interpreter tears down (noloco_rt.process.heap: ~1 s of a core less at
     every exit). Tests call main() in their own process instead."""
     from noloco_rt.process.heap import freeze_for_exit
 
