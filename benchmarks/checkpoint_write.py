@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import statistics
 import tempfile
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.table import emit, markdown_table
+from benchmarks.table import emit, markdown_table, median_range
 from noloco_rt.checkpoints.worker import (
     CHECKPOINT_VERSION,
     checkpoint_writer,
@@ -121,10 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                 ratios[name].append(turns / alone)
             print(f"checkpoint_write: run {run + 1}/{args.runs} done", flush=True)
 
-    def cell(values: list[float], spec: str) -> str:
-        return f"{statistics.median(values):{spec}} [{min(values):{spec}}–{max(values):{spec}}]"
-
-    rows = [[name, cell(seconds[name], ".2f"), cell(ratios[name], ".2f")] for name in writers]
+    rows = [[name, median_range(seconds[name], ".2f"), median_range(ratios[name], ".2f")] for name in writers]
     title = (f"A checkpoint of {gigabytes:.1f} GB written on a background thread, {args.runs} run(s): "
              "median [min–max]")
     table = markdown_table(title, ["writer", "write s", "ops launched meanwhile, × alone"], rows)

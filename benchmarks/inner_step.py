@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.table import emit, markdown_table
+from benchmarks.table import emit, markdown_table, median_range
 from noloco_rt.algo.optim import InnerOptimizer
 from noloco_rt.config import OptimConfig
 from noloco_rt.model.llama import build_stage
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, (step, params) in steps.items():
             times[name].append(timed(step, params, grads))
     baseline = statistics.median(times["divide, clip_grad_norm_, fused AdamW"])
-    rows = [[name, f"{statistics.median(v):.3f} [{min(v):.3f}–{max(v):.3f}]", f"{statistics.median(v) / baseline:.2f}×"]
+    rows = [[name, median_range(v, ".3f"), f"{statistics.median(v) / baseline:.2f}×"]
             for name, v in times.items()]
     count = sum(p.numel() for p in runtime_params)
     title = (f"One inner optimizer step, preset {args.preset} stage {args.stage} of {args.stages} ({count:,} "

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.table import emit, markdown_table
+from benchmarks.table import emit, markdown_table, median_range
 
 CHILD = """
 import gc, json, sys, time
@@ -45,13 +45,13 @@ if sys.argv[1] == "settled":
 print(json.dumps({"collect_ms": collect_ms, "tracked": tracked, "last_line": time.time()}), flush=True)
 """
 
-SIDES = ("as is", "settled")
+SIDES = ("as-is", "settled")
 
 
 def run_child(side: str) -> dict[str, float]:
     """One child: its figures, the seconds from its last line to its end, and its CPU seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child = subprocess.run([sys.executable, "-c", CHILD, "settled" if side == "settled" else "as-is"],
+    child = subprocess.run([sys.executable, "-c", CHILD, side],
                            capture_output=True, text=True, check=True, timeout=300)
     ended = time.time()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -61,20 +61,16 @@ def run_child(side: str) -> dict[str, float]:
     return figures
 
 
-def cell(values: list[float], spec: str) -> str:
-    return f"{statistics.median(values):{spec}} [{min(values):{spec}}–{max(values):{spec}}]"
-
-
 def render(results: dict[str, list[dict[str, float]]], runs: int) -> str:
     rows = []
     for key, label, spec in (("collect_ms", "one full collection after start-up, ms", ".1f"),
                              ("tracked", "objects it walks", ",.0f"),
                              ("exit_s", "interpreter exit, s", ".2f"),
                              ("cpu_s", "child's CPU, s", ".2f")):
-        as_is = [r[key] for r in results["as is"]]
+        as_is = [r[key] for r in results["as-is"]]
         settled = [r[key] for r in results["settled"]]
         ratio = statistics.median(settled) / statistics.median(as_is) if statistics.median(as_is) else float("nan")
-        rows.append([label, cell(as_is, spec), cell(settled, spec), f"{ratio:.2f}×"])
+        rows.append([label, median_range(as_is, spec), median_range(settled, spec), f"{ratio:.2f}×"])
     return markdown_table(f"Start-up heap, {runs} child processes a side (median [min–max]):",
                           ["", "as is", "settle_heap()", "settled / as is"], rows)
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
+
+
+def median_range(values: Sequence[float], spec: str) -> str:
+    """'1.23 [1.10–1.40]': the median and [min–max] of the runs, each formatted by `spec`."""
+    return f"{statistics.median(values):{spec}} [{min(values):{spec}}–{max(values):{spec}}]"
 
 
 def markdown_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
