@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from noloco_rt.algo.fused_adamw import FusedAdamW, fused_kernel_available
 from noloco_rt.config import OptimConfig
 
 
@@ -25,7 +26,7 @@ def adamw_kernel(device: torch.device) -> dict[str, bool]:
     """AdamW's implementation for parameters on `device`: fused (one kernel for all the
     parameters, no per-tensor launches) on CUDA and the CPU, the only kernel that skips a step
     on the device's own word (`found_inf`); elsewhere foreach."""
-    return {"fused": True} if device.type in ("cuda", "cpu") else {"foreach": True}
+    return {"fused": True} if fused_kernel_available(device) else {"foreach": True}
 
 
 class InnerOptimizer:
@@ -42,11 +43,15 @@ class InnerOptimizer:
         self.steps_taken = 0
         """Inner steps taken or skipped: the schedule's position."""
         device = self.params[0].device if self.params else torch.device("cpu")
-        kernel = adamw_kernel(device)
-        self._skips_on_device = kernel.get("fused", False)
+        self._skips_on_device = fused_kernel_available(device)
         self._skipped = torch.zeros((), dtype=torch.float32, device=device)
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay, **kernel)
+        betas = (cfg.adam_beta1, cfg.adam_beta2)
+        # The fused kernel without torch.optim, which would import torch._dynamo into every
+        # worker (noloco_rt/algo/fused_adamw.py); torch.optim's foreach AdamW elsewhere.
+        self.optimizer: FusedAdamW | torch.optim.AdamW = (
+            FusedAdamW(self.params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+            if self._skips_on_device else
+            torch.optim.AdamW(self.params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, foreach=True))
 
     def current_lr(self) -> float:
         return lr_at(self.steps_taken, lr=self.cfg.lr, lr_min=self.cfg.lr_min,
@@ -85,8 +90,11 @@ class InnerOptimizer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.steps_taken += 1
                 return norm
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.current_lr()
+        if isinstance(self.optimizer, FusedAdamW):
+            self.optimizer.lr = self.current_lr()
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.current_lr()
         self.optimizer.step()
         if self._skips_on_device:
             self._skipped.add_(nonfinite.to(self._skipped.device))

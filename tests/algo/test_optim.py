@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from noloco_rt.algo.fused_adamw import FusedAdamW
 from noloco_rt.algo.optim import InnerOptimizer, adamw_kernel, lr_at
 from noloco_rt.config import OptimConfig, OuterConfig
 from noloco_rt.outer.formula import (
@@ -274,4 +275,4 @@ def test_adamw_is_fused_on_cuda_and_the_cpu_and_foreach_elsewhere():
     assert adamw_kernel(torch.device("cpu")) == {"fused": True}
     assert adamw_kernel(torch.device("meta")) == {"foreach": True}
     inner = InnerOptimizer([torch.nn.Parameter(torch.ones(3))], OptimConfig(), total_steps=10)
-    assert inner.optimizer.defaults["fused"] is True
+    assert isinstance(inner.optimizer, FusedAdamW)
