@@ -27,7 +27,7 @@ from benchmarks.table import emit, markdown_table, median_range
 
 CHILD = """
 import gc, json, sys, time
-import torch, torch._dynamo
+import torch
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
 from noloco_rt.process.heap import freeze_for_exit, settle_heap
