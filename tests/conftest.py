@@ -1,5 +1,6 @@
-"""Shared test set-up: hypothesis without wall-clock deadlines (CI has 2 busy cores),
-and a session check that no child process outlives the suite."""
+"""Shared test set-up: hypothesis without wall-clock deadlines (CI has 2 busy cores), local
+clusters' workers forked from a preloaded process (workers/cluster/preloaded.py), and a
+session check that no child process outlives the suite."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 
 import pytest
 from hypothesis import settings
+
+from workers.cluster.local_cluster import LocalCluster
+from workers.cluster.preloaded import stop_server
 
 settings.register_profile("noloco", deadline=None, max_examples=60, derandomize=True)
 settings.load_profile("noloco")
@@ -23,6 +27,8 @@ def _children() -> set[int]:
 @pytest.fixture(autouse=True, scope="session")
 def no_leftover_children():
     before = _children()
+    LocalCluster.forked_workers = True
     yield
+    stop_server()
     leftover = _children() - before
     assert not leftover, f"child processes outlived the test session: {sorted(leftover)}"

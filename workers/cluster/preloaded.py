@@ -1,0 +1,102 @@
+"""`noloco-rt` processes forked from one that has already imported torch and the worker's
+modules, for the test suite's local clusters, which start ~90 short workers: each would spend
+~2.5 s of a core importing the same modules (benchmarks/worker_start.py), most of what such
+a worker costs.
+
+A forked child runs the same entry point a worker process does (`noloco_rt.cli.entry_point`,
+with its command line and environment), its own sockets and threads, and logs to its own
+file. What differs from `python -m noloco_rt.cli`: the interpreter is not started afresh
+(variables read at interpreter or library start come from the server, which is started with
+the same OMP_NUM_THREADS), and the process ends with os._exit after the entry point returns.
+Benchmarks, and anything testing how a process starts, start theirs with a command line.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+PRELOAD = ["torch", "noloco_rt.cli", "workers.cli", "workers.worker"]
+SERVER_THREADS = "1"
+"""OMP_NUM_THREADS of the fork server: read once, when torch loads there (local clusters give each worker one)."""
+
+
+def _context() -> multiprocessing.context.ForkServerContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = SERVER_THREADS  # the server inherits this process's environment
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    return context
+
+
+def _run_entry_point(args: Sequence[str], env: Mapping[str, str], log_path: str) -> None:
+    """In the forked child: become `noloco-rt ARGS` with this environment, logging to log_path."""
+    os.environ.clear()
+    os.environ.update(env)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    import torch
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", SERVER_THREADS)))
+    sys.argv = ["noloco-rt", *args]
+    from noloco_rt.cli import entry_point
+
+    entry_point()
+
+
+class ForkedProcess:
+    """A forked `noloco-rt` child behind the part of subprocess.Popen's interface local
+    clusters and their tests use (pid, poll, wait, send_signal, kill, returncode)."""
+
+    def __init__(self, args: Sequence[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.args = list(args)
+        self._process = _context().Process(target=_run_entry_point, args=(self.args, dict(env), str(log_path)),
+                                           daemon=False)
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def stop_server() -> None:
+    """Stop the fork server and the resource tracker it starts, if this process started them
+    (multiprocessing has no public call for it; its own tests use these), so that neither
+    outlives its user."""
+    multiprocessing.forkserver._forkserver._stop()
+    multiprocessing.resource_tracker._resource_tracker._stop()
