@@ -28,10 +28,9 @@ def _matched(outer_steps: str, stage: int) -> int:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_up_trains_a_transformers_folder_and_export_writes_it_back(tmp_path, family):
-    """2 stages x 2 replicas of a small random model (a rotary family, and GPT-2 with learned
-    positions): every worker finishes, both stages take matched outer steps, the consensus
+def test_up_trains_a_transformers_folder_and_export_writes_it_back(tmp_path):
+    """2 stages x 2 replicas of a small random model of a rotary family: every worker
+    finishes, both stages take matched outer steps, the consensus
     (built by `up` from the final states: no coordinator, to keep the suite short) beats the
     folder's own weights on the run's validation data, and the exported folder loads with
     AutoModelForCausalLM and gives the consensus's logits. The other families' round trip
@@ -40,6 +39,7 @@ def test_up_trains_a_transformers_folder_and_export_writes_it_back(tmp_path, fam
     Steps enough for ~10 s of training: the four workers start up to a few seconds apart on
     2 busy cores (each imports torch and transformers), and a run of 30 steps (~2 s) could
     end before a stage's second worker was in, leaving nobody to match with."""
+    family = "llama"
     folder, out, mark = tmp_path / family, tmp_path / "run", uuid.uuid4().hex
     write_folder(folder, family)
     factory = f"hf:{folder}"
@@ -87,11 +87,13 @@ def _check_export(tmp_path, consensus_file, factory: str, family: str) -> None:
         assert torch.allclose(loaded(ids).logits, consensus.eval()(ids), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "mistral"])
 def test_a_consensus_of_each_family_exports_to_a_folder_with_the_same_logits(tmp_path, family):
-    """Qwen2 (attention biases) and Mistral (a sliding window shorter than the sequence): a
-    consensus of the folder's stages, moved off its weights, exports to a folder that
-    transformers loads and that computes the consensus's logits; eval and sample read it."""
+    """GPT-2 (learned positions), Qwen2 (attention biases) and
+    Mistral (a sliding window shorter than the sequence): a consensus of the folder's stages,
+    moved off its weights, exports to a folder that transformers loads and that computes the
+    consensus's logits; eval and sample read it. (Each family's stages against the whole
+    model, and their training: tests/model/test_hf_stages.py.)"""
     folder = tmp_path / family
     write_folder(folder, family)
     factory = f"hf:{folder}"
