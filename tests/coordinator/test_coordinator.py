@@ -25,15 +25,15 @@ from noloco_rt.consensus.file import load_consensus, mean_over_replicas, stage_p
 from noloco_rt.membership.embedded_redis import free_port
 from tests.support.observer_stubs import observed_stages
 from tests.support.secrets import files_holding
-from workers.cluster.local_cluster import LocalCluster, read_events
+from workers.cluster.local_cluster import LocalCluster, read_events, start_command
+from workers.cluster.preloaded import ForkedProcess
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str, env: dict[str, str] | None = None,
-                      args_after: tuple[str, ...] = (), **extra: Any) -> subprocess.Popen:
-    args = [sys.executable, "-m", "noloco_rt.cli", "coordinator", "--status-port", str(port), "--out", str(out),
-            *args_after]
+                      args_after: tuple[str, ...] = (), **extra: Any) -> subprocess.Popen | ForkedProcess:
+    args = ["coordinator", "--status-port", str(port), "--out", str(out), *args_after]
     settings = {**cluster.settings, "coordinator.eval_interval_s": 1.0, "coordinator.spread_interval_s": 2.0,
                 "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 2, **extra}
     for key, value in settings.items():
@@ -41,8 +41,7 @@ def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
     environ.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": cluster.redis.url,
                     **(env or {})})
-    with (cluster.tmp_path / log_name).open("w") as handle:
-        return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=environ)
+    return start_command(args, environ, cluster.tmp_path / log_name)
 
 
 def fetch(port: int, path: str) -> bytes | None:
@@ -53,7 +52,7 @@ def fetch(port: int, path: str) -> bytes | None:
         return None
 
 
-def status(port: int, process: subprocess.Popen | None = None) -> dict | None:
+def status(port: int, process: subprocess.Popen | ForkedProcess | None = None) -> dict | None:
     if process is not None and process.poll() is not None:
         raise AssertionError(f"the coordinator exited with {process.returncode}")
     body = fetch(port, "/status")

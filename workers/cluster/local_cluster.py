@@ -78,10 +78,23 @@ def each_outer_step_once(steps: list[int], *, first: int, last: int, jumped_over
             and len(steps) + jumped_over == last - first + 1)
 
 
+def start_command(args: list[str], env: dict[str, str], log_path: Path, *, prefix: list[str] | None = None,
+                  forked: bool | None = None) -> subprocess.Popen | ForkedProcess:
+    """`noloco-rt ARGS` with this environment (the whole of it), its output to log_path:
+    forked from the preloaded process (`forked`, by default LocalCluster.forked_workers)
+    unless `prefix` (`ip netns exec NS`) must run first, else from its command line."""
+    log_path.write_text("")
+    if (LocalCluster.forked_workers if forked is None else forked) and not prefix:
+        return ForkedProcess(args, env, log_path)
+    with log_path.open("w") as handle:
+        return subprocess.Popen([*(prefix or []), sys.executable, "-m", "noloco_rt.cli", *args], stdout=handle,
+                                stderr=subprocess.STDOUT, env=env)
+
+
 class LocalCluster:
     forked_workers = False
-    """Start workers forked from a process that has imported torch already (preloaded.py: the
-    test suite sets it, to save ~2.5 s of a core per worker), not with a command line."""
+    """Start workers, and start_command's processes, forked from a process that has imported
+    torch already (preloaded.py; the test suite sets it: ~2.5 s of a core less per worker)."""
 
     def __init__(self, tmp_path: Path, *, stages: int = 2, settings: dict[str, Any] | None = None,
                  redis: EmbeddedRedis | None = None, workers_redis_url: str | None = None) -> None:
@@ -112,8 +125,7 @@ class LocalCluster:
                      prefix: list[str] | None = None, **settings: Any) -> WorkerProcess:
         """A worker process; `env` adds to its environment (e.g. the injected data faults);
         `prefix` goes before its command line (`ip netns exec NS`)."""
-        args = [*(prefix or []), sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", str(stage),
-                "--name", name, "--steps", str(steps), "--metrics-port", "0"]
+        args = ["worker", "--stage", str(stage), "--name", name, "--steps", str(steps), "--metrics-port", "0"]
         for key, value in {**self.settings, **settings}.items():
             args += ["--set", f"{key}={value}"]
         extra_env = env or {}
@@ -123,13 +135,7 @@ class LocalCluster:
                     "NOLOCO_NETWORK_REDIS_URL": self.workers_redis_url, **extra_env})
         incarnation = sum(1 for w in self.workers if w.name == name)  # a restart gets its own log
         log_path = self.tmp_path / (f"{name}.log" if incarnation == 0 else f"{name}.{incarnation}.log")
-        handle = log_path.open("w")
-        process: subprocess.Popen | ForkedProcess
-        if self.forked_workers and not prefix:
-            process = ForkedProcess(args[args.index("noloco_rt.cli") + 1:], env, log_path)
-        else:
-            process = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env)
-        handle.close()
+        process = start_command(args, env, log_path, prefix=prefix, forked=self.forked_workers)
         worker = WorkerProcess(name, stage, process, log_path)
         self.workers.append(worker)
         return worker
