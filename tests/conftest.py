@@ -29,6 +29,6 @@ def no_leftover_children():
     before = _children()
     LocalCluster.forked_workers = True
     yield
-    stop_server()
+    forked = stop_server()
     leftover = _children() - before
-    assert not leftover, f"child processes outlived the test session: {sorted(leftover)}"
+    assert not leftover and not forked, f"child processes outlived the test session: {sorted(leftover | set(forked))}"

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from noloco_rt.membership.embedded_redis import free_port
-from workers.cluster.preloaded import ForkedProcess
+from workers.cluster.preloaded import ForkedProcess, stop_server
 
 
 def _start(tmp_path, args, **env) -> tuple[ForkedProcess, object]:
@@ -41,3 +41,13 @@ def test_a_running_child_times_out_a_wait_and_reports_the_signal_that_killed_it(
     child.kill()
     assert child.wait(60) == -signal.SIGKILL
     child.send_signal(signal.SIGTERM)  # ended already: nothing to signal, no error
+
+
+def test_stopping_the_server_kills_and_names_a_child_left_running(tmp_path):
+    """The session's check that nothing outlives the suite (tests/conftest.py) sees forked
+    children only through this: they are the fork server's, not pytest's."""
+    child, _ = _start(tmp_path, ["worker", "--stage", "0"],
+                      NOLOCO_NETWORK_REDIS_URL=f"redis://127.0.0.1:{free_port('127.0.0.1')}/0")
+    assert stop_server() == [child.pid]
+    assert child.poll() == -signal.SIGKILL
+    assert stop_server() == []  # nothing left; a stopped server stops again quietly

@@ -94,9 +94,15 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def stop_server() -> None:
+def stop_server() -> list[int]:
     """Stop the fork server and the resource tracker it starts, if this process started them
     (multiprocessing has no public call for it; its own tests use these), so that neither
-    outlives its user."""
+    outlives its user. Forked children still running are killed first: their pids are
+    returned (they are the fork server's children, invisible to a check of this process's)."""
+    leftover = multiprocessing.active_children()
+    for child in leftover:
+        child.kill()
+        child.join(10)
     multiprocessing.forkserver._forkserver._stop()
     multiprocessing.resource_tracker._resource_tracker._stop()
+    return [child.pid for child in leftover]
