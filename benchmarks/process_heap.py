@@ -14,16 +14,9 @@ Rows, median [min-max] over --runs child processes per side, the sides interleav
 
 from __future__ import annotations
 
-import argparse
-import json
-import resource
-import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-from benchmarks.table import emit, markdown_table, median_range
+from benchmarks import child_sides
+from benchmarks.child_sides import Results, ratio_rows, run_child
+from benchmarks.table import markdown_table
 
 CHILD = """
 import gc, json, sys, time
@@ -48,44 +41,26 @@ print(json.dumps({"collect_ms": collect_ms, "tracked": tracked, "last_line": tim
 SIDES = ("as-is", "settled")
 
 
-def run_child(side: str) -> dict[str, float]:
+def measure(side: str) -> dict[str, float]:
     """One child: its figures, the seconds from its last line to its end, and its CPU seconds."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child = subprocess.run([sys.executable, "-c", CHILD, side],
-                           capture_output=True, text=True, check=True, timeout=300)
-    ended = time.time()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    figures = json.loads(child.stdout.strip().splitlines()[-1])
-    figures["exit_s"] = ended - figures.pop("last_line")
-    figures["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    child = run_child(CHILD, side)
+    figures = dict(child.figures)
+    figures["exit_s"] = child.ended - figures.pop("last_line")
+    figures["cpu_s"] = child.cpu_s
     return figures
 
 
-def render(results: dict[str, list[dict[str, float]]], runs: int) -> str:
-    rows = []
-    for key, label, spec in (("collect_ms", "one full collection after start-up, ms", ".1f"),
-                             ("tracked", "objects it walks", ",.0f"),
-                             ("exit_s", "interpreter exit, s", ".2f"),
-                             ("cpu_s", "child's CPU, s", ".2f")):
-        as_is = [r[key] for r in results["as-is"]]
-        settled = [r[key] for r in results["settled"]]
-        ratio = statistics.median(settled) / statistics.median(as_is) if statistics.median(as_is) else float("nan")
-        rows.append([label, median_range(as_is, spec), median_range(settled, spec), f"{ratio:.2f}×"])
+def render(results: Results, runs: int) -> str:
+    rows = ratio_rows(results, SIDES, (("collect_ms", "one full collection after start-up, ms", ".1f"),
+                                       ("tracked", "objects it walks", ",.0f"),
+                                       ("exit_s", "interpreter exit, s", ".2f"),
+                                       ("cpu_s", "child's CPU, s", ".2f")))
     return markdown_table(f"Start-up heap, {runs} child processes a side (median [min–max]):",
                           ["", "as is", "settle_heap()", "settled / as is"], rows)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None, help="Also write the table here (markdown).")
-    args = parser.parse_args(argv)
-    results: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    for run in range(args.runs):
-        for side in SIDES if run % 2 == 0 else reversed(SIDES):
-            results[side].append(run_child(side))
-            print(f"run {run + 1}/{args.runs} {side}: {results[side][-1]}", file=sys.stderr, flush=True)
-    emit(render(results, args.runs), args.out)
+    child_sides.main(__doc__, SIDES, measure, render, argv)
 
 
 if __name__ == "__main__":

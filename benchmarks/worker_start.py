@@ -12,16 +12,9 @@ its peak resident memory, and the objects the cyclic collector tracks after the 
 
 from __future__ import annotations
 
-import argparse
-import json
-import resource
-import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-from benchmarks.table import emit, markdown_table, median_range
+from benchmarks import child_sides
+from benchmarks.child_sides import Results, ratio_rows, run_child
+from benchmarks.table import markdown_table
 
 CHILD = """
 import gc, json, resource, sys, time
@@ -47,27 +40,19 @@ print(json.dumps({"stepped": time.time(), "tracked": len(gc.get_objects()),
 SIDES = ("torch.optim", "runtime")
 
 
-def run_child(side: str) -> dict[str, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.time()
-    child = subprocess.run([sys.executable, "-c", CHILD, side], capture_output=True, text=True, check=True,
-                           timeout=300)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    figures = json.loads(child.stdout.strip().splitlines()[-1])
-    figures["ready_s"] = figures.pop("stepped") - started
-    figures["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+def measure(side: str) -> dict[str, float]:
+    child = run_child(CHILD, side)
+    figures = dict(child.figures)
+    figures["ready_s"] = figures.pop("stepped") - child.started
+    figures["cpu_s"] = child.cpu_s
     return figures
 
 
-def render(results: dict[str, list[dict[str, float]]], runs: int) -> str:
-    rows = []
-    for key, label, spec in (("ready_s", "start to the second inner step, s", ".2f"),
-                             ("cpu_s", "child's CPU, s", ".2f"),
-                             ("rss_mb", "peak resident memory, MB", ".0f"),
-                             ("tracked", "objects the collector tracks", ",.0f")):
-        old, new = ([r[key] for r in results[side]] for side in SIDES)
-        rows.append([label, median_range(old, spec), median_range(new, spec),
-                     f"{statistics.median(new) / statistics.median(old):.2f}×"])
+def render(results: Results, runs: int) -> str:
+    rows = ratio_rows(results, SIDES, (("ready_s", "start to the second inner step, s", ".2f"),
+                                       ("cpu_s", "child's CPU, s", ".2f"),
+                                       ("rss_mb", "peak resident memory, MB", ".0f"),
+                                       ("tracked", "objects the collector tracks", ",.0f")))
     rows.append(["imported torch._dynamo", *(f"{sum(r['dynamo'] for r in results[side])} of {runs}" for side in SIDES),
                  ""])
     return markdown_table(f"Worker start-up, {runs} child processes a side (median [min–max]):",
@@ -76,16 +61,7 @@ def render(results: dict[str, list[dict[str, float]]], runs: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None, help="Also write the table here (markdown).")
-    args = parser.parse_args(argv)
-    results: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    for run in range(args.runs):
-        for side in SIDES if run % 2 == 0 else reversed(SIDES):
-            results[side].append(run_child(side))
-            print(f"run {run + 1}/{args.runs} {side}: {results[side][-1]}", file=sys.stderr, flush=True)
-    emit(render(results, args.runs), args.out)
+    child_sides.main(__doc__, SIDES, measure, render, argv)
 
 
 if __name__ == "__main__":
