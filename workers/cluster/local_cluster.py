@@ -83,8 +83,8 @@ def start_command(args: list[str], env: dict[str, str], log_path: Path, *, prefi
     """`noloco-rt ARGS` with this environment (the whole of it), its output to log_path:
     forked from the preloaded process (`forked`, by default LocalCluster.forked_workers)
     unless `prefix` (`ip netns exec NS`) must run first, else from its command line."""
-    log_path.write_text("")
     if (LocalCluster.forked_workers if forked is None else forked) and not prefix:
+        log_path.write_text("")  # the child appends to it
         return ForkedProcess(args, env, log_path)
     with log_path.open("w") as handle:
         return subprocess.Popen([*(prefix or []), sys.executable, "-m", "noloco_rt.cli", *args], stdout=handle,
