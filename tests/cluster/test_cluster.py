@@ -105,6 +105,10 @@ def test_sigterm_leaves_the_table_at_once_and_a_restart_resumes_while_a_joiner_b
     # A joiner downloads its stage's state from a live peer, exactly what a donor served.
     for worker in (workers[2], again):
         cluster.wait_event(worker, "outer_step_done", timeout_s=90)
+    # What the joiner reads: records still at outer step 0 (a heartbeat behind) would make it
+    # take the seed, as it should while its stage is at step 0 (stage_at_seed).
+    cluster.wait_for(lambda: all(m.outer_step >= 1 for m in cluster.members() if m.stage == 1), timeout_s=10,
+                     what="stage 1's records to show its first outer step")
     joiner = cluster.start_worker(1, "b-late")
     booted = cluster.wait_event(joiner, "bootstrapped", timeout_s=60)
     served = [e for w in (workers[2], again) for e in w.events("bootstrap_served")]

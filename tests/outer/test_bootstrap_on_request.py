@@ -9,6 +9,7 @@ update and its correction. A joiner's pull asks again until then.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -175,3 +176,33 @@ def test_listed_members_that_serve_nothing_end_in_no_donor_served_not_a_crash():
         with pytest.raises(NoDonorServed, match="no peer of stage 0 served a bootstrap"):
             bootstrap_from_stage(ctx, _ListedPeers(fakes), a.step.service, timeout_s=0.6, pull_timeout_s=0.25,
                                  leave_requested=threading.Event())
+
+
+@pytest.mark.parametrize(("outer_steps", "high_water", "seeds"), [
+    ([0, 0], 0, True),  # every peer still holds the seed's φ, δ = 0: nothing to wait for
+    ([0, 2], 0, False),  # a peer is past step 0 (the mark lags its heartbeat): ask
+    ([0, 0], 1, False),  # the stage was past step 0 (peers restarted from the seed?): ask
+    ([0, 0], None, False),  # Redis did not answer: the mark is unknown, so ask
+])
+def test_a_joiner_takes_the_seed_while_its_stage_is_at_outer_step_0_without_asking_a_peer(
+        outer_steps, high_water, seeds):
+    from noloco_rt.membership.records import MemberRecord, WorkerState
+    from workers.outer.bootstrap import NoDonorServed, bootstrap_from_stage, stage_at_seed
+
+    assert stage_at_seed(outer_steps, lambda: high_water) is seeds
+    with overlapped_pair() as (a, _), zmq.Context() as ctx:
+        # Listed peers that never answer: a joiner that asked one ends in NoDonorServed.
+        fakes = [MemberRecord(f"{i}" * 32, "devices", 0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", WorkerState.ONLINE,
+                              outer_step=step) for i, step in enumerate(outer_steps)]
+        a.step.service.log = log = RecordingLog()
+        started = time.monotonic()
+        if seeds:
+            assert bootstrap_from_stage(ctx, _ListedPeers(fakes), a.step.service, timeout_s=5.0, pull_timeout_s=0.25,
+                                        leave_requested=threading.Event(), stage_high_water=lambda: high_water) is None
+            assert time.monotonic() - started < 1.0  # no pull was tried (each waits 0.25 s)
+            assert log.events("stage_at_seed")[0]["donors"] == len(fakes)
+        else:
+            with pytest.raises(NoDonorServed):
+                bootstrap_from_stage(ctx, _ListedPeers(fakes), a.step.service, timeout_s=0.6, pull_timeout_s=0.25,
+                                     leave_requested=threading.Event(), stage_high_water=lambda: high_water)
+            assert not log.events("stage_at_seed")

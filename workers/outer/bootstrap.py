@@ -78,6 +78,17 @@ def seeds_in_its_site(donor_sites: list[str], site: str, stage_high_water: Calla
     return bool(site) and site not in donor_sites and stage_high_water() == 0
 
 
+def stage_at_seed(donor_outer_steps: list[int], stage_high_water: Callable[[], int | None]) -> bool:
+    """Whether a joiner takes the seed although its stage has live peers (pure): every donor's
+    record is at outer step 0, and so is the stage's mark (None, Redis not answering, is not 0).
+    A donor's bootstrap then carries the seed's φ with δ = 0 (never its θ: a joiner starts its
+    inner steps from φ), so the seed is the same state without the wait: a donor serves it
+    only at a step boundary of its own training thread, and a worker's first step compiles
+    (on a GPU, 10 s for 125m and a minute for 1b while the joiner trained nothing). A peer
+    that finishes outer step 1 just as we read pulls us along at our first outer step."""
+    return all(step == 0 for step in donor_outer_steps) and stage_high_water() == 0
+
+
 def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotService, *, timeout_s: float,
                          pull_timeout_s: float, leave_requested: threading.Event, site: str = "",
                          stage_high_water: Callable[[], int | None] = lambda: None,
@@ -85,7 +96,8 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
     """(donor id, its state) from the first live peer of our stage that serves a valid one,
     peers of our `site` tried first, or without a site and with `probe`, the nearest by
     measured link first (each pull bounded by `pull_timeout_s`); None if the stage has no
-    other member, or none in our site (named, or by measure) while it is at outer step 0.
+    other member, or while it is at outer step 0 (stage_at_seed; first_in_site says so when
+    its donors are in other sites).
     Raises RuntimeError when no donor served one within `timeout_s` (or a leave was asked
     meanwhile)."""
     deadline = time.monotonic() + timeout_s
@@ -99,14 +111,21 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
             service.log.info("first_in_site", site=site, donors_elsewhere=len(donors),
                              note="the stage has taken no outer step: the seed, not a state across sites")
             return None
+        at_seed = stage_at_seed([d.outer_step for d in donors], stage_high_water)
         if not site and probe is not None:
+            # At the seed nothing is worth waiting for: the links only say whether it is taken
+            # as the first in its site (first_in_site) or beside near peers (stage_at_seed).
             verdict, donors = order_by_measured_links(donors, probe, service, stage_high_water,
-                                                      may_wait=time.monotonic() < references_by)
+                                                      may_wait=not at_seed and time.monotonic() < references_by)
             if verdict == "seed":
                 return None
             if verdict == "wait":
                 time.sleep(RETRY_PAUSE_S)
                 continue
+        if at_seed:
+            service.log.info("stage_at_seed", donors=len(donors),
+                             note="every live peer of the stage is at outer step 0: the seed is their φ")
+            return None
         for donor in donors:
             state = pull_bootstrap(ctx, donor.worker_id, donor.exchange_addr, service.reader, stage=service.stage,
                                    sender=service.worker_id, timeout_s=pull_timeout_s,
