@@ -182,3 +182,43 @@ def test_a_failing_peer_is_avoided_doubling_up_to_the_configured_cap():
     assert [r.worker_id for r in view.members(1)] == ["b"]
     view.blacklist.succeed("a")
     assert [r.worker_id for r in view.members(1)] == ["a", "b"]
+
+
+def test_a_peer_passed_over_on_an_old_slow_figure_is_measured_again_once_it_is_stale():
+    """A slow first round trip (a compile, a bootstrap served) must not starve a peer for good:
+    only sending to it can correct its figure (the CI failure at 659eece: stage 0 passed over
+    one stage-1 worker 492 times after its first 4 microbatches)."""
+    from noloco_rt.routing.peer_load import STALE_MIN_S, STALE_RTTS
+
+    now = [100.0]
+    load = PeerLoad(ema_weight=0.5, clock=lambda: now[0])
+    load.sent("slow")
+    load.returned("slow", 0.8)  # its warm-up
+    load.observe("fast", 0.02)
+    assert deal_to_slow(load) == (False, True)  # dealt to "slow", passed over for "fast"
+    now[0] += STALE_RTTS * 0.8 - 0.01  # not yet stale: still passed over
+    assert load.rtt_ema("slow") == pytest.approx(0.8)
+    now[0] += 0.02
+    assert load.rtt_ema("slow") is None  # stale: it looks like an unmeasured peer and gets its share
+    assert deal_to_slow(load) == (True, False)
+    load.sent("slow")
+    assert load.rtt_ema("slow") == pytest.approx(0.8)  # while ours is in flight there, the old figure holds
+    load.returned("slow", 0.03)
+    assert load.rtt_ema("slow") == pytest.approx(0.03)  # measured afresh, not folded into 0.8
+    load.observe("fast", 0.02)
+    now[0] += STALE_MIN_S - 0.01  # a fast peer's figure lasts at least STALE_MIN_S
+    assert load.rtt_ema("fast") == pytest.approx(0.02)
+    now[0] += 0.02
+    assert load.rtt_ema("fast") is None
+
+
+def deal_to_slow(load: PeerLoad) -> tuple[bool, bool]:
+    """(whether "slow" gets a slot the deal gives it, passed_over) by the routing's own costs."""
+    from noloco_rt.routing.balanced import DealSlot, balanced_next_hop
+    from noloco_rt.routing.next_hop import next_hop_costs
+
+    costs = next_hop_costs([(peer, load.rtt_ema(peer), load.inflight(peer), 0) for peer in ("fast", "slow")])
+    slot = next(DealSlot(seed=0, stage=0, step=step, sender_rank=0, per_sender=1, index=0) for step in range(100)
+                if DealSlot(seed=0, stage=0, step=step, sender_rank=0, per_sender=1, index=0).receiver(2) == 1)
+    chosen, passed_over = balanced_next_hop(costs, slot, random.Random(0))
+    return chosen == "slow", passed_over
