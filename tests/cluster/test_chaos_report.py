@@ -51,6 +51,13 @@ def test_a_restart_from_the_seed_counts_only_before_the_stage_s_first_outer_step
             ("c", 1): [{"event": "first_of_stage", "stage": 1, "timestamp": "2026-01-01T00:00:12.000Z"},
                        {"event": "member_online"}]}
     assert not_rejoined(logs) == ["b.1"]  # b lost the stage's trained state; c's stage had none yet
+    # Its peers' records still said outer step 0 (a heartbeat behind the log): the seed, pulled
+    # along at its first outer step. Past RECORD_LAG_S that is no longer a record's lag.
+    seeded_beside = [{"event": "stage_at_seed", "stage": 0, "timestamp": "2026-01-01T00:00:11.000Z"},
+                     {"event": "first_of_stage", "stage": 0, "timestamp": "2026-01-01T00:00:11.000Z"},
+                     {"event": "member_online"}]
+    late = [{**e, "timestamp": "2026-01-01T00:00:16.000Z"} if "timestamp" in e else e for e in seeded_beside]
+    assert not_rejoined({**logs, ("b", 1): seeded_beside, ("d", 1): late}) == ["d.1"]
 
 
 def test_a_replacement_that_finds_the_run_finished_came_back():

@@ -105,11 +105,18 @@ FOUND_RUN_FINISHED = "run_already_finished"
 nothing to rejoin (a replacement that came up late), which is a correct way to come back."""
 
 
+RECORD_LAG_S = 5.0
+"""How far a worker's record in Redis may trail its log: the outer step it finished shows at
+its next heartbeat (1 s by default), and a heartbeat can be late on a loaded machine."""
+
+
 def not_rejoined(logs: Mapping[tuple[str, int], Sequence[Event]]) -> list[str]:
     """Restarted incarnations (>= 1) that did not log member_online and a state they took:
     bootstrapped, resumed_checkpoint, or first_of_stage while its stage had taken no outer
     step yet (killed before its first checkpoint, a worker restarts from the run seed, which
-    is then still every replica's φ). One that found the run finished had nothing to rejoin."""
+    is then still every replica's φ). One that took the seed because its live peers' records
+    said outer step 0 (stage_at_seed) may do so up to RECORD_LAG_S after the stage's first
+    outer step. One that found the run finished had nothing to rejoin."""
     first_outer_step: dict[Any, float] = {}
     for events in logs.values():
         for e in events:
@@ -122,8 +129,9 @@ def not_rejoined(logs: Mapping[tuple[str, int], Sequence[Event]]) -> list[str]:
         kinds = {e.get("event") for e in events}
         if FOUND_RUN_FINISHED in kinds:
             continue
+        lag = RECORD_LAG_S if "stage_at_seed" in kinds else 0.0
         from_seed = any(e.get("event") == "first_of_stage" and (t := event_time(e)) is not None
-                        and t < first_outer_step.get(e.get("stage"), math.inf) for e in events)
+                        and t < first_outer_step.get(e.get("stage"), math.inf) + lag for e in events)
         if "member_online" not in kinds or not (kinds & {"bootstrapped", "resumed_checkpoint"} or from_seed):
             missing.append(f"{name}.{incarnation}")
     return missing
