@@ -18,6 +18,7 @@ from noloco_rt.membership.high_water import MALFORMED_MARK
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
+from workers.cluster.local_cluster import run_command, start_command
 from workers.outer.bootstrap import StageProgressLost, check_may_seed
 
 CLI = [sys.executable, "-m", "noloco_rt.cli"]
@@ -80,21 +81,19 @@ def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(t
     """...and, run as a Job runs it, touches its alive file and leaves with worker.left_exit_code."""
     with EmbeddedRedis() as server:
         Membership(connect(server.url), run_id="default").client.hset("noloco:default:high-water", "1", "7")
-        args = [*CLI, "worker", "--stage", "1", "--redis-url", server.url, "--name", "replacement",
+        args = ["worker", "--stage", "1", "--redis-url", server.url, "--name", "replacement",
                 "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"]
-        refused = subprocess.run(args, capture_output=True, text=True, timeout=120, env=_env())
-        assert refused.returncode == 3, refused.stderr[-3000:]
-        last = refused.stderr.strip().splitlines()[-1]
+        code, refused = run_command(args, _env(), tmp_path / "refused.log", timeout_s=120)
+        assert code == 3, refused[-3000:]
+        last = refused.strip().splitlines()[-1]
         assert last.startswith("Error: stage 1 has no live worker") and "--allow-reseed" in last
-        assert "Traceback" not in refused.stderr and "member_online" not in refused.stderr
+        assert "Traceback" not in refused and "member_online" not in refused
         assert Membership(connect(server.url), run_id="default").live_members(stage=1, states=None) == []
 
         # Allowed; and as a Kubernetes Job runs it: a liveness file, and exit 75 when it leaves unfinished.
         log_path, alive = tmp_path / "allowed.log", tmp_path / "alive"
         job_like = ["--set", "worker.left_exit_code=75", "--set", f"worker.alive_file={alive}"]
-        with log_path.open("w") as handle:
-            allowed = subprocess.Popen([*args, "--allow-reseed", *job_like], stdout=handle, stderr=subprocess.STDOUT,
-                                       env=_env())
+        allowed = start_command([*args, "--allow-reseed", *job_like], _env(), log_path)
         try:
             deadline = time.monotonic() + 90
             while '"member_online"' not in log_path.read_text() and time.monotonic() < deadline:
@@ -128,14 +127,14 @@ def test_a_late_worker_of_a_stage_that_finished_exits_0_instead_of_3(tmp_path):
         membership = Membership(connect(server.url), run_id="default")
         membership.client.hset("noloco:default:high-water", "0", "7")  # outer step 7 of h = 10: step 70
         assert membership.mark_stage_finished(0)
-        args = [*CLI, "worker", "--stage", "0", "--redis-url", server.url, "--name", "late", "--set", "outer.h=10",
+        args = ["worker", "--stage", "0", "--redis-url", server.url, "--name", "late", "--set", "outer.h=10",
                 "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"]
-        late = subprocess.run([*args, "--steps", "70"], capture_output=True, text=True, timeout=120, env=_env())
-        assert late.returncode == 0, late.stderr[-3000:]
-        events = [json.loads(line)["event"] for line in late.stderr.splitlines() if line.startswith("{")]
+        code, late = run_command([*args, "--steps", "70"], _env(), tmp_path / "late.log", timeout_s=120)
+        assert code == 0, late[-3000:]
+        events = [json.loads(line)["event"] for line in late.splitlines() if line.startswith("{")]
         assert "stage_already_finished" in events and "member_online" not in events
         assert membership.stage_finished(0)  # never registered: the mark still tells stage 1
         # A run extended past what the stage reached is not over: no donor, no checkpoint, exit 3.
-        extended = subprocess.run([*args, "--steps", "80"], capture_output=True, text=True, timeout=120, env=_env())
-        assert extended.returncode == 3, extended.stderr[-3000:]
-        assert "stage_already_finished" not in extended.stderr
+        code, extended = run_command([*args, "--steps", "80"], _env(), tmp_path / "extended.log", timeout_s=120)
+        assert code == 3, extended[-3000:]
+        assert "stage_already_finished" not in extended

@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
 from noloco_rt.membership.redis_wait import RedisUnreachable, redis_address, wait_for_redis
-
-CLI = [sys.executable, "-m", "noloco_rt.cli"]
+from workers.cluster.local_cluster import run_command, start_command
 
 
 class FakeClock:
@@ -62,28 +59,26 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_worker_with_nothing_at_the_url_exits_2_after_the_wait():
+def test_worker_with_nothing_at_the_url_exits_2_after_the_wait(tmp_path):
     port = free_port()
-    result = subprocess.run([*CLI, "worker", "--stage", "0", "--redis-url", f"redis://127.0.0.1:{port}/0",
-                             "--redis-wait", "1.5", "--set", "run.log_format=json"],
-                            capture_output=True, text=True, timeout=120, env=_env())
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
+    code, output = run_command(["worker", "--stage", "0", "--redis-url", f"redis://127.0.0.1:{port}/0",
+                                "--redis-wait", "1.5", "--set", "run.log_format=json"], _env(), tmp_path / "worker.log",
+                               timeout_s=120)
+    assert code == 2, output
+    lines = output.strip().splitlines()
     waiting = [json.loads(line) for line in lines if line.startswith("{") and "redis_waiting" in line]
     assert waiting and waiting[0]["address"] == f"127.0.0.1:{port}"
     assert lines[-1].startswith("Error:") and f"127.0.0.1:{port}" in lines[-1]
-    assert "member_online" not in result.stderr and "Traceback" not in result.stderr
+    assert "member_online" not in output and "Traceback" not in output
 
 
 @pytest.mark.slow
 def test_worker_started_before_redis_registers_once_it_is_up(tmp_path):
     port = free_port()
     log_path = tmp_path / "worker.log"
-    with log_path.open("w") as handle:
-        worker = subprocess.Popen([*CLI, "worker", "--stage", "0", "--redis-url", f"redis://127.0.0.1:{port}/0",
-                                   "--redis-wait", "120", "--set", "run.log_format=json",
-                                   "--set", f"paths.out_dir={tmp_path}"],
-                                  stdout=handle, stderr=subprocess.STDOUT, env=_env())
+    worker = start_command(["worker", "--stage", "0", "--redis-url", f"redis://127.0.0.1:{port}/0",
+                            "--redis-wait", "120", "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"],
+                           _env(), log_path)
     try:
         def events() -> list[dict]:
             return [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]

@@ -6,8 +6,6 @@ Real Redis, a real folder store, a real worker process."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 from structlog.testing import capture_logs
 
@@ -18,6 +16,7 @@ from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.run_mark import RunFinishedMark
+from workers.cluster.local_cluster import run_command
 from workers.finish import UPSTREAM_CHECK_S, UPSTREAM_GONE_S, UpstreamFinished
 from workers.run_finished import run_is_over
 
@@ -153,12 +152,11 @@ def test_a_worker_started_after_the_run_finished_exits_0_at_once(tmp_path):
     RunFinishedMark(RunStore(str(tmp_path / "store")), "default").write(50, by="b0")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1"}
     with EmbeddedRedis() as server:
-        result = subprocess.run(
-            [sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", "0", "--redis-url", server.url,
-             "--name", "late", "--steps", "50", "--set", "run.log_format=json",
-             "--set", f"store.url={tmp_path / 'store'}", "--set", f"paths.out_dir={tmp_path}"],
-            capture_output=True, text=True, timeout=120, env=env)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert '"run_already_finished"' in result.stderr and '"finished_steps": 50' in result.stderr
-        assert "member_online" not in result.stderr and "train_progress" not in result.stderr
+        code, output = run_command(
+            ["worker", "--stage", "0", "--redis-url", server.url, "--name", "late", "--steps", "50",
+             "--set", "run.log_format=json", "--set", f"store.url={tmp_path / 'store'}",
+             "--set", f"paths.out_dir={tmp_path}"], env, tmp_path / "late.log", timeout_s=120)
+        assert code == 0, output[-3000:]
+        assert '"run_already_finished"' in output and '"finished_steps": 50' in output
+        assert "member_online" not in output and "train_progress" not in output
         assert Membership(connect(server.url), run_id="default").live_members(stage=None, states=None) == []

@@ -36,7 +36,7 @@ from noloco_rt.net.transport import (
 )
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
-from workers.cluster.local_cluster import LocalCluster
+from workers.cluster.local_cluster import LocalCluster, run_command
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,12 +131,14 @@ def test_bad_keys_fail_with_a_message_naming_the_path_and_problem(tmp_path):
 
 
 def test_worker_with_a_bad_key_file_exits_2_with_one_line(tmp_path):
-    (tmp_path / "cluster.secret").write_text("nope")
-    result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", "0", "--redis-url",
-                             "redis://127.0.0.1:1/0", "--set", f"network.curve_key_dir={tmp_path}"],
-                            capture_output=True, text=True, timeout=60, env=_clean_env())
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().count("\n") == 0 and "cluster.secret" in result.stderr, result.stderr
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "cluster.secret").write_text("nope")
+    code, output = run_command(["worker", "--stage", "0", "--redis-url", "redis://127.0.0.1:1/0",
+                                "--set", f"network.curve_key_dir={keys}"], _clean_env(), tmp_path / "worker.log",
+                               timeout_s=60)
+    assert code == 2, output
+    assert output.strip().count("\n") == 0 and "cluster.secret" in output, output
 
 
 # -- CURVE on the sockets -------------------------------------------------------------------

@@ -91,6 +91,19 @@ def start_command(args: list[str], env: dict[str, str], log_path: Path, *, prefi
                                 stderr=subprocess.STDOUT, env=env)
 
 
+def run_command(args: list[str], env: dict[str, str], log_path: Path, *, timeout_s: float) -> tuple[int, str]:
+    """`noloco-rt ARGS` run to its end as start_command starts it: its exit code and its output
+    (stdout and stderr together). Past `timeout_s` it is killed and TimeoutExpired raised."""
+    process = start_command(args, env, log_path)
+    try:
+        code = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    return code, log_path.read_text()
+
+
 class LocalCluster:
     forked_workers = False
     """Start workers, and start_command's processes, forked from a process that has imported
