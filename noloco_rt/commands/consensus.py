@@ -37,6 +37,7 @@ def consensus(sources: tuple[Path, ...], from_store: bool, out: Path, as_json: b
         checkpoint_files,
         consensus_of_found,
         read_checkpoint_files,
+        scoring_device,
     )
 
     if bool(sources) == from_store:
@@ -50,7 +51,7 @@ def consensus(sources: tuple[Path, ...], from_store: bool, out: Path, as_json: b
             where, source = ", ".join(map(str, sources)), "worker checkpoints"
         for path, reason in found.skipped:
             click.echo(f"skipped {path}: {reason}", err=True)
-        scored = consensus_of_found(cfg, found, out, source=source, where=where)
+        scored = consensus_of_found(cfg, found, out, source=source, where=where, device=scoring_device())
     except ExportError as exc:
         raise OneLineError(str(exc)) from None
     result = {**scored.to_json(), "run_id": cfg.run.run_id, "run_steps": cfg.run.steps,

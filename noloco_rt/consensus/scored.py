@@ -188,11 +188,18 @@ def _replica_metadata(sampled: Sequence[int], live: Sequence[int]) -> dict[str, 
     return {"replicas_per_stage": joined[0], "replicas_sampled": joined[0], "replicas_live": joined[1]}
 
 
+def scoring_device() -> str:
+    """Where a consensus made after training is scored: the GPU when there is one (a 1b model's
+    8 validation batches take minutes on a CPU). The coordinator scores on the CPU: it runs
+    beside workers sized to the GPU's memory."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def write_scored_consensus(path: Path, cfg: Config, replicas_by_stage: Sequence[Sequence[Sequence[torch.Tensor]]],
                            *, step: int, source: str, val_batches: Sequence[Batch] | None = None,
-                           live_per_stage: Sequence[int] | None = None) -> ScoredConsensus:
+                           live_per_stage: Sequence[int] | None = None, device: str = "cpu") -> ScoredConsensus:
     """Average each stage's replicas into the consensus file at `path`, load it back (what a
-    user will load) and score it on the validation batches; also the replica spread.
+    user will load) and score it on the validation batches (on `device`); also the replica spread.
 
     replicas_by_stage[k] may be a random sample of stage k's live_per_stage[k] replicas: the
     spread is then estimated, with a 95% interval (noloco_rt.algo.spread_sample). Without
@@ -204,8 +211,9 @@ def write_scored_consensus(path: Path, cfg: Config, replicas_by_stage: Sequence[
         raise ExportError(f"{path}: {counts} replicas averaged per stage cannot be drawn from {live} live")
     save_consensus(path, cfg, [mean_over_replicas(stage) for stage in replicas_by_stage], metadata={
         "step": str(step), **_replica_metadata(counts, live), "source": source, "created": f"{time.time():.3f}"})
-    _, model, _ = load_consensus(path, factory=cfg.model.factory)  # our own run's code, not the file's
-    loss = validation_loss(model, cfg, val_batches=val_batches)
+    _, model, _ = load_consensus(path, device, factory=cfg.model.factory)  # our own run's code, not the file's
+    loss = validation_loss(model, cfg, val_batches=val_batches, device=device)
+    del model  # its device memory, before the spread's arithmetic
     estimates = [estimate_spread(stage, population) for stage, population in zip(replicas_by_stage, live, strict=True)]
     numels = [sum(t.numel() for t in stage[0]) for stage in replicas_by_stage]
     pooled = pooled_estimate(estimates, numels)
@@ -214,7 +222,8 @@ def write_scored_consensus(path: Path, cfg: Config, replicas_by_stage: Sequence[
                            replicas_live=live, estimate=pooled, stage_estimates=estimates)
 
 
-def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, source: str) -> ScoredConsensus:
+def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, source: str,
+                             device: str = "cpu") -> ScoredConsensus:
     """The consensus of the workers' checkpoint files (`up` and `chaos` at the end of a run).
 
     Files that cannot be used are logged (event ``checkpoint_skipped``) and left out;
@@ -224,11 +233,11 @@ def consensus_of_checkpoints(cfg: Config, checkpoint_dir: Path, path: Path, *, s
     log = get_logger(run=cfg.run.run_id, worker="export", stage="all")
     for skipped, reason in found.skipped:
         log.warning("checkpoint_skipped", path=str(skipped), reason=reason)
-    return consensus_of_found(cfg, found, path, source=source, where=str(checkpoint_dir))
+    return consensus_of_found(cfg, found, path, source=source, where=str(checkpoint_dir), device=device)
 
 
 def consensus_of_found(cfg: Config, found: WorkerCheckpoints, path: Path, *, source: str, where: str,
-                       val_batches: Sequence[Batch] | None = None) -> ScoredConsensus:
+                       val_batches: Sequence[Batch] | None = None, device: str = "cpu") -> ScoredConsensus:
     """The scored consensus of checkpoints already read; ExportError naming `where` when a
     stage has none."""
     empty = found.missing_stages()
@@ -237,4 +246,4 @@ def consensus_of_found(cfg: Config, found: WorkerCheckpoints, path: Path, *, sou
                           f"{', '.join(map(str, empty))} ({len(found.skipped)} files skipped)")
     # The run's step is stage 0's: a later stage's replicas count unequal shares of the same data.
     return write_scored_consensus(path, cfg, found.replicas_by_stage, step=min(found.inner_steps_by_stage[0]),
-                                  source=source, val_batches=val_batches)
+                                  source=source, val_batches=val_batches, device=device)

@@ -358,3 +358,17 @@ def test_an_unbounded_spread_interval_is_null_in_json(tmp_path):
     scored = write_scored_consensus(tmp_path / "c.safetensors", cfg, by_stage, step=1, source="test",
                                     live_per_stage=[9, 2])
     assert scored.estimate.high == math.inf and scored.to_json()["spread_high"] is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here: scoring a consensus on the GPU is checked on GPU machines only")
+def test_a_consensus_scored_on_the_gpu_has_the_loss_it_has_on_the_cpu(tmp_path):
+    from noloco_rt.consensus.scored import scoring_device
+
+    assert scoring_device() == "cuda"  # up and `noloco-rt consensus` score there after training
+    cfg = make_config()
+    by_stage = [[random_stages(cfg, seed=40 + r)[stage] for r in range(2)] for stage in range(2)]
+    on_cpu = write_scored_consensus(tmp_path / "cpu.safetensors", cfg, by_stage, step=1, source="test")
+    on_gpu = write_scored_consensus(tmp_path / "gpu.safetensors", cfg, by_stage, step=1, source="test", device="cuda")
+    assert on_gpu.val_loss == pytest.approx(on_cpu.val_loss, rel=1e-4)
+    assert on_gpu.spread == on_cpu.spread

@@ -287,13 +287,14 @@ class UpRun:
         """Consensus of the workers' last checkpoints: written, scored, plotted; the closing
         line reports outer steps by kind per stage (`outer`)."""
         from noloco_rt.consensus.file import ExportError
-        from noloco_rt.consensus.scored import consensus_of_checkpoints
+        from noloco_rt.consensus.scored import consensus_of_checkpoints, scoring_device
         from noloco_rt.curves.png import plot_distributed_run
 
         checkpoint_dir = Path(self.cfg.paths.checkpoint_dir or self.out / "checkpoints")
         path = self.out / "consensus.safetensors"
         try:
-            final = consensus_of_checkpoints(self.cfg, checkpoint_dir, path, source="final checkpoints").to_json()
+            final = consensus_of_checkpoints(self.cfg, checkpoint_dir, path, source="final checkpoints",
+                                             device=scoring_device()).to_json()  # the workers have exited
         except ExportError as exc:
             self.log.warning("no_consensus", reason=str(exc), outer_steps=outer)
             return
