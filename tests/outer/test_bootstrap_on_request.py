@@ -206,3 +206,39 @@ def test_a_joiner_takes_the_seed_while_its_stage_is_at_outer_step_0_without_aski
                 bootstrap_from_stage(ctx, _ListedPeers(fakes), a.step.service, timeout_s=0.6, pull_timeout_s=0.25,
                                      leave_requested=threading.Event(), stage_high_water=lambda: high_water)
             assert not log.events("stage_at_seed")
+
+
+def test_the_training_thread_never_waits_for_a_joiners_copy_being_compressed(monkeypatch):
+    """The server thread compresses a joiner's copy (seconds for a large stage); a final step of
+    the training thread meanwhile goes on at once, and the joiner still gets a final state."""
+    with overlapped_pair() as (a, _), zmq.Context() as ctx:
+        start_as_worker(a)
+        assert ask_once(ctx, a)[0]
+        a.step.after_inner_step()  # the copy a joiner asked for
+        compressing, release = threading.Event(), threading.Event()
+        encode = service_module.encode_snapshot
+
+        def slow_encode(*args, **kwargs):
+            compressing.set()
+            release.wait(20)
+            return encode(*args, **kwargs)
+
+        monkeypatch.setattr(service_module, "encode_snapshot", slow_encode)
+        answers: list[tuple[bool, BootstrapState | None]] = []
+        asking = threading.Thread(target=lambda: answers.append(ask_once(ctx, a)))
+        asking.start()
+        try:
+            assert compressing.wait(10)
+            started = time.monotonic()
+            start_as_worker(a)  # a final step while the joiner's copy is being compressed
+            assert time.monotonic() - started < 1.0, "the training thread waited for the compression"
+            assert asking.is_alive()
+        finally:
+            release.set()
+            asking.join(timeout=30)
+        [(preparing, state)] = answers
+        assert not preparing
+        assert_serves_its_state(state, a)
+        preparing, state = ask_once(ctx, a)  # the newer copy, compressed for the next joiner
+        assert not preparing
+        assert_serves_its_state(state, a)

@@ -186,15 +186,21 @@ class SnapshotService:
             if self._bootstrap_parts is None:
                 self._bootstrap_wanted.set()
                 return None
-            if self._bootstrap is None:
-                parts, counters = self._bootstrap_parts
-                if parts.ready is not None:
-                    parts.ready()
-                codec = self.cfg.worker.snapshot_codec
-                lossless = codec if codec in LOSSLESS_CODECS else "shuffle-zstd"
-                self._bootstrap = encode_snapshot(parts.tensors, lossless, counters["outer_steps"], PartsKind.SLOW_MOMENTUM,
-                                                  counters)
-            return self._bootstrap
+            if self._bootstrap is not None:
+                return self._bootstrap
+            published = self._bootstrap_parts
+        # Encoded outside the lock, which the training thread takes at every final step: a
+        # large stage's state takes seconds to compress (1b: 4.9 GB), and it must not wait.
+        parts, counters = published
+        if parts.ready is not None:
+            parts.ready()
+        codec = self.cfg.worker.snapshot_codec
+        lossless = codec if codec in LOSSLESS_CODECS else "shuffle-zstd"
+        snapshot = encode_snapshot(parts.tensors, lossless, counters["outer_steps"], PartsKind.SLOW_MOMENTUM, counters)
+        with self._bootstrap_lock:
+            if self._bootstrap_parts is published:  # still our latest copy: kept for the next joiner
+                self._bootstrap = snapshot
+        return snapshot  # a final state either way; a newer one replaced it or it was dropped meanwhile
 
     # -- serving (server thread) --------------------------------------------------------
 
