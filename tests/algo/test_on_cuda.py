@@ -1,0 +1,79 @@
+"""What only a GPU can show of the inner step: the fused AdamW on CUDA is torch.optim's bit for
+bit, and a replica's microbatch and inner step make the host wait for nothing (CUDA's sync
+debug mode, which also sees synchronisations the CPU's read counter cannot). Skipped, saying
+so, without a CUDA device; run on an H200 on 2026-11-30 (all passed)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from noloco_rt.algo.fused_adamw import FusedAdamW
+from noloco_rt.algo.replica import StageReplica
+from noloco_rt.config import load_config
+from noloco_rt.config.presets import PRESETS
+from noloco_rt.model.llama import lm_loss
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+
+SHAPES = [((64, 33), torch.float32), ((7,), torch.float32), ((40, 2), torch.bfloat16)]
+
+
+def test_fused_adamw_on_cuda_steps_bit_for_bit_as_torch_optims_with_a_scale_and_a_skip():
+    cuda = torch.device("cuda")
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(shape, generator=generator).to(dtype) for shape, dtype in SHAPES]
+    ours_params = [torch.nn.Parameter(t.clone().to(cuda)) for t in start]
+    theirs_params = [torch.nn.Parameter(t.clone().to(cuda)) for t in start]
+    ours = FusedAdamW(ours_params, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)
+    theirs = torch.optim.AdamW(theirs_params, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    for step in range(4):
+        grads = [torch.randn(shape, generator=torch.Generator().manual_seed(step)).to(dtype).to(cuda)
+                 for shape, dtype in SHAPES]
+        skip = torch.tensor(1.0 if step == 1 else 0.0, device=cuda)  # step 1 is skipped on the device
+        for params, optimizer in ((ours_params, ours), (theirs_params, theirs)):
+            for param, grad in zip(params, grads, strict=True):
+                param.grad = grad.clone()
+            optimizer.grad_scale, optimizer.found_inf = torch.tensor(2.0, device=cuda), skip
+        ours.lr = theirs.param_groups[0]["lr"] = 0.01 / (1 + step)
+        ours.step()
+        theirs.step()
+    for mine, reference in zip(ours_params, theirs_params, strict=True):
+        assert torch.equal(mine, reference)
+        for key, value in ours.state[mine].items():
+            assert torch.equal(value, theirs.state[reference][key]), key
+
+
+def _synchronisations(work) -> list[str]:
+    """The synchronising calls CUDA's sync debug mode reports while `work` runs."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            work()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [str(w.message)[:200] for w in caught if "synchroniz" in str(w.message).lower()]
+
+
+@pytest.mark.parametrize(("stages", "stage"), [(1, 0), (2, 0), (2, 1)])
+def test_a_replicas_microbatch_and_inner_step_on_cuda_do_not_synchronise(stages, stage):
+    cuda = torch.device("cuda")
+    cfg = load_config(environ={}, overrides=[{"model": {"preset": "tiny"}, "pipeline": {"stages": stages}}])
+    replica = StageReplica.create(cfg, stage, device=cuda)
+    tokens = torch.randint(0, cfg.model.vocab_size, (4, 64), device=cuda)
+    hidden = torch.randn(4, 64, PRESETS["tiny"].dim, device=cuda)
+
+    def microbatch_and_step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = replica.module(tokens if stage == 0 else hidden)
+        loss = lm_loss(out, tokens) if stage == stages - 1 else out.float().mean()
+        loss.backward()
+        replica.inner.step()
+
+    microbatch_and_step()  # the optimizer's state is made on its first step
+    found = _synchronisations(microbatch_and_step)
+    assert found == [], found
