@@ -17,24 +17,25 @@ BETAS = (0.9, 0.95)
 SHAPES = [((5, 3), torch.float32), ((7,), torch.float32), ((4, 2), torch.bfloat16)]
 
 
-def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+def _params(seed: int = 0, device: str = "cpu") -> list[torch.nn.Parameter]:
     generator = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(shape, generator=generator).to(dtype)) for shape, dtype in SHAPES]
+    return [torch.nn.Parameter(torch.randn(shape, generator=generator).to(dtype).to(device)) for shape, dtype in SHAPES]
 
 
-def _grads(step: int) -> list[torch.Tensor]:
+def _grads(step: int, device: str = "cpu") -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(100 + step)
-    return [torch.randn(shape, generator=generator).to(dtype) for shape, dtype in SHAPES]
+    return [torch.randn(shape, generator=generator).to(dtype).to(device) for shape, dtype in SHAPES]
 
 
 def _step_both(ours: FusedAdamW, theirs: torch.optim.AdamW, step: int, *, found_inf: float = 0.0,
                skip_param: int | None = None) -> None:
     """One step of each on the same gradients, learning rate, scale and skip flag."""
     lr = 0.01 / (1 + step)
-    scale, flag = torch.tensor(4.0), torch.tensor(found_inf)
+    device = ours.params[0].device  # the kernel takes its scale and flag on the parameters' device
+    scale, flag = torch.tensor(4.0, device=device), torch.tensor(found_inf, device=device)
     for optimizer in (ours, theirs):
         params = optimizer.params if isinstance(optimizer, FusedAdamW) else optimizer.param_groups[0]["params"]
-        for index, (param, grad) in enumerate(zip(params, _grads(step), strict=True)):
+        for index, (param, grad) in enumerate(zip(params, _grads(step, device), strict=True)):
             param.grad = None if index == skip_param else grad.clone()
         optimizer.grad_scale, optimizer.found_inf = scale, flag
     ours.lr = lr
@@ -52,21 +53,23 @@ def _assert_same(ours: FusedAdamW, theirs: torch.optim.AdamW) -> None:
             assert torch.equal(value, theirs.state[reference][key]), key
 
 
-def _pair(seed: int = 0) -> tuple[FusedAdamW, torch.optim.AdamW]:
-    ours = FusedAdamW(_params(seed), lr=0.01, betas=BETAS, weight_decay=0.1)
-    theirs = torch.optim.AdamW(_params(seed), lr=0.01, betas=BETAS, weight_decay=0.1, fused=True)
+def _pair(seed: int = 0, device: str = "cpu") -> tuple[FusedAdamW, torch.optim.AdamW]:
+    ours = FusedAdamW(_params(seed, device), lr=0.01, betas=BETAS, weight_decay=0.1)
+    theirs = torch.optim.AdamW(_params(seed, device), lr=0.01, betas=BETAS, weight_decay=0.1, fused=True)
     return ours, theirs
 
 
-def test_steps_are_bit_for_bit_torch_optims_fused_adamw_with_a_scale_a_skip_and_a_missing_gradient():
-    ours, theirs = _pair()
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)"))])
+def test_steps_are_bit_for_bit_torch_optims_fused_adamw_with_a_scale_a_skip_and_a_missing_gradient(device):
+    ours, theirs = _pair(device=device)
     _step_both(ours, theirs, 0)
     _step_both(ours, theirs, 1, found_inf=1.0)  # skipped by the kernel: weights, moments and counts stay
     _step_both(ours, theirs, 2, skip_param=1)  # a parameter without a gradient is left alone
     _step_both(ours, theirs, 3)
     _assert_same(ours, theirs)
     assert [float(ours.state[p]["step"]) for p in ours.params] == [3.0, 2.0, 3.0]
-    assert not torch.equal(ours.params[0].detach(), _params()[0])  # it did step
+    assert not torch.equal(ours.params[0].detach(), _params(device=device)[0])  # it did step
 
 
 @pytest.mark.parametrize("direction", ["torch-to-ours", "ours-to-torch"])

@@ -1,8 +1,8 @@
-"""What only a GPU can show of the inner step: the fused AdamW on CUDA is torch.optim's bit for
-bit, and a replica's microbatch and inner step make the host wait for nothing (CUDA's sync
-debug mode, which also sees synchronisations the CPU's read counter cannot). Skipped, saying
-so, without a CUDA device. The fused and replica checks passed on an H200 on 2026-11-30; the
-non-finite skip is checked here as it was not there (its gradient is now made before the window)."""
+"""What only a GPU can show of the inner step: a replica's microbatch and inner step make the
+host wait for nothing (CUDA's sync debug mode, which also sees synchronisations the CPU's read
+counter cannot). Skipped, saying so, without a CUDA device. The replica checks passed on an
+H200 on 2026-11-30; the non-finite skip is checked here as it was not there (its gradient is
+now made before the window). The fused AdamW on CUDA: tests/algo/test_fused_adamw.py."""
 
 from __future__ import annotations
 
@@ -11,41 +11,12 @@ import warnings
 import pytest
 import torch
 
-from noloco_rt.algo.fused_adamw import FusedAdamW
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import load_config
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.model.llama import lm_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
-
-SHAPES = [((64, 33), torch.float32), ((7,), torch.float32), ((40, 2), torch.bfloat16)]
-
-
-def test_fused_adamw_on_cuda_steps_bit_for_bit_as_torch_optims_with_a_scale_and_a_skip():
-    cuda = torch.device("cuda")
-    generator = torch.Generator().manual_seed(0)
-    start = [torch.randn(shape, generator=generator).to(dtype) for shape, dtype in SHAPES]
-    ours_params = [torch.nn.Parameter(t.clone().to(cuda)) for t in start]
-    theirs_params = [torch.nn.Parameter(t.clone().to(cuda)) for t in start]
-    ours = FusedAdamW(ours_params, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)
-    theirs = torch.optim.AdamW(theirs_params, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    for step in range(4):
-        grads = [torch.randn(shape, generator=torch.Generator().manual_seed(step)).to(dtype).to(cuda)
-                 for shape, dtype in SHAPES]
-        skip = torch.tensor(1.0 if step == 1 else 0.0, device=cuda)  # step 1 is skipped on the device
-        for params, optimizer in ((ours_params, ours), (theirs_params, theirs)):
-            for param, grad in zip(params, grads, strict=True):
-                param.grad = grad.clone()
-            optimizer.grad_scale, optimizer.found_inf = torch.tensor(2.0, device=cuda), skip
-        ours.lr = theirs.param_groups[0]["lr"] = 0.01 / (1 + step)
-        ours.step()
-        theirs.step()
-    for mine, reference in zip(ours_params, theirs_params, strict=True):
-        assert torch.equal(mine, reference)
-        for key, value in ours.state[mine].items():
-            assert torch.equal(value, theirs.state[reference][key]), key
-
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
 """What the sync debug mode warns for each synchronising call (not its own "prototype" notice)."""
