@@ -5,7 +5,6 @@ past step 0 refuses to seed it (one line, exit 3) unless --allow-reseed."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from noloco_rt.membership.high_water import MALFORMED_MARK
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
+from tests.support.command_env import command_env
 from workers.cluster.local_cluster import run_command, start_command
 from workers.outer.bootstrap import StageProgressLost, check_may_seed
 
@@ -44,7 +44,7 @@ def test_a_mark_that_is_not_a_count_refuses_seeding_and_status_leaves_it_out():
             check_may_seed(1, membership.high_water.of(1), allow_reseed=False)
         assert membership.high_water.by_stage() == {0: (3, 0)}
         result = subprocess.run([*CLI, "status", "--redis-url", server.url], capture_output=True, text=True,
-                                timeout=60, env=_env())
+                                timeout=60, env=command_env())
         assert result.returncode == 0, result.stderr
 
 
@@ -72,10 +72,6 @@ def test_heartbeats_raise_the_mark_and_never_lower_it():
         assert fast.high_water.of(1) == 6
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1"}
-
-
 @pytest.mark.slow
 def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(tmp_path):
     """...and, run as a Job runs it, touches its alive file and leaves with worker.left_exit_code."""
@@ -83,7 +79,7 @@ def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(t
         Membership(connect(server.url), run_id="default").client.hset("noloco:default:high-water", "1", "7")
         args = ["worker", "--stage", "1", "--redis-url", server.url, "--name", "replacement",
                 "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"]
-        code, refused = run_command(args, _env(), tmp_path / "refused.log", timeout_s=120)
+        code, refused = run_command(args, command_env(), tmp_path / "refused.log", timeout_s=120)
         assert code == 3, refused[-3000:]
         last = refused.strip().splitlines()[-1]
         assert last.startswith("Error: stage 1 has no live worker") and "--allow-reseed" in last
@@ -93,7 +89,7 @@ def test_a_lone_worker_of_a_stage_past_step_0_exits_3_unless_allowed_to_reseed(t
         # Allowed; and as a Kubernetes Job runs it: a liveness file, and exit 75 when it leaves unfinished.
         log_path, alive = tmp_path / "allowed.log", tmp_path / "alive"
         job_like = ["--set", "worker.left_exit_code=75", "--set", f"worker.alive_file={alive}"]
-        allowed = start_command([*args, "--allow-reseed", *job_like], _env(), log_path)
+        allowed = start_command([*args, "--allow-reseed", *job_like], command_env(), log_path)
         try:
             deadline = time.monotonic() + 90
             while '"member_online"' not in log_path.read_text() and time.monotonic() < deadline:
@@ -129,12 +125,12 @@ def test_a_late_worker_of_a_stage_that_finished_exits_0_instead_of_3(tmp_path):
         assert membership.mark_stage_finished(0)
         args = ["worker", "--stage", "0", "--redis-url", server.url, "--name", "late", "--set", "outer.h=10",
                 "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"]
-        code, late = run_command([*args, "--steps", "70"], _env(), tmp_path / "late.log", timeout_s=120)
+        code, late = run_command([*args, "--steps", "70"], command_env(), tmp_path / "late.log", timeout_s=120)
         assert code == 0, late[-3000:]
         events = [json.loads(line)["event"] for line in late.splitlines() if line.startswith("{")]
         assert "stage_already_finished" in events and "member_online" not in events
         assert membership.stage_finished(0)  # never registered: the mark still tells stage 1
         # A run extended past what the stage reached is not over: no donor, no checkpoint, exit 3.
-        code, extended = run_command([*args, "--steps", "80"], _env(), tmp_path / "extended.log", timeout_s=120)
+        code, extended = run_command([*args, "--steps", "80"], command_env(), tmp_path / "extended.log", timeout_s=120)
         assert code == 3, extended[-3000:]
         assert "stage_already_finished" not in extended

@@ -4,7 +4,6 @@ is up, and after worker.redis_wait_s one line and exit 2 (never silently alone f
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 
@@ -12,6 +11,7 @@ import pytest
 
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
 from noloco_rt.membership.redis_wait import RedisUnreachable, redis_address, wait_for_redis
+from tests.support.command_env import command_env
 from workers.cluster.local_cluster import run_command, start_command
 
 
@@ -54,15 +54,11 @@ def test_gives_up_after_the_wait_with_one_line_naming_the_address():
     assert redis_address("unix:///run/redis.sock") == "/run/redis.sock"
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1"}
-
-
 @pytest.mark.slow
 def test_worker_with_nothing_at_the_url_exits_2_after_the_wait(tmp_path):
     port = free_port()
     code, output = run_command(["worker", "--stage", "0", "--redis-url", f"redis://127.0.0.1:{port}/0",
-                                "--redis-wait", "1.5", "--set", "run.log_format=json"], _env(), tmp_path / "worker.log",
+                                "--redis-wait", "1.5", "--set", "run.log_format=json"], command_env(), tmp_path / "worker.log",
                                timeout_s=120)
     assert code == 2, output
     lines = output.strip().splitlines()
@@ -78,7 +74,7 @@ def test_worker_started_before_redis_registers_once_it_is_up(tmp_path):
     log_path = tmp_path / "worker.log"
     worker = start_command(["worker", "--stage", "0", "--redis-url", f"redis://127.0.0.1:{port}/0",
                             "--redis-wait", "120", "--set", "run.log_format=json", "--set", f"paths.out_dir={tmp_path}"],
-                           _env(), log_path)
+                           command_env(), log_path)
     try:
         def events() -> list[dict]:
             return [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]

@@ -5,8 +5,6 @@ Real Redis, a real folder store, a real worker process."""
 
 from __future__ import annotations
 
-import os
-
 from structlog.testing import capture_logs
 
 from noloco_rt.logs import get_logger
@@ -16,6 +14,7 @@ from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.run_mark import RunFinishedMark
+from tests.support.command_env import command_env
 from workers.cluster.local_cluster import run_command
 from workers.finish import UPSTREAM_CHECK_S, UPSTREAM_GONE_S, UpstreamFinished
 from workers.run_finished import run_is_over
@@ -150,12 +149,11 @@ def test_the_run_finished_mark_lives_in_redis_and_in_the_store(tmp_path):
 def test_a_worker_started_after_the_run_finished_exits_0_at_once(tmp_path):
     """Redis lost everything (a fresh server); the store still says the run finished."""
     RunFinishedMark(RunStore(str(tmp_path / "store")), "default").write(50, by="b0")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1"}
     with EmbeddedRedis() as server:
         code, output = run_command(
             ["worker", "--stage", "0", "--redis-url", server.url, "--name", "late", "--steps", "50",
              "--set", "run.log_format=json", "--set", f"store.url={tmp_path / 'store'}",
-             "--set", f"paths.out_dir={tmp_path}"], env, tmp_path / "late.log", timeout_s=120)
+             "--set", f"paths.out_dir={tmp_path}"], command_env(), tmp_path / "late.log", timeout_s=120)
         assert code == 0, output[-3000:]
         assert '"run_already_finished"' in output and '"finished_steps": 50' in output
         assert "member_online" not in output and "train_progress" not in output

@@ -5,7 +5,6 @@ Real sockets and processes on 127.0.0.1; every wait polls with a deadline.
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from noloco_rt.net.transport import (
     enable_curve,
     request,
 )
+from tests.support.command_env import command_env
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
 from workers.cluster.local_cluster import LocalCluster, run_command
@@ -218,9 +218,7 @@ def test_a_curve_server_socket_needs_the_zap_handler():
 
 
 def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    return env
+    return command_env(PYTHONUNBUFFERED="1")
 
 
 def _metric(port: int, name: str) -> float:

@@ -1,0 +1,11 @@
+"""The environment a test gives a `noloco-rt` child process: this machine's, without any
+NOLOCO_* setting of the developer's (the child must run the test's configuration), and one
+torch thread (children share the machine's cores with the suite)."""
+
+from __future__ import annotations
+
+import os
+
+
+def command_env(**extra: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1", **extra}
