@@ -166,13 +166,19 @@ class _ListedPeers:
         return [m for m in self.members if not self.blacklist.blocked(m.worker_id)]
 
 
-def test_listed_members_that_serve_nothing_end_in_no_donor_served_not_a_crash():
+def _silent_members(outer_steps: list[int]) -> list:
+    """Records of stage 0's members at these outer steps, at an address nobody answers."""
     from noloco_rt.membership.records import MemberRecord, WorkerState
+
+    return [MemberRecord(f"{i}" * 32, "devices", 0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", WorkerState.ONLINE,
+                         outer_step=step) for i, step in enumerate(outer_steps)]
+
+
+def test_listed_members_that_serve_nothing_end_in_no_donor_served_not_a_crash():
     from workers.outer.bootstrap import NoDonorServed, bootstrap_from_stage
 
     with overlapped_pair() as (a, _), zmq.Context() as ctx:
-        fakes = [MemberRecord(f"{i}" * 32, "devices", 0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", WorkerState.ONLINE)
-                 for i in range(3)]
+        fakes = _silent_members([0, 0, 0])
         with pytest.raises(NoDonorServed, match="no peer of stage 0 served a bootstrap"):
             bootstrap_from_stage(ctx, _ListedPeers(fakes), a.step.service, timeout_s=0.6, pull_timeout_s=0.25,
                                  leave_requested=threading.Event())
@@ -186,14 +192,11 @@ def test_listed_members_that_serve_nothing_end_in_no_donor_served_not_a_crash():
 ])
 def test_a_joiner_takes_the_seed_while_its_stage_is_at_outer_step_0_without_asking_a_peer(
         outer_steps, high_water, seeds):
-    from noloco_rt.membership.records import MemberRecord, WorkerState
     from workers.outer.bootstrap import NoDonorServed, bootstrap_from_stage, stage_at_seed
 
     assert stage_at_seed(outer_steps, lambda: high_water) is seeds
     with overlapped_pair() as (a, _), zmq.Context() as ctx:
-        # Listed peers that never answer: a joiner that asked one ends in NoDonorServed.
-        fakes = [MemberRecord(f"{i}" * 32, "devices", 0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:1", WorkerState.ONLINE,
-                              outer_step=step) for i, step in enumerate(outer_steps)]
+        fakes = _silent_members(outer_steps)  # a joiner that asked one ends in NoDonorServed
         a.step.service.log = log = RecordingLog()
         started = time.monotonic()
         if seeds:
