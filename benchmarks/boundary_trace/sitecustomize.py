@@ -1,0 +1,67 @@
+"""Timestamps of a worker's data-path calls, for benchmarks/pipeline_boundary.py only.
+
+Python imports this file at start-up in every process whose PYTHONPATH lists this folder;
+it does nothing unless BOUNDARY_TRACE_DIR is set. Then, just before the worker module is
+first imported, it wraps the calls below so that each appends (name, start, end, took a
+message) to a list, written as JSON to BOUNDARY_TRACE_DIR/<pid>.json every 500 calls and at
+exit. time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process, so a
+message can be followed from one worker into the next.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import json
+import os
+import sys
+import time
+
+TRACED = (  # (module, class, method, name in the trace)
+    ("workers.data_path.context", "DataContext", "run_stage", "forward"),
+    ("workers.data_path.roles", "SendsDownstream", "_on_gradient", "gradient"),
+    ("workers.data_path.role", "Role", "_train_on", "loss_backward"),
+    ("workers.data_path.role", "Role", "_reply_gradient", "reply"),
+    ("workers.inner_step", "InnerStep", "_step", "inner_step"),
+    ("noloco_rt.net.data_link", "DataLink", "receive", "receive"),
+    ("noloco_rt.net.data_link", "DataLink", "send", "send"),
+)
+
+
+def _install(trace_dir: str) -> None:
+    records: list[tuple[str, float, float, bool]] = []
+
+    def dump() -> None:
+        with open(os.path.join(trace_dir, f"{os.getpid()}.json"), "w") as file:
+            json.dump({"argv": sys.argv, "records": records}, file)
+
+    def wrapped(original, name):
+        def call(*args, **kwargs):
+            started = time.perf_counter()
+            result = original(*args, **kwargs)
+            records.append((name, started, time.perf_counter(), result is not None))
+            if len(records) % 500 == 0:
+                dump()
+            return result
+        return call
+
+    class BeforeWorker(importlib.abc.MetaPathFinder):
+        """Wraps the calls when workers.worker is about to be imported (every module it uses
+        for them is imported first, here), then steps aside."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "workers.worker":
+                return None
+            sys.meta_path.remove(self)
+            import importlib
+            for module_name, class_name, method, label in TRACED:
+                owner = getattr(importlib.import_module(module_name), class_name)
+                setattr(owner, method, wrapped(getattr(owner, method), label))
+            atexit.register(dump)
+            return None  # the usual finders import workers.worker, on the wrapped classes
+
+    sys.meta_path.insert(0, BeforeWorker())
+
+
+if os.environ.get("BOUNDARY_TRACE_DIR"):
+    _install(os.environ["BOUNDARY_TRACE_DIR"])

@@ -1,0 +1,67 @@
+"""benchmarks/pipeline_boundary.py: its arithmetic on a made-up trace, and its tracer in a
+real interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.pipeline_boundary import BOUNDARY, TRACER, boundary_parts, load_traces, per_step
+
+MS = 1e-3
+
+
+def _two_steps() -> tuple[list, list]:
+    """Stage 0 and the last stage around two step boundaries, times in ms: the gradient leaves
+    the last stage at 10 (and 110), arrives at 11, backward 11-16, step 16.5-17.5, forward 18-21,
+    sent at 21.5, taken by the waiting last stage at 22.5."""
+    first, last = [], []
+    for base in (0.0, 100.0):
+        t = lambda ms, base=base: (base + ms) * MS  # noqa: E731 - local shorthand
+        last += [("send", t(9.9), t(10), False), ("receive", t(10.2), t(22.5), True)]
+        first += [("receive", t(5), t(11), True), ("gradient", t(11), t(16), False),
+                  ("inner_step", t(16.5), t(17.5), False), ("forward", t(18), t(21), False),
+                  ("send", t(21.2), t(21.5), False)]
+    return first, last
+
+
+def test_the_parts_of_the_wait_are_read_off_both_traces_and_add_up():
+    first, last = _two_steps()
+    parts = boundary_parts(first, last, skip=0, steps=2)
+    expected = dict(zip(BOUNDARY, (1.0, 5.0, 1.0, 0.5 + 0.5, 3.0, 0.5, 1.0), strict=True))
+    for name, ms in expected.items():
+        assert parts[name] == pytest.approx([ms, ms]), name
+    assert parts["the last stage's wait"] == pytest.approx([12.5, 12.5])
+    assert sum(expected.values()) == pytest.approx(12.5)
+
+
+def test_per_step_totals_split_waiting_receives_from_the_rest():
+    first, _ = _two_steps()
+    totals = per_step(first, skip=0, steps=1)
+    assert totals["a whole inner step"] == pytest.approx(100.0)
+    # Calls that start between the two steps' ends (17.5 and 117.5): the first boundary's
+    # forward and send, the second's receive, backward and step.
+    assert totals["forward"] == pytest.approx(3.0) and totals["send"] == pytest.approx(0.3)
+    assert totals["gradient"] == pytest.approx(5.0) and totals["inner_step"] == pytest.approx(1.0)
+    assert totals["receive (waiting)"] == pytest.approx(6.0)
+    with pytest.raises(ValueError, match="too few"):
+        per_step(first, skip=2, steps=1)
+
+
+def test_the_tracer_wraps_the_worker_calls_and_writes_its_trace_at_exit(tmp_path):
+    env = {**os.environ, "BOUNDARY_TRACE_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join((str(TRACER), os.getcwd()))}
+    code = ("import workers.worker\n"
+            "from workers.data_path.context import DataContext\n"
+            "from noloco_rt.net.data_link import DataLink\n"
+            "assert DataContext.run_stage.__name__ == 'call' and DataLink.send.__name__ == 'call'\n")
+    done = subprocess.run([sys.executable, "-c", code, "--stage", "1"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (trace,) = tmp_path.glob("*.json")
+    assert json.loads(trace.read_text()) == {"argv": ["-c", "--stage", "1"], "records": []}
+    assert load_traces(tmp_path) == {}  # a worker that traced nothing is left out
