@@ -8,7 +8,6 @@ store and from the checkpoints gathered from both machines."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 from noloco_rt.consensus.file import load_consensus
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, random_password
+from tests.support.command_env import command_env
 from workers.cluster.chaos_faults import Partitions
 from workers.cluster.local_cluster import read_events
 from workers.faults import netns
@@ -76,9 +76,8 @@ def test_the_readme_steps_on_two_machines_end_with_the_runs_model(tmp_path):
         config = tmp_path / "run.toml"
         store = tmp_path / "store"  # a folder both machines write (NFS, say)
         config.write_text(RUN_TOML + f'\n[store]\nurl = "{store}"\n')
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-        env.update({"OMP_NUM_THREADS": "1", "NOLOCO_NETWORK_CURVE_KEY_DIR": str(keys),
-                    "NOLOCO_NETWORK_REDIS_URL": f"redis://:{password}@{netns.SERVICE_IP}:6379/0"})
+        env = command_env(NOLOCO_NETWORK_CURVE_KEY_DIR=str(keys),
+                          NOLOCO_NETWORK_REDIS_URL=f"redis://:{password}@{netns.SERVICE_IP}:6379/0")
         machines = [tmp_path / f"machine-{k}" for k in (0, 1)]
         for stage, machine in enumerate(machines):
             machine.mkdir()

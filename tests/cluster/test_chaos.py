@@ -12,13 +12,13 @@ on until every kind has fired.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import zmq
 
+from tests.support.command_env import settings_free_env
 from tests.support.secrets import PASSWORD, files_holding
 from workers.cluster.chaos_faults import FullDisk, Partitions
 from workers.cluster.chaos_schedule import ALL_KINDS, FAULT_KINDS
@@ -34,8 +34,7 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
     secret = zmq.curve_keypair()[1].decode()
     password_file = tmp_path / "redis-password"
     password_file.write_text(f"{PASSWORD}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    env.update({"NOLOCO_NETWORK_CURVE_SECRET_KEY": secret, "NOLOCO_NETWORK_REDIS_PASSWORD_FILE": str(password_file)})
+    env = settings_free_env(NOLOCO_NETWORK_CURVE_SECRET_KEY=secret, NOLOCO_NETWORK_REDIS_PASSWORD_FILE=str(password_file))
     # Every kind where partitions (network namespaces) and a full disk (a tmpfs) can be made.
     why_not = Partitions.unavailable() or FullDisk.unavailable()
     kinds = FAULT_KINDS if why_not else ALL_KINDS

@@ -22,6 +22,7 @@ from noloco_rt.membership.embedded_redis import EmbeddedRedis
 from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
+from tests.support.command_env import command_env
 from tests.support.waiting import wait_until
 from workers.cluster.local_cluster import read_events
 from workers.supervise.launch import worker_specs
@@ -430,8 +431,7 @@ class Launch:
                 "--redis-url", redis_url, "--name-prefix", prefix, "--set", f"paths.out_dir={tmp_path}"]
         for key, value in SETTINGS.items():
             args += ["--set", f"{key}={value}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-        env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        env = command_env(PYTHONUNBUFFERED="1")
         with self.own_log.open("w") as stderr:
             self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
 

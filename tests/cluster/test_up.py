@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from noloco_rt.config import load_config
 from noloco_rt.curves.scalar_log import tag
 from noloco_rt.logs import read_json_lines
 from noloco_rt.membership.progress import OUTER_STEP_KINDS
+from tests.support.command_env import settings_free_env
 from tests.support.tensorboard_events import HAVE_TENSORBOARD, read_scalars
 from tests.support.up_runs import FAST, finish, marked_processes, start_up, wait_until
 from workers.cluster.local_cluster import error_events
@@ -210,7 +210,7 @@ def test_up_refuses_a_run_directory_of_another_configuration(tmp_path):
     (out / "config.toml").write_text('[model]\npreset = "small"\n')
     result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "up", "--out", str(out)],
                             capture_output=True, text=True, timeout=60,
-                            env={k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")})
+                            env=settings_free_env())
     assert result.returncode == 2 and "another configuration" in result.stderr and "model.preset" in result.stderr
 
 

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.command_env import settings_free_env
 from tests.support.in_process import run_cli_in_process
 
 CLI = [sys.executable, "-m", "noloco_rt.cli"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    full_env.update(env or {})
+    full_env = settings_free_env(**(env or {}))
     return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
@@ -200,8 +199,7 @@ def test_status_watch_refreshes_the_table_until_interrupted(tmp_path):
         Membership(connect(server.url), run_id="default", heartbeat_interval_s=30).register(record("aaaa1111", "first"))
         out = tmp_path / "watch.txt"
         # PYTHONFAULTHANDLER: should it ever ignore Ctrl-C, SIGABRT makes it print where it is.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"COLUMNS": "250",
-                                                                                    "PYTHONFAULTHANDLER": "1"}
+        env = settings_free_env(COLUMNS="250", PYTHONFAULTHANDLER="1")
         with out.open("w") as handle:
             # Ctrl-C as a terminal would deliver it: a suite started in the background (`&`
             # without job control) ignores SIGINT, and children inherit that.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ from noloco_rt.consensus.file import load_consensus, save_consensus, stage_param
 from noloco_rt.data import ShardedBatches, load_corpus
 from noloco_rt.evaluation import generate, load_validation_batches, validation_loss
 from noloco_rt.model.llama import build_model, lm_loss
+from tests.support.command_env import command_env
 
 TRAIN_STEPS = 60
 
@@ -125,8 +125,7 @@ def test_generate_from_an_empty_prompt_and_rejects_bad_arguments(trained):
 
 def test_eval_json_as_a_subprocess_reports_training_helped(trained):
     path, _ = trained
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    env["OMP_NUM_THREADS"] = "1"
+    env = command_env()
     result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "eval", str(path), "--batches", "2", "--json"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr

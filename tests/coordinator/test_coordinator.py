@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import zmq
 from noloco_rt.config import load_config
 from noloco_rt.consensus.file import load_consensus, mean_over_replicas, stage_parameter_shapes
 from noloco_rt.membership.embedded_redis import free_port
+from tests.support.command_env import command_env
 from tests.support.observer_stubs import observed_stages
 from tests.support.secrets import files_holding
 from workers.cluster.local_cluster import LocalCluster, read_events, start_command
@@ -38,9 +38,7 @@ def start_coordinator(cluster: LocalCluster, port: int, out: Path, log_name: str
                 "coordinator.max_pulls_per_s": 20.0, "run.eval_batches": 2, **extra}
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    environ.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": cluster.redis.url,
-                    **(env or {})})
+    environ = command_env(**{"PYTHONUNBUFFERED": "1", "NOLOCO_NETWORK_REDIS_URL": cluster.redis.url, **(env or {})})
     return start_command(args, environ, cluster.tmp_path / log_name)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from noloco_rt.membership.embedded_redis import free_port
+from tests.support.command_env import settings_free_env
 from tests.support.paths import REPO
 
 CLI = [sys.executable, "-m", "noloco_rt.cli"]
@@ -95,7 +96,7 @@ def _tls_flags(folder: Path, *, ca: str = "ca.crt", client: bool = True) -> list
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    env = settings_free_env()
     return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 

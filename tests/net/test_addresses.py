@@ -14,6 +14,7 @@ from noloco_rt.net import messages
 from noloco_rt.net.addresses import peer_address_problem
 from noloco_rt.net.wire import RejectReason, WireReject
 from noloco_rt.net.wire_dtype import pack
+from tests.support.command_env import settings_free_env
 
 
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:5555", "tcp://worker-3.noloco.svc.cluster.local:40001",
@@ -72,11 +73,10 @@ def test_a_worker_bound_beyond_loopback_without_curve_refuses_to_start_unless_tr
 
 
 def test_the_worker_command_says_so_in_one_line_exit_2():
-    import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    env = settings_free_env()
     result = subprocess.run([sys.executable, "-m", "noloco_rt.cli", "worker", "--stage", "0", "--redis-url",
                              "redis://127.0.0.1:1/0", "--bind-host", "0.0.0.0"], capture_output=True, text=True,
                             timeout=60, env=env)

@@ -7,5 +7,10 @@ from __future__ import annotations
 import os
 
 
+def settings_free_env(**extra: str) -> dict[str, str]:
+    """This machine's environment without the developer's NOLOCO_* settings, and `extra`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | extra
+
+
 def command_env(**extra: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")} | {"OMP_NUM_THREADS": "1", **extra}
+    return settings_free_env(**{"OMP_NUM_THREADS": "1", **extra})

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.command_env import settings_free_env
 from tests.support.waiting import wait_until as wait_until_every
 
 MARK_VARIABLE = "UP_TEST_MARK"  # not NOLOCO_*: that prefix is configuration
@@ -28,8 +28,7 @@ def start_up(out: Path, *, steps: int, mark: str, flags: tuple[str, ...] = (), *
             "--interval", "0.5", *flags]
     for key, value in {**FAST, **extra}.items():
         args += ["--set", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
-    env.update({MARK_VARIABLE: mark, "PYTHONUNBUFFERED": "1"})
+    env = settings_free_env(**{MARK_VARIABLE: mark, "PYTHONUNBUFFERED": "1"})
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
 
 

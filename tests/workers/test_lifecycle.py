@@ -11,13 +11,14 @@ import pytest
 
 from noloco_rt.config import load_config
 from noloco_rt.process.lifetime import PROCESS_ENV_VARS, set_parent_death_signal_from_env
+from tests.support.command_env import settings_free_env
 
 ARM = ("from noloco_rt.process.lifetime import set_parent_death_signal_from_env as arm; "
        "print(arm(), flush=True)")
 
 
 def _run_child(**env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("NOLOCO_")}
+    clean = settings_free_env()
     return subprocess.run([sys.executable, "-c", ARM], env={**clean, **env}, capture_output=True, text=True,
                           timeout=30)
 
