@@ -164,6 +164,10 @@ class WorkerConfig:
     for this long: a margin for an upstream worker that restarts and trains on."""
     leave_grace_s: float = 20.0
     """After SIGTERM: time to finish in-flight work and write the last checkpoint."""
+    forked_start: bool = True
+    """The workers (and coordinator) that `up`, `launch` and `chaos` supervise are forked from a
+    process that has already imported torch and the worker's modules: each start and restart
+    skips ~2.5 s of a core of imports. False: each starts a fresh interpreter."""
     checkpoint_every: int = 0
     """Outer steps between the worker's checkpoints (0, the default: none counted in steps,
     only checkpoint_interval_s). Peers and the durable store already hold a stage's state, so

@@ -22,6 +22,7 @@ PARENT_DEATH_SIGNAL_ENV = "NOLOCO_PARENT_DEATH_SIGNAL"
 PROCESS_ENV_VARS = frozenset({SUPERVISED_ENV, INCARNATION_ENV, PARENT_PID_ENV, PARENT_DEATH_SIGNAL_ENV})
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -43,6 +44,14 @@ def set_parent_death_signal(signum: int) -> bool:
     if _PRCTL is None:
         return False
     return _PRCTL(_PR_SET_PDEATHSIG, int(signum)) == 0
+
+
+def set_process_name(name: str) -> bool:
+    """This process's name as `ps -e`, `top` and /proc/<pid>/comm show it (15 bytes, the rest
+    cut): what a forked child has in place of its own command line. False where unsupported."""
+    if _PRCTL is None:
+        return False
+    return _PRCTL(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15])) == 0
 
 
 def set_parent_death_signal_from_env(environ: Mapping[str, str] | None = None) -> bool:

@@ -25,6 +25,7 @@ from noloco_rt.membership.table import Membership
 from tests.support.command_env import command_env
 from tests.support.waiting import wait_until
 from workers.cluster.local_cluster import read_events
+from workers.supervise.elastic import ElasticProcess
 from workers.supervise.launch import worker_specs
 from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor, SupervisorEvent
 
@@ -359,6 +360,92 @@ def test_children_die_when_the_supervisor_is_sigkilled(tmp_path):
 def _first_line(path: Path) -> str | None:
     text = path.read_text() if path.exists() else ""
     return text.splitlines()[0] if text.endswith("\n") else None
+
+
+# -- `noloco-rt` children forked from the preloaded server (worker.forked_start) ---------------
+
+NOLOCO_RT = (sys.executable, "-m", "noloco_rt.cli")
+
+
+def _exit_code(process: ElasticProcess, timeout_s: float = 60) -> int:
+    return wait_until(lambda: (code := process.poll()) is not None and (code,), timeout_s=timeout_s,
+                      what=f"pid {process.pid} to end")[0]
+
+
+def test_a_forked_command_keeps_its_exit_code_its_log_files_and_a_name_ps_shows(tmp_path):
+    def start(name: str, *args: str) -> ElasticProcess:
+        process = ElasticProcess.start(name, (*NOLOCO_RT, *args), command_env(), stdout=tmp_path / f"{name}.out",
+                                       stderr=tmp_path / f"{name}.log", preloaded=True)
+        assert process is not None and process.forked
+        return process
+
+    assert _exit_code(start("show", "config", "show")) == 0
+    assert "[outer]" in (tmp_path / "show.out").read_text()
+    assert _exit_code(start("bad", "config", "show", "--set", "nope.x=1")) == 2
+    assert "nope" in (tmp_path / "bad.log").read_text()
+    # A long one: named for ps, its secret not in /proc's environment, stopped gracefully.
+    secret_url = "redis://:planted-secret@127.0.0.1:1/0"
+    waiting = ElasticProcess.start("waits", (*NOLOCO_RT, "worker", "--stage", "0", "--name", "w1"),
+                                   command_env(NOLOCO_NETWORK_REDIS_URL=secret_url, NOLOCO_WORKER_REDIS_WAIT_S="120"),
+                                   stdout=tmp_path / "waits.out", stderr=tmp_path / "waits.log", preloaded=True)
+    try:
+        wait_until(lambda: "redis_waiting" in _text(tmp_path / "waits.log"), timeout_s=60,
+                   what="the worker to wait for its Redis")
+        assert Path(f"/proc/{waiting.pid}/comm").read_text().strip() == "noloco-rt w1"
+        assert b"planted-secret" not in Path(f"/proc/{waiting.pid}/environ").read_bytes()
+        assert b"planted-secret" not in Path(f"/proc/{waiting.pid}/cmdline").read_bytes()
+        started = time.monotonic()
+        code = waiting.terminate(grace_s=20)
+        # SIGTERM ends it (still waiting for Redis, it has no handler yet), not the SIGKILL after the grace.
+        assert code == -signal.SIGTERM and time.monotonic() - started < 15, code
+    finally:
+        if alive(waiting.pid):
+            os.kill(waiting.pid, signal.SIGKILL)
+
+
+def test_a_forked_child_dies_when_the_supervisor_is_sigkilled(tmp_path):
+    """Its parent is the fork server, which must end with the supervisor for the parent-death
+    signal to reach the child (multiprocessing hands children the server's keep-alive pipe)."""
+    name = f"o{os.getpid() % 10_000}"
+    spec = (*NOLOCO_RT, "worker", "--stage", "0", "--name", name, "--redis-url", "redis://127.0.0.1:1/0")
+    script = f"""
+        import sys, threading
+        from pathlib import Path
+        from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor
+        spec = ProcessSpec("orphan", {spec!r}, env={{"NOLOCO_WORKER_REDIS_WAIT_S": "120"}})
+        Supervisor([spec], log_dir=Path({str(tmp_path)!r}), policy=RestartPolicy(), grace_s=1.0,
+                   preloaded=True).run(threading.Event())
+    """
+    supervisor = subprocess.Popen(python(script), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=command_env())
+    child_pid = None
+    try:
+        child_pid = wait_until(lambda: _pid_named(f"noloco-rt {name}"), timeout_s=60, what="the forked child")
+        wait_until(lambda: "redis_waiting" in _text(tmp_path / "orphan.0.log"), timeout_s=60,
+                   what="the child to arm its parent-death signal and wait for Redis")
+        supervisor.kill()
+        assert supervisor.wait(10) == -signal.SIGKILL
+        wait_until(lambda: not alive(child_pid), timeout_s=20, what=f"child {child_pid} to die with its supervisor")
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait(10)
+        if child_pid is not None and alive(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def _pid_named(comm: str) -> int | None:
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == comm:
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
 
 
 # -- `noloco-rt launch` ---------------------------------------------------------------------

@@ -110,7 +110,10 @@ def test_a_live_run_shows_on_its_page_and_ctrl_c_shuts_everything_down_gracefull
     from noloco_rt.membership.embedded_redis import free_port
 
     mark, out, port = uuid.uuid4().hex, tmp_path / "run", free_port()
-    process = start_up(out, steps=100_000, mark=mark, **{"coordinator.status_port": port})
+    # Each worker a fresh interpreter (worker.forked_start = false), so that /proc shows its own
+    # command line and environment, which the password check reads; forked, they hold neither.
+    process = start_up(out, steps=100_000, mark=mark, **{"coordinator.status_port": port,
+                                                         "worker.forked_start": "false"})
     try:
         def all_online():
             samples = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "workers"]

@@ -132,7 +132,8 @@ class ChaosDriver:
         # Quick restarts, and enough of them for a long run's kills and preemptions.
         policy = RestartPolicy(max_restarts=1000, backoff_initial_s=0.5, backoff_max_s=2.0)
         self.supervisor = Supervisor(specs, log_dir=self.out / "logs", policy=policy,
-                                     grace_s=supervisor_grace_s(self.cfg), log=self.log)
+                                     grace_s=supervisor_grace_s(self.cfg), log=self.log,
+                                     preloaded=self.cfg.worker.forked_start)
         deadline = time.monotonic() + self.timeout_s
         next_check = time.monotonic()
         try:

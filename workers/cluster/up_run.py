@@ -160,7 +160,8 @@ class UpRun:
             redis_url = redis.url
         supervisor = Supervisor(self._specs(redis_url), log_dir=self.out / "logs",
                                 policy=RestartPolicy(max_restarts=self.max_restarts),
-                                grace_s=supervisor_grace_s(self.cfg), log=self.log)
+                                grace_s=supervisor_grace_s(self.cfg), log=self.log,
+                                preloaded=self.cfg.worker.forked_start)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         self.log.info("up_started", stages=self.cfg.pipeline.stages, replicas=self.cfg.pipeline.replicas,

@@ -3,15 +3,24 @@
 The glue between workers.supervise.supervisor and torch: flat per-incarnation log files instead of
 DefaultLogsSpecs' run/attempt/rank folders, the owner's signal handlers kept across
 PContext.start(), return codes, and the log files torch leaves open.
+
+A `noloco-rt` command of this interpreter (`python -m noloco_rt.cli ...`) is forked from the
+preloaded fork server (workers/cluster/preloaded.py) when asked: torch's function entry
+point, started the "forkserver" way, instead of a binary; it skips ~2.5 s of a core of
+imports at every start and restart. Anything else (`ip netns exec ...`, another program) is
+started as a binary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -22,6 +31,10 @@ from torch.distributed.elastic.multiprocessing import (
     SignalException,
     start_processes,
 )
+from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+FORKED_POLL_S = 0.02
+"""How often a stopping forked child is polled (each poll reads its return value if it is in)."""
 
 # Signals PContext.start() takes over on the main thread (its handlers raise SignalException).
 _TORCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -47,12 +60,15 @@ class ElasticProcess:
     def __init__(self, context: PContext) -> None:
         self._context = context
         self.pid: int = context.pids()[0]
+        self.forked = isinstance(context, MultiprocessContext)
+        """Forked from the preloaded fork server, not started as a command."""
 
     @classmethod
     def start(cls, name: str, args: Sequence[str], env: Mapping[str, str], *, stdout: Path,
-              stderr: Path) -> ElasticProcess | None:
+              stderr: Path, preloaded: bool = False) -> ElasticProcess | None:
         """Start args[0] with args[1:] and env on top of os.environ, in its own session (so
-        its process group can be signalled as one). Raises OSError if it cannot be run.
+        its process group can be signalled as one); `preloaded`: fork a `noloco-rt` command
+        from the fork server instead (`forks_preloaded`). Raises OSError if it cannot be run.
 
         None when a signal meant for our owner arrived during the start: PContext.start()
         had replaced the owner's handlers and torch has closed what it began. The owner's
@@ -64,9 +80,17 @@ class ElasticProcess:
         saved = {s: signal.getsignal(s) for s in signums} if on_main else {}
         context: PContext | None = None
         pending: signal.Signals | None = None
+        logs = FlatLogs(stdout, stderr)
         try:
-            context = start_processes(name=name, entrypoint=args[0], args={0: tuple(args[1:])}, envs={0: dict(env)},
-                                      logs_specs=FlatLogs(stdout, stderr))
+            if preloaded and forks_preloaded(args):
+                from workers.cluster.preloaded import ensure_server, run_supervised
+
+                ensure_server()
+                context = start_processes(name=name, entrypoint=run_supervised, args={0: (tuple(args[3:]),)},
+                                          envs={0: dict(env)}, logs_specs=logs, start_method="forkserver")
+            else:
+                context = start_processes(name=name, entrypoint=args[0], args={0: tuple(args[1:])},
+                                          envs={0: dict(env)}, logs_specs=logs)
         except SignalException as exc:
             pending = exc.sigval
         for _ in range(len(signums) + 1):  # bounded: each retry means yet another signal arrived
@@ -94,6 +118,8 @@ class ElasticProcess:
     def terminate(self, grace_s: float, *, reap_timeout_s: float = 5.0) -> int | None:
         """SIGTERM its process group, SIGKILL after grace_s; blocks until then. Returns the
         code (None: not even SIGKILL ended it within reap_timeout_s, e.g. stuck in the kernel)."""
+        if self.forked:
+            return self._terminate_forked(grace_s, reap_timeout_s)
         # torch annotates timeout as int; a float works (it is only added to time.monotonic()).
         self._context.close(death_sig=signal.SIGTERM, timeout=grace_s)  # type: ignore[arg-type]
         self.release()
@@ -105,6 +131,24 @@ class ElasticProcess:
         except subprocess.TimeoutExpired:
             return None
 
+    def _terminate_forked(self, grace_s: float, reap_timeout_s: float) -> int | None:
+        """A forked child that returns waits until torch has read its return value, which only
+        a poll does (close() would leave it waiting out the grace): SIGTERM, poll until grace_s,
+        then SIGKILL."""
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except ProcessLookupError:  # just forked: not yet the leader of its own session
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if (code := self.poll()) is not None:
+                return code
+            time.sleep(FORKED_POLL_S)
+        self._context.close(death_sig=signal.SIGKILL, timeout=reap_timeout_s)  # type: ignore[arg-type]
+        forked = getattr(getattr(self._context, "_pc", None), "processes", [])  # torch's ProcessContext
+        return forked[0].exitcode if forked else None
+
     def release(self) -> None:
         # SubprocessHandler closes its stdout/stderr files only when it signals the process,
         # so a child that exited on its own would keep them open until garbage collection.
@@ -112,6 +156,11 @@ class ElasticProcess:
             for stream in (getattr(handler, "_stdout", None), getattr(handler, "_stderr", None)):
                 if stream is not None and not stream.closed:
                     stream.close()
+
+
+def forks_preloaded(args: Sequence[str]) -> bool:
+    """Whether a command line is `noloco-rt` run by this interpreter (what the fork server holds)."""
+    return tuple(args[:3]) == (sys.executable, "-m", "noloco_rt.cli")
 
 
 _TORCH_ELASTIC_LOGGERS = "torch.distributed.elastic"

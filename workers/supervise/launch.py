@@ -121,7 +121,8 @@ def _supervise(cfg: Config, stage: int, specs: list[ProcessSpec], logs: Path, ma
     quiet_torch_elastic_logs()
     log = get_logger(component="launch", stage=stage)
     supervisor = Supervisor(specs, log_dir=logs, policy=RestartPolicy(max_restarts=max_restarts),
-                            grace_s=cfg.worker.leave_grace_s + STOP_MARGIN_S, log=log)
+                            grace_s=cfg.worker.leave_grace_s + STOP_MARGIN_S, log=log,
+                            preloaded=cfg.worker.forked_start)
     stop = threading.Event()
     received: list[int] = []
 

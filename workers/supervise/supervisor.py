@@ -37,7 +37,7 @@ from noloco_rt.process.lifetime import (
     PARENT_PID_ENV,
     SUPERVISED_ENV,
 )
-from workers.supervise.elastic import ElasticProcess
+from workers.supervise.elastic import ElasticProcess, forks_preloaded
 
 STATES = ("pending", "running", "backoff", "finished", "failed", "stopped")
 EVENT_KINDS = ("started", "restarted", "exited", "gave_up")
@@ -140,7 +140,9 @@ class _Child:
 
 class Supervisor:
     def __init__(self, specs: Sequence[ProcessSpec], *, log_dir: Path, policy: RestartPolicy, grace_s: float,
-                 log: EventLog | None = None) -> None:
+                 log: EventLog | None = None, preloaded: bool = False) -> None:
+        """`preloaded`: fork the `noloco-rt` commands among the specs from a fork server that has
+        imported torch and the worker (workers/supervise/elastic.py), stopped with the rest."""
         names = [spec.name for spec in specs]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -157,6 +159,8 @@ class Supervisor:
         self._started = False
         self._unreported: list[SupervisorEvent] = []  # from start(), returned by the next poll()
         self._final: dict[str, int | None] | None = None
+        self.preloaded = preloaded
+        self._forked = False
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -210,7 +214,20 @@ class Supervisor:
         Idempotent: a second call signals nothing and returns the same codes."""
         if self._final is not None:
             return dict(self._final)
-        grace_s = self.grace_s if grace_s is None else grace_s
+        self._stop_children(self.grace_s if grace_s is None else grace_s)
+        for child in self._children:
+            if child.state in ("pending", "backoff"):
+                child.state = "stopped"
+        self._final = {c.spec.name: c.returncode for c in self._children}
+        if self._forked:  # the fork server and its resource tracker end with their children
+            from workers.cluster.preloaded import stop_server
+
+            for child in self._children:  # torch's queues and events go: stop_server unlinks them
+                child.process = None
+            stop_server()
+        return dict(self._final)
+
+    def _stop_children(self, grace_s: float) -> None:
         for child in self._children:
             returncode = child.process.poll() if child.state == "running" and child.process is not None else None
             if returncode is not None:  # exited since the last poll: no restart now
@@ -218,22 +235,18 @@ class Supervisor:
         running = [(c, c.process) for c in self._children if c.state == "running" and c.process is not None]
         for child, _ in running:
             child.stopping = True
-        if running:
-            self.log.info("supervisor_stopping", processes=[c.spec.name for c, _ in running], grace_s=grace_s)
-            # terminate() waits for its process, so terminate them side by side: one grace
-            # period in all, not one per process.
-            with ThreadPoolExecutor(max_workers=len(running), thread_name_prefix="supervisor-stop") as pool:
-                ending = [(child, pool.submit(process.terminate, grace_s)) for child, process in running]
-            for child, future in ending:
-                error = future.exception()
-                if error is not None:
-                    self.log.error("process_stop_failed", name=child.spec.name, error=repr(error))
-                self._record_stopped(child, None if error is not None else future.result())
-        for child in self._children:
-            if child.state in ("pending", "backoff"):
-                child.state = "stopped"
-        self._final = {c.spec.name: c.returncode for c in self._children}
-        return dict(self._final)
+        if not running:
+            return
+        self.log.info("supervisor_stopping", processes=[c.spec.name for c, _ in running], grace_s=grace_s)
+        # terminate() waits for its process, so terminate them side by side: one grace
+        # period in all, not one per process.
+        with ThreadPoolExecutor(max_workers=len(running), thread_name_prefix="supervisor-stop") as pool:
+            ending = [(child, pool.submit(process.terminate, grace_s)) for child, process in running]
+        for child, future in ending:
+            error = future.exception()
+            if error is not None:
+                self.log.error("process_stop_failed", name=child.spec.name, error=repr(error))
+            self._record_stopped(child, None if error is not None else future.result())
 
     def run(self, stop_event: threading.Event, *, tick_s: float = 0.2,
             on_tick: Callable[[], None] | None = None) -> int:
@@ -275,8 +288,9 @@ class Supervisor:
         env = {**child.spec.env, SUPERVISED_ENV: "1", INCARNATION_ENV: str(child.incarnation),
                PARENT_PID_ENV: str(os.getpid()), PARENT_DEATH_SIGNAL_ENV: str(int(signal.SIGTERM))}
         try:
-            process = ElasticProcess.start(child.spec.name, child.spec.args, env,
-                                           stdout=log_path.with_suffix(".out"), stderr=log_path)
+            process = ElasticProcess.start(child.spec.name, child.spec.args, env, stdout=log_path.with_suffix(".out"),
+                                           stderr=log_path, preloaded=self.preloaded)
+            self._forked |= self.preloaded and forks_preloaded(child.spec.args)
         except OSError as exc:  # executable missing or not runnable: a failed run like any other
             self.log.error("process_spawn_failed", name=child.spec.name, incarnation=child.incarnation,
                            error=str(exc))
