@@ -1,5 +1,5 @@
 """Shared test set-up: hypothesis without wall-clock deadlines (CI has 2 busy cores), local
-clusters' workers forked from a preloaded process (workers/cluster/preloaded.py), and a
+clusters' workers forked from a preloaded process (workers/supervise/preloaded.py), and a
 session check that no child process outlives the suite."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import settings
 
 from workers.cluster.local_cluster import LocalCluster
-from workers.cluster.preloaded import stop_server
+from workers.supervise.preloaded import stop_server
 
 settings.register_profile("noloco", deadline=None, max_examples=60, derandomize=True)
 settings.load_profile("noloco")

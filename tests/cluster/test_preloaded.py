@@ -1,4 +1,4 @@
-"""Local clusters' workers forked from a preloaded process (workers/cluster/preloaded.py): the
+"""Local clusters' workers forked from a preloaded process (workers/supervise/preloaded.py): the
 child is `noloco-rt ARGS` with the environment it was given, logs to its file, and answers
 poll, wait, signals and exit codes as a subprocess.Popen does."""
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from noloco_rt.membership.embedded_redis import free_port
-from workers.cluster.preloaded import ForkedProcess, stop_server
+from workers.supervise.preloaded import ForkedProcess, stop_server
 
 
 def _start(tmp_path, args, **env) -> tuple[ForkedProcess, object]:

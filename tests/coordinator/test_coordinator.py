@@ -26,7 +26,7 @@ from tests.support.command_env import command_env
 from tests.support.observer_stubs import observed_stages
 from tests.support.secrets import files_holding
 from workers.cluster.local_cluster import LocalCluster, read_events, start_command
-from workers.cluster.preloaded import ForkedProcess
+from workers.supervise.preloaded import ForkedProcess
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -27,7 +27,7 @@ from noloco_rt.membership.records import WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership
 from noloco_rt.model.llama import build_stage, lm_loss
-from workers.cluster.preloaded import ForkedProcess
+from workers.supervise.preloaded import ForkedProcess
 
 Event = dict[str, Any]
 
@@ -107,7 +107,7 @@ def run_command(args: list[str], env: dict[str, str], log_path: Path, *, timeout
 class LocalCluster:
     forked_workers = False
     """Start workers, and start_command's processes, forked from a process that has imported
-    torch already (preloaded.py; the test suite sets it: ~2.5 s of a core less per worker)."""
+    torch already (supervise/preloaded.py; the test suite sets it: ~2.5 s of a core less per worker)."""
 
     def __init__(self, tmp_path: Path, *, stages: int = 2, settings: dict[str, Any] | None = None,
                  redis: EmbeddedRedis | None = None, workers_redis_url: str | None = None) -> None:

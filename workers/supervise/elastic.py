@@ -5,7 +5,7 @@ DefaultLogsSpecs' run/attempt/rank folders, the owner's signal handlers kept acr
 PContext.start(), return codes, and the log files torch leaves open.
 
 A `noloco-rt` command of this interpreter (`python -m noloco_rt.cli ...`) is forked from the
-preloaded fork server (workers/cluster/preloaded.py) when asked: torch's function entry
+preloaded fork server (workers/supervise/preloaded.py) when asked: torch's function entry
 point, started the "forkserver" way, instead of a binary; it skips ~2.5 s of a core of
 imports at every start and restart. Anything else (`ip netns exec ...`, another program) is
 started as a binary.
@@ -32,6 +32,8 @@ from torch.distributed.elastic.multiprocessing import (
     start_processes,
 )
 from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+from workers.supervise.preloaded import ensure_server, run_supervised
 
 FORKED_POLL_S = 0.02
 """How often a stopping forked child is polled (each poll reads its return value if it is in)."""
@@ -83,8 +85,6 @@ class ElasticProcess:
         logs = FlatLogs(stdout, stderr)
         try:
             if preloaded and forks_preloaded(args):
-                from workers.cluster.preloaded import ensure_server, run_supervised
-
                 ensure_server()
                 context = start_processes(name=name, entrypoint=run_supervised, args={0: (tuple(args[3:]),)},
                                           envs={0: dict(env)}, logs_specs=logs, start_method="forkserver")

@@ -38,6 +38,7 @@ from noloco_rt.process.lifetime import (
     SUPERVISED_ENV,
 )
 from workers.supervise.elastic import ElasticProcess, forks_preloaded
+from workers.supervise.preloaded import stop_server
 
 STATES = ("pending", "running", "backoff", "finished", "failed", "stopped")
 EVENT_KINDS = ("started", "restarted", "exited", "gave_up")
@@ -220,8 +221,6 @@ class Supervisor:
                 child.state = "stopped"
         self._final = {c.spec.name: c.returncode for c in self._children}
         if self._forked:  # the fork server and its resource tracker end with their children
-            from workers.cluster.preloaded import stop_server
-
             for child in self._children:  # torch's queues and events go: stop_server unlinks them
                 child.process = None
             stop_server()
