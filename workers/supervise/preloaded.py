@@ -60,11 +60,18 @@ def _run_entry_point(args: Sequence[str], env: Mapping[str, str], log_path: str)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+    _become_noloco_rt(args)
+
+
+def _become_noloco_rt(args: Sequence[str]) -> None:
+    """What every forked child does once its environment and files are set: line-buffered
+    output, torch's threads from its own OMP_NUM_THREADS (torch read the server's), and then
+    `noloco-rt ARGS`' entry point."""
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     import torch
 
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", SERVER_THREADS)))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", SERVER_THREADS)))
     sys.argv = ["noloco-rt", *args]
     from noloco_rt.cli import entry_point
 
@@ -88,16 +95,8 @@ def run_supervised(args: Sequence[str]) -> int:
     # The fork server is our parent: it exits when the supervisor does, and its death is what
     # the parent-death signal sees.
     os.environ[PARENT_PID_ENV] = str(os.getppid())
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", SERVER_THREADS)))
-    sys.argv = ["noloco-rt", *args]
-    from noloco_rt.cli import entry_point
-
     try:
-        entry_point()
+        _become_noloco_rt(args)
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise
