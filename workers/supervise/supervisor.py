@@ -143,7 +143,7 @@ class Supervisor:
     def __init__(self, specs: Sequence[ProcessSpec], *, log_dir: Path, policy: RestartPolicy, grace_s: float,
                  log: EventLog | None = None, preloaded: bool = False) -> None:
         """`preloaded`: fork the `noloco-rt` commands among the specs from a fork server that has
-        imported torch and the worker (workers/supervise/elastic.py), stopped with the rest."""
+        imported torch and the worker (workers/supervise/preloaded.py), stopped with the rest."""
         names = [spec.name for spec in specs]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
