@@ -333,22 +333,36 @@ def test_incarnations_continue_after_old_logs(supervise, tmp_path):
 def test_children_die_when_the_supervisor_is_sigkilled(tmp_path):
     child = ("from noloco_rt.process.lifetime import set_parent_death_signal_from_env as arm\n"
              "import os\narm()\nprint('ready', os.getpid(), flush=True)\n" + SLEEPER)
+
+    def started() -> int:
+        line = wait_until(lambda: _first_line(tmp_path / "orphan.0.out"), timeout_s=30, what="the child to start")
+        return int(line.split()[1])
+
+    _sigkill_the_supervisor_of(f"ProcessSpec('orphan', (sys.executable, '-c', {child!r}))", tmp_path, started,
+                               preloaded=False, death_s=10)
+
+
+def _sigkill_the_supervisor_of(spec: str, log_dir: Path, started: Callable[[], int], *, preloaded: bool,
+                               death_s: float) -> None:
+    """Supervise the one process `spec` (Python making a ProcessSpec) in a process of its own;
+    once `started()` has its child's pid (its parent-death signal armed), SIGKILL that
+    supervisor: the child must die within death_s."""
     script = f"""
         import sys, threading
         from pathlib import Path
         from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor
-        spec = ProcessSpec("orphan", (sys.executable, "-c", {child!r}))
-        Supervisor([spec], log_dir=Path({str(tmp_path)!r}), policy=RestartPolicy(), grace_s=1.0).run(threading.Event())
+        Supervisor([{spec}], log_dir=Path({str(log_dir)!r}), policy=RestartPolicy(), grace_s=1.0,
+                   preloaded={preloaded}).run(threading.Event())
     """
-    supervisor = subprocess.Popen(python(script), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    supervisor = subprocess.Popen(python(script), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=command_env())
     child_pid = None
     try:
-        line = wait_until(lambda: _first_line(tmp_path / "orphan.0.out"), timeout_s=30, what="the child to start")
-        child_pid = int(line.split()[1])
+        child_pid = started()
         assert alive(child_pid)
         supervisor.kill()
         assert supervisor.wait(10) == -signal.SIGKILL
-        wait_until(lambda: not alive(child_pid), timeout_s=10, what=f"child {child_pid} to die with its parent")
+        wait_until(lambda: not alive(child_pid), timeout_s=death_s, what=f"child {child_pid} to die with its parent")
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
@@ -407,31 +421,16 @@ def test_a_forked_child_dies_when_the_supervisor_is_sigkilled(tmp_path):
     """Its parent is the fork server, which must end with the supervisor for the parent-death
     signal to reach the child (multiprocessing hands children the server's keep-alive pipe)."""
     name = f"o{os.getpid() % 10_000}"
-    spec = (*NOLOCO_RT, "worker", "--stage", "0", "--name", name, "--redis-url", "redis://127.0.0.1:1/0")
-    script = f"""
-        import sys, threading
-        from pathlib import Path
-        from workers.supervise.supervisor import ProcessSpec, RestartPolicy, Supervisor
-        spec = ProcessSpec("orphan", {spec!r}, env={{"NOLOCO_WORKER_REDIS_WAIT_S": "120"}})
-        Supervisor([spec], log_dir=Path({str(tmp_path)!r}), policy=RestartPolicy(), grace_s=1.0,
-                   preloaded=True).run(threading.Event())
-    """
-    supervisor = subprocess.Popen(python(script), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  env=command_env())
-    child_pid = None
-    try:
-        child_pid = wait_until(lambda: _pid_named(f"noloco-rt {name}"), timeout_s=60, what="the forked child")
+    args = (*NOLOCO_RT, "worker", "--stage", "0", "--name", name, "--redis-url", "redis://127.0.0.1:1/0")
+
+    def started() -> int:
+        pid = wait_until(lambda: _pid_named(f"noloco-rt {name}"), timeout_s=60, what="the forked child")
         wait_until(lambda: "redis_waiting" in _text(tmp_path / "orphan.0.log"), timeout_s=60,
                    what="the child to arm its parent-death signal and wait for Redis")
-        supervisor.kill()
-        assert supervisor.wait(10) == -signal.SIGKILL
-        wait_until(lambda: not alive(child_pid), timeout_s=20, what=f"child {child_pid} to die with its supervisor")
-    finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-            supervisor.wait(10)
-        if child_pid is not None and alive(child_pid):
-            os.kill(child_pid, signal.SIGKILL)
+        return pid
+
+    _sigkill_the_supervisor_of(f"ProcessSpec('orphan', {args!r}, env={{'NOLOCO_WORKER_REDIS_WAIT_S': '120'}})",
+                               tmp_path, started, preloaded=True, death_s=20)
 
 
 def _text(path: Path) -> str:
