@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_check import child_env
-from benchmarks.overhead import SHAPES, git_commit, run_up
+from benchmarks.overhead import SHAPES, format_spread, git_commit, run_up, spread
 from benchmarks.table import emit, markdown_table
 
 TRACER = Path(__file__).resolve().parent / "boundary_trace"
@@ -99,11 +99,6 @@ def load_traces(trace_dir: Path) -> dict[int, list[Record]]:
     return traces
 
 
-def spread_cell(values: Sequence[float]) -> str:
-    low, high = min(values), max(values)
-    return f"{statistics.median(values):.2f}" + (f" [{low:.2f}–{high:.2f}]" if len(values) > 1 else "")
-
-
 def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[list[dict], list[dict]]:
     """Each run's boundary medians and per-step totals of both workers."""
     spec = dataclasses.replace(SHAPES["pipeline"], steps=steps)
@@ -126,12 +121,12 @@ def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[li
 
 
 def render(boundaries: list[dict], totals: list[dict], commit_note: str) -> str:
-    rows = [[name, spread_cell([b[name] for b in boundaries])] for name in boundaries[0]]
+    rows = [[name, format_spread(spread([b[name] for b in boundaries]), ".2f")] for name in boundaries[0]]
     text = markdown_table(f"The last stage's wait at a step boundary, ms: median over runs [min–max] of each "
                           f"run's median; {commit_note}", ["part", "ms"], rows)
     for stage in ("stage 0", "stage 1"):
         names = sorted({n for t in totals for n in t[stage]}, key=lambda n: -totals[0][stage].get(n, 0.0))
-        rows = [[n, spread_cell([t[stage].get(n, 0.0) for t in totals])] for n in names]
+        rows = [[n, format_spread(spread([t[stage].get(n, 0.0) for t in totals]), ".2f")] for n in names]
         text += "\n" + markdown_table(f"{stage}: ms per inner step in each call", ["call", "ms per step"], rows)
     return text
 
