@@ -33,8 +33,12 @@ TRACER = Path(__file__).resolve().parent / "boundary_trace"
 SKIP_STEPS = 50
 """Inner steps left out at the start (start-up, warm-up) before the steps analysed."""
 
-Record = tuple[str, float, float, bool]
-"""(call, start, end, took a message), perf_counter seconds; see boundary_trace/sitecustomize.py."""
+Record = tuple
+"""(call, start, end, took a message[, CPU seconds of the calling thread]), perf_counter
+seconds; see boundary_trace/sitecustomize.py."""
+OFF_CPU = " off the CPU"
+"""per_step's key suffix: of a call's time, what its thread spent waiting or runnable
+while other threads had the cores (wall minus thread CPU)."""
 
 BOUNDARY = ("the gradient crosses back", "stage 0: the last backward", "stage 0: inner step",
             "stage 0: between calls", "stage 0: the next first forward", "stage 0: forward to sent",
@@ -75,16 +79,19 @@ def boundary_parts(first: Sequence[Record], last: Sequence[Record], *, skip: int
 
 def per_step(records: Sequence[Record], *, skip: int = SKIP_STEPS, steps: int = 100) -> dict[str, float]:
     """Milliseconds per inner step of each call (and of a whole step), over `steps` inner steps
-    from `skip` on; a receive that waited and took a message counts as "receive (waiting)"."""
+    from `skip` on; a receive that waited and took a message counts as "receive (waiting)".
+    Records that carry their CPU seconds also give "<call> off the CPU" (see OFF_CPU)."""
     ends = [r[2] for r in records if r[0] == "inner_step"][skip:skip + steps + 1]
     if len(ends) < 2:
         raise ValueError(f"{len(ends)} inner steps traced after the first {skip}: too few")
     window = [r for r in records if ends[0] <= r[1] < ends[-1]]
     count = len(ends) - 1
     totals: dict[str, float] = {"a whole inner step": (ends[-1] - ends[0]) * 1000 / count}
-    for name, start, end, took in window:
+    for name, start, end, took, *cpu in window:
         key = "receive (waiting)" if name == "receive" and took else name
         totals[key] = totals.get(key, 0.0) + (end - start) * 1000 / count
+        if cpu:
+            totals[key + OFF_CPU] = totals.get(key + OFF_CPU, 0.0) + (end - start - cpu[0]) * 1000 / count
     return totals
 
 
@@ -125,9 +132,18 @@ def render(boundaries: list[dict], totals: list[dict], commit_note: str) -> str:
     text = markdown_table(f"The last stage's wait at a step boundary, ms: median over runs [min–max] of each "
                           f"run's median; {commit_note}", ["part", "ms"], rows)
     for stage in ("stage 0", "stage 1"):
-        names = sorted({n for t in totals for n in t[stage]}, key=lambda n: -totals[0][stage].get(n, 0.0))
-        rows = [[n, format_spread(spread([t[stage].get(n, 0.0) for t in totals]), ".2f")] for n in names]
-        text += "\n" + markdown_table(f"{stage}: ms per inner step in each call", ["call", "ms per step"], rows)
+        calls = {n for t in totals for n in t[stage] if not n.endswith(OFF_CPU)}
+        names = sorted(calls, key=lambda n: -totals[0][stage].get(n, 0.0))
+
+        def off_cpu(name: str) -> str:
+            values = [t[stage][name + OFF_CPU] for t in totals if name + OFF_CPU in t[stage]]
+            return format_spread(spread(values), ".2f") if values else "–"
+
+        rows = [[n, format_spread(spread([t[stage].get(n, 0.0) for t in totals]), ".2f"), off_cpu(n)]
+                for n in names]
+        text += "\n" + markdown_table(f"{stage}: ms per inner step in each call, and of it off the CPU (waiting, "
+                                       f"or runnable while other threads had the cores)",
+                                       ["call", "ms per step", "off the CPU"], rows)
     return text
 
 

@@ -3,9 +3,11 @@
 Python imports this file at start-up in every process whose PYTHONPATH lists this folder;
 it does nothing unless BOUNDARY_TRACE_DIR is set. Then, just before the worker module is
 first imported, it wraps the calls below so that each appends (name, start, end, took a
-message) to a list, written as JSON to BOUNDARY_TRACE_DIR/<pid>.json every 500 calls and at
-exit. time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process, so a
-message can be followed from one worker into the next.
+message, seconds on the CPU) to a list, written as JSON to BOUNDARY_TRACE_DIR/<pid>.json
+every 500 calls and at exit. time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process, so a
+message can be followed from one worker into the next. The calling thread's CPU seconds
+(time.thread_time) tell a call's own work from its time off the CPU: waiting, or runnable
+while other threads had the cores.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ TRACED = (  # (module, class, method, name in the trace)
 
 
 def _install(trace_dir: str) -> None:
-    records: list[tuple[str, float, float, bool]] = []
+    records: list[tuple[str, float, float, bool, float]] = []
 
     def dump() -> None:
         with open(os.path.join(trace_dir, f"{os.getpid()}.json"), "w") as file:
@@ -37,9 +39,9 @@ def _install(trace_dir: str) -> None:
 
     def wrapped(original, name):
         def call(*args, **kwargs):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             result = original(*args, **kwargs)
-            records.append((name, started, time.perf_counter(), result is not None))
+            records.append((name, started, time.perf_counter(), result is not None, time.thread_time() - cpu_started))
             if len(records) % 500 == 0:
                 dump()
             return result

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks.pipeline_boundary import BOUNDARY, TRACER, boundary_parts, load_traces, per_step
+from benchmarks.pipeline_boundary import BOUNDARY, OFF_CPU, TRACER, boundary_parts, load_traces, per_step, render
 
 MS = 1e-3
 
@@ -50,6 +50,22 @@ def test_per_step_totals_split_waiting_receives_from_the_rest():
     assert totals["receive (waiting)"] == pytest.approx(6.0)
     with pytest.raises(ValueError, match="too few"):
         per_step(first, skip=2, steps=1)
+
+
+def test_calls_that_carry_their_cpu_seconds_show_their_time_off_the_cpu():
+    first, _ = _two_steps()
+    # The backward computed 4 of its 5 ms; the waiting receive used 0.1 of its 6.
+    cpu = {"gradient": 4 * MS, "receive": 0.1 * MS}
+    first = [(*r, cpu.get(r[0], r[2] - r[1])) for r in first]
+    totals = per_step(first, skip=0, steps=1)
+    assert totals["gradient" + OFF_CPU] == pytest.approx(1.0)
+    assert totals["receive (waiting)" + OFF_CPU] == pytest.approx(5.9)
+    assert totals["forward" + OFF_CPU] == pytest.approx(0.0)
+    assert "a whole inner step" + OFF_CPU not in totals
+    boundaries = [{name: 1.0 for name in BOUNDARY}]
+    text = render(boundaries, [{"stage 0": totals, "stage 1": totals}], "a note")
+    assert "| gradient | 5.00 | 1.00 |" in text.replace("  ", " ")
+    assert "| a whole inner step | 100.00 | – |" in text.replace("  ", " ")
 
 
 def test_the_tracer_wraps_the_worker_calls_and_writes_its_trace_at_exit(tmp_path):
