@@ -8,8 +8,9 @@ At each inner step the last stage waits for stage 0: the gradient of the step's 
 microbatch crosses back, stage 0 runs that microbatch's backward, its inner step and the next
 step's first forward, and the activation crosses over. The schedule's ideal counts one
 stage's forward + backward for that wait; the table splits what the runtime spends, and
-what each worker spends per step, as medians over the inner steps of the middle of the run.
-Tracing costs a few microseconds a call.
+what each worker spends per step, as medians over the inner steps of the middle of the run,
+with how much of each call its thread spent off the CPU (a compute call's share is time
+lost to other threads and processes). Tracing costs a few microseconds a call.
 """
 
 from __future__ import annotations
