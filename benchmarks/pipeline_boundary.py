@@ -128,6 +128,12 @@ def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[li
     return boundaries, totals
 
 
+def _off_cpu_cell(totals: list[dict[str, float]], name: str) -> str:
+    """A call's time off the CPU over the runs whose traces carried CPU seconds ("–": none did)."""
+    values = [t[name + OFF_CPU] for t in totals if name + OFF_CPU in t]
+    return format_spread(spread(values), ".2f") if values else "–"
+
+
 def render(boundaries: list[dict], totals: list[dict], commit_note: str) -> str:
     rows = [[name, format_spread(spread([b[name] for b in boundaries]), ".2f")] for name in boundaries[0]]
     text = markdown_table(f"The last stage's wait at a step boundary, ms: median over runs [min–max] of each "
@@ -136,12 +142,8 @@ def render(boundaries: list[dict], totals: list[dict], commit_note: str) -> str:
         calls = {n for t in totals for n in t[stage] if not n.endswith(OFF_CPU)}
         names = sorted(calls, key=lambda n: -totals[0][stage].get(n, 0.0))
 
-        def off_cpu(name: str) -> str:
-            values = [t[stage][name + OFF_CPU] for t in totals if name + OFF_CPU in t[stage]]
-            return format_spread(spread(values), ".2f") if values else "–"
-
-        rows = [[n, format_spread(spread([t[stage].get(n, 0.0) for t in totals]), ".2f"), off_cpu(n)]
-                for n in names]
+        rows = [[n, format_spread(spread([t[stage].get(n, 0.0) for t in totals]), ".2f"),
+                 _off_cpu_cell([t[stage] for t in totals], n)] for n in names]
         text += "\n" + markdown_table(f"{stage}: ms per inner step in each call, and of it off the CPU (waiting, "
                                        f"or runnable while other threads had the cores)",
                                        ["call", "ms per step", "off the CPU"], rows)

@@ -10,7 +10,15 @@ import sys
 
 import pytest
 
-from benchmarks.pipeline_boundary import BOUNDARY, OFF_CPU, TRACER, boundary_parts, load_traces, per_step, render
+from benchmarks.pipeline_boundary import (
+    BOUNDARY,
+    OFF_CPU,
+    TRACER,
+    boundary_parts,
+    load_traces,
+    per_step,
+    render,
+)
 
 MS = 1e-3
 
