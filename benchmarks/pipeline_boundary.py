@@ -99,9 +99,9 @@ def per_step(records: Sequence[Record], *, skip: int = SKIP_STEPS, steps: int = 
 def load_traces(trace_dir: Path) -> dict[int, list[Record]]:
     """The trace of each worker, by its stage (read from its command line)."""
     traces: dict[int, list[Record]] = {}
-    for path in trace_dir.glob("*.json"):
-        data = json.loads(path.read_text())
-        argv, records = data["argv"], data["records"]
+    for path in trace_dir.glob("*.jsonl"):
+        head, *lines = path.read_text().splitlines()
+        argv, records = json.loads(head)["argv"], [json.loads(line) for line in lines]
         if "--stage" in argv and records:
             traces[int(argv[argv.index("--stage") + 1])] = [tuple(r) for r in records]
     return traces

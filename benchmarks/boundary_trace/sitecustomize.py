@@ -3,8 +3,8 @@
 Python imports this file at start-up in every process whose PYTHONPATH lists this folder;
 it does nothing unless BOUNDARY_TRACE_DIR is set. Then, just before the worker module is
 first imported, it wraps the calls below so that each appends (name, start, end, took a
-message, seconds on the CPU) to a list, written as JSON to BOUNDARY_TRACE_DIR/<pid>.json
-every 500 calls and at exit. time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process, so a
+message, seconds on the CPU) to a list, appended to BOUNDARY_TRACE_DIR/<pid>.jsonl (a line
+of argv, then a line per call) every 500 calls and at exit. time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process, so a
 message can be followed from one worker into the next. The calling thread's CPU seconds
 (time.thread_time) tell a call's own work from its time off the CPU: waiting, or runnable
 while other threads had the cores.
@@ -32,10 +32,22 @@ TRACED = (  # (module, class, method, name in the trace)
 
 def _install(trace_dir: str) -> None:
     records: list[tuple[str, float, float, bool, float]] = []
+    written = {"count": 0}
+    """How many records this process has written: each dump appends only the new ones (a
+    dump of the whole list grew with the run and landed inside the calls around it)."""
+
+    def forked() -> None:  # a worker forked from the preloaded server starts a trace of its own
+        records.clear()
+        written["count"] = 0
+
+    os.register_at_fork(after_in_child=forked)
 
     def dump() -> None:
-        with open(os.path.join(trace_dir, f"{os.getpid()}.json"), "w") as file:
-            json.dump({"argv": sys.argv, "records": records}, file)
+        with open(os.path.join(trace_dir, f"{os.getpid()}.jsonl"), "a") as file:
+            if written["count"] == 0:
+                file.write(json.dumps({"argv": sys.argv}) + "\n")
+            file.writelines(json.dumps(r) + "\n" for r in records[written["count"]:])
+        written["count"] = len(records)
 
     def wrapped(original, name):
         def call(*args, **kwargs):

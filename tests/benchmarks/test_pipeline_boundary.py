@@ -86,6 +86,6 @@ def test_the_tracer_wraps_the_worker_calls_and_writes_its_trace_at_exit(tmp_path
     done = subprocess.run([sys.executable, "-c", code, "--stage", "1"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    (trace,) = tmp_path.glob("*.json")
-    assert json.loads(trace.read_text()) == {"argv": ["-c", "--stage", "1"], "records": []}
+    (trace,) = tmp_path.glob("*.jsonl")
+    assert [json.loads(line) for line in trace.read_text().splitlines()] == [{"argv": ["-c", "--stage", "1"]}]
     assert load_traces(tmp_path) == {}  # a worker that traced nothing is left out
