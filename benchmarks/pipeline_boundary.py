@@ -141,7 +141,6 @@ def render(boundaries: list[dict], totals: list[dict], commit_note: str) -> str:
     for stage in ("stage 0", "stage 1"):
         calls = {n for t in totals for n in t[stage] if not n.endswith(OFF_CPU)}
         names = sorted(calls, key=lambda n: -totals[0][stage].get(n, 0.0))
-
         rows = [[n, format_spread(spread([t[stage].get(n, 0.0) for t in totals]), ".2f"),
                  _off_cpu_cell([t[stage] for t in totals], n)] for n in names]
         text += "\n" + markdown_table(f"{stage}: ms per inner step in each call, and of it off the CPU (waiting, "

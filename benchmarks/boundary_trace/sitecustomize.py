@@ -4,10 +4,11 @@ Python imports this file at start-up in every process whose PYTHONPATH lists thi
 it does nothing unless BOUNDARY_TRACE_DIR is set. Then, just before the worker module is
 first imported, it wraps the calls below so that each appends (name, start, end, took a
 message, seconds on the CPU) to a list, appended to BOUNDARY_TRACE_DIR/<pid>.jsonl (a line
-of argv, then a line per call) every 500 calls and at exit. time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process, so a
-message can be followed from one worker into the next. The calling thread's CPU seconds
-(time.thread_time) tell a call's own work from its time off the CPU: waiting, or runnable
-while other threads had the cores.
+of argv, then a line per call) every 500 calls and at exit. time.perf_counter is
+CLOCK_MONOTONIC on Linux: one clock for every process, so a message can be followed from
+one worker into the next. The calling thread's CPU seconds (time.thread_time) tell a
+call's own work from its time off the CPU: waiting, or runnable while other threads had
+the cores.
 """
 
 from __future__ import annotations
