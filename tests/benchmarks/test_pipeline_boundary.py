@@ -76,16 +76,20 @@ def test_calls_that_carry_their_cpu_seconds_show_their_time_off_the_cpu():
     assert "| a whole inner step | 100.00 | – |" in text.replace("  ", " ")
 
 
-def test_the_tracer_wraps_the_worker_calls_and_writes_its_trace_at_exit(tmp_path):
-    env = {**os.environ, "BOUNDARY_TRACE_DIR": str(tmp_path),
+def _run_traced(trace_dir, code: str) -> None:
+    """`code` in a fresh interpreter (argv: -c --stage 1) with the tracer installed, tracing into `trace_dir`."""
+    env = {**os.environ, "BOUNDARY_TRACE_DIR": str(trace_dir),
            "PYTHONPATH": os.pathsep.join((str(TRACER), os.getcwd()))}
-    code = ("import workers.worker\n"
-            "from workers.data_path.context import DataContext\n"
-            "from noloco_rt.net.data_link import DataLink\n"
-            "assert DataContext.run_stage.__name__ == 'call' and DataLink.send.__name__ == 'call'\n")
     done = subprocess.run([sys.executable, "-c", code, "--stage", "1"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_tracer_wraps_the_worker_calls_and_writes_its_trace_at_exit(tmp_path):
+    _run_traced(tmp_path, "import workers.worker\n"
+                          "from workers.data_path.context import DataContext\n"
+                          "from noloco_rt.net.data_link import DataLink\n"
+                          "assert DataContext.run_stage.__name__ == 'call' and DataLink.send.__name__ == 'call'\n")
     (trace,) = tmp_path.glob("*.jsonl")
     assert [json.loads(line) for line in trace.read_text().splitlines()] == [{"argv": ["-c", "--stage", "1"]}]
     assert load_traces(tmp_path) == {}  # a worker that traced nothing is left out
@@ -93,21 +97,16 @@ def test_the_tracer_wraps_the_worker_calls_and_writes_its_trace_at_exit(tmp_path
 
 def test_a_forked_child_traces_only_its_own_calls_into_a_file_of_its_own(tmp_path):
     """As a worker forked from the preloaded server does: the parent's records stay out."""
-    env = {**os.environ, "BOUNDARY_TRACE_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join((str(TRACER), os.getcwd()))}
-    code = ("import os, queue, sys, types\n"
-            "import workers.worker\n"
-            "from noloco_rt.net.data_link import DataLink\n"
-            "link = types.SimpleNamespace(_events=queue.Queue())\n"
-            "DataLink.receive(link, 0)\n"
-            "child = os.fork()\n"
-            "if child == 0:\n"
-            "    DataLink.receive(link, 0); DataLink.receive(link, 0)\n"
-            "    sys.exit(0)\n"
-            "assert os.waitpid(child, 0)[1] == 0\n")
-    done = subprocess.run([sys.executable, "-c", code, "--stage", "1"], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    _run_traced(tmp_path, "import os, queue, sys, types\n"
+                          "import workers.worker\n"
+                          "from noloco_rt.net.data_link import DataLink\n"
+                          "link = types.SimpleNamespace(_events=queue.Queue())\n"
+                          "DataLink.receive(link, 0)\n"
+                          "child = os.fork()\n"
+                          "if child == 0:\n"
+                          "    DataLink.receive(link, 0); DataLink.receive(link, 0)\n"
+                          "    sys.exit(0)\n"
+                          "assert os.waitpid(child, 0)[1] == 0\n")
     traces = {int(path.stem): path.read_text().splitlines() for path in tmp_path.glob("*.jsonl")}
     assert sorted(len(lines) - 1 for lines in traces.values()) == [1, 2]  # argv, then one line per call
     for lines in traces.values():
