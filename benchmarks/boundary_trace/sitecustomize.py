@@ -28,6 +28,9 @@ TRACED = (  # (module, class, method, name in the trace)
     ("workers.inner_step", "InnerStep", "_step", "inner_step"),
     ("noloco_rt.net.data_link", "DataLink", "receive", "receive"),
     ("noloco_rt.net.data_link", "DataLink", "send", "send"),
+    # Not the training thread's: the link thread's turn at taking messages off the socket,
+    # decoding them included; its CPU seconds are its share of the cores (and of the GIL).
+    ("noloco_rt.net.data_link", "DataLink", "_receive_some", "link thread: receive and decode"),
 )
 
 
