@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import random
 import secrets
 import shutil
 import signal
@@ -56,10 +57,35 @@ def embedded_redis_password(network: NetworkConfig) -> str:
     return password_from_file(network.redis_password_file) or random_password()
 
 
+LISTEN_PORTS_FROM = 20000
+"""The lowest port free_port picks (below it: well-known and registered services)."""
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_pick = random.SystemRandom()  # not the random module's state, which a seeded run may share
+
+
+def ephemeral_ports_start(range_file: Path = EPHEMERAL_RANGE) -> int:
+    """The first port Linux gives outgoing connections (32768 where the file cannot be read)."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port free on `host` now, for a server that binds it a moment later. Picked at random
+    below the ephemeral range when there is room: a port the kernel hands out (bind to 0) can
+    be taken by any process's outgoing connection in between (a run's status port was, twice
+    in a row, while two test sessions shared the machine)."""
+    below = ephemeral_ports_start() - 1
+    candidates = [_pick.randint(LISTEN_PORTS_FROM, below) for _ in range(32)] if below > LISTEN_PORTS_FROM else []
+    for port in [*candidates, 0]:  # 0: the kernel's choice, when nothing below the range is free
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError(f"no free port on {host}")
 
 
 def _die_with_parent() -> None:

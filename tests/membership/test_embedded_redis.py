@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from noloco_rt.membership.embedded_redis import EmbeddedRedis, redis_server_binary
+from noloco_rt.membership.embedded_redis import (
+    LISTEN_PORTS_FROM,
+    EmbeddedRedis,
+    ephemeral_ports_start,
+    free_port,
+    redis_server_binary,
+)
 from noloco_rt.membership.redis_access import connect
 
 
@@ -165,3 +171,20 @@ def test_a_random_password_is_required_and_never_on_the_command_line():
         assert connect(server.url).config_get("protected-mode")["protected-mode"] == "yes"
         # Nor in any file: it reached the server through its standard input.
         assert not [f for f in server.log_path.parent.rglob("*") if f.is_file() and password.encode() in f.read_bytes()]
+
+
+def test_free_ports_come_from_below_the_range_that_outgoing_connections_take(tmp_path):
+    """A port the kernel would give an outgoing connection can be taken between the pick and
+    the server's bind: picks stay under that range, spread out, and are free to bind."""
+    start = ephemeral_ports_start()
+    picks = {free_port() for _ in range(20)}
+    assert all(LISTEN_PORTS_FROM <= port < start for port in picks), (sorted(picks), start)
+    assert len(picks) > 10  # at random, not one port handed to every caller
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", picks.pop()))
+    # Where the range cannot be read, Linux's default start.
+    (tmp_path / "range").write_text("1024\t60999\n")
+    assert ephemeral_ports_start(tmp_path / "range") == 1024
+    assert ephemeral_ports_start(tmp_path / "missing") == 32768
+    (tmp_path / "garbage").write_text("none")
+    assert ephemeral_ports_start(tmp_path / "garbage") == 32768
