@@ -110,7 +110,10 @@ def test_without_site_names_workers_learn_which_next_stage_peer_is_far_and_keep_
         near, far = ids[f"s1-r{replica}"][:8], ids[f"s1-r{1 - replica}"][:8]  # replica r of each stage in site r
         judged = [e for e in events if e.get("event") == "far_peers"]
         assert judged and judged[-1]["far"] == [far], judged
-        assert judged[-1]["links_ms"][far] > 40 > 5 > judged[-1]["links_ms"][near]  # 50 ms RTT across
+        # 50 ms RTT across. A near link's best trip is a loopback round trip through both link
+        # threads: under 5 ms on an idle machine, 11 ms seen with the suite's two lanes on 2 cores.
+        links = judged[-1]["links_ms"]
+        assert links[far] > 40 and links[near] < links[far] / 2, links
         summary = [e for e in events if e.get("event") == "worker_summary"][-1]
         routed = summary["routed_to"]
         # Judged after at least MIN_SAMPLES round trips to it (more on a loaded machine, where the
