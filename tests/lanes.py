@@ -33,6 +33,10 @@ LANES = (PROCESSES, REST)
 IN_PROCESS = ("tests/simulation/", "tests/model/", "tests/memory/", "tests/benchmarks/")
 """Folders whose slow tests train in the test's own process (or a child that only computes),
 not against real workers' deadlines: they run in the rest lane."""
+LANE_ENV = {REST: {"OMP_NUM_THREADS": "1"}}
+"""Beside the other lane, the rest computes on one torch thread: with two, each OpenMP region
+waits for a second core the other lane holds (the simulator's learning tests took 6 times as
+long as alone)."""
 WAIT_TURN_S = 0.5
 """How long the wait for one lane lasts before the next one's turn (their end times are
 this exact)."""
@@ -100,6 +104,7 @@ def summary(lanes: list[Lane]) -> str:
 def _start(name: str, args: list[str], *, streams: bool) -> Lane:
     log = None if streams else tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen(lane_command(name, args), stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, **LANE_ENV.get(name, {})},
                                start_new_session=True)  # its own group: stopped by us, not by the terminal
     return Lane(name, process, log, time.monotonic())
 

@@ -1,6 +1,6 @@
 """The two-lane runner of `make test` (tests/lanes.py), on a small suite of its own: every test
 runs in exactly one lane, a failure in either fails the whole, and the quiet lane's report is
-printed, not lost; and which lane the suite's own tests take."""
+printed, not lost; the rest lane on one torch thread; and which lane the suite's own tests take."""
 
 from __future__ import annotations
 
@@ -13,18 +13,20 @@ from tests.lanes import PROCESSES, REST, combined_status, lane_of
 from tests.support.paths import REPO
 
 SUITE = textwrap.dedent("""
+    import os
+
     import pytest
 
     @pytest.mark.slow
     def test_slow_one():
-        print("ran slow_one")
+        print("slow lane threads", os.environ.get("OMP_NUM_THREADS"))
 
     @pytest.mark.slow
     def test_slow_two_fails():
         assert {fail} == 0
 
     def test_fast_one():
-        pass
+        print("rest lane threads", os.environ.get("OMP_NUM_THREADS"))
 
     def test_fast_two():
         pass
@@ -34,7 +36,7 @@ SUITE = textwrap.dedent("""
 def _run_lanes(tmp_path, *, fail: int) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
     (tmp_path / "test_small.py").write_text(SUITE.format(fail=fail))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "3"}
     return subprocess.run([sys.executable, "-m", "tests.lanes", "-rA"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -47,6 +49,8 @@ def test_each_test_runs_in_one_lane_and_both_reports_are_printed(tmp_path):
     assert "2 passed, 2 deselected" in slow_report and "2 passed, 2 deselected" in fast_report
     assert "PASSED test_small.py::test_slow_one" in slow_report and "test_fast" not in slow_report
     assert "PASSED test_small.py::test_fast_two" in fast_report and "test_slow" not in fast_report
+    # The rest lane computes on one torch thread; the other keeps the caller's setting.
+    assert "slow lane threads 3" in slow_report and "rest lane threads 1" in fast_report
     assert out.rstrip().splitlines()[-1].startswith("lanes: processes lane passed (exit 0, ")
 
 
