@@ -47,8 +47,8 @@ browser:
 	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; }; }; } || \
 	  echo "make: no chromium installed (needs root and apt): the live page's browser check will be skipped"
 
-# The suite in two lanes at once (tests/lanes.py): the fast tests beside the slow ones, which
-# leave about a third of the cores idle while they wait on their processes.
+# The suite in two lanes at once (tests/lanes.py): the slow tests that start real processes, which
+# leave about a third of the cores idle while they wait on them, and every other test beside them.
 test: $(STAMP) tls-redis browser bytecode
 	$(BIN)/ruff check noloco_rt workers coordinator tests benchmarks
 	$(BIN)/python -m tests.lanes

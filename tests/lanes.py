@@ -8,10 +8,10 @@ no deadline that a busy core could make them miss.
 
     python -m tests.lanes [PYTEST ARGS]   # what `make test` runs; the arguments go to both lanes
 
-Each lane is a pytest given `-p tests.lanes --lane NAME`: this module is also the pytest plugin
-that then deselects the other lane's tests (`lane_of`). The processes lane prints as it goes; the other lane's report follows it,
-then one line for both. The exit status is the first failing lane's (0: both passed).
-Ctrl-C stops both lanes.
+Each lane is a pytest given `-p tests.lanes --lane NAME`: this module is also the pytest
+plugin that then deselects the other lane's tests (`lane_of`). The processes lane prints as it
+goes; the other lane's report follows it, then one line for both. The exit status is the
+first failing lane's (0: both passed). Ctrl-C stops both lanes.
 """
 
 from __future__ import annotations
