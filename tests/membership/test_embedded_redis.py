@@ -182,7 +182,7 @@ def test_free_ports_come_from_below_the_range_that_outgoing_connections_take(tmp
     assert len(picks) > 10  # at random, not one port handed to every caller
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", picks.pop()))
-    # Where the range cannot be read, Linux's default start.
+    # The range as the kernel gives it; where it cannot be read, Linux's default start.
     (tmp_path / "range").write_text("1024\t60999\n")
     assert ephemeral_ports_start(tmp_path / "range") == 1024
     assert ephemeral_ports_start(tmp_path / "missing") == 32768
