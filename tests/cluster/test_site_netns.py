@@ -65,6 +65,7 @@ def _round_trip_s(prefix: list[str], host: str, port: int = PORT + 2) -> float:
     return float(done.stdout)
 
 
+@pytest.mark.slow  # real relays in namespaces of fixed names: one test at a time may hold them (tests/lanes.py)
 def test_only_traffic_between_sites_crosses_the_relay_and_the_shaped_link(sites):
     before = _link_bytes()
     near = _round_trip_s(netns.exec_prefix(3), netns.worker_ip(2))
