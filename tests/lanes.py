@@ -11,7 +11,7 @@ no deadline that a busy core could make them miss.
 Each lane is a pytest given `-p tests.lanes --lane NAME`: this module is also the pytest
 plugin that then deselects the other lane's tests (`lane_of`). The processes lane prints as it
 goes; the other lane's report follows it, then one line for both. The exit status is the
-first failing lane's (0: both passed). Ctrl-C stops both lanes.
+first failing lane's (0: both passed). Ctrl-C or SIGTERM stops both lanes.
 """
 
 from __future__ import annotations
@@ -133,7 +133,13 @@ def _stop_all(lanes: list[Lane]) -> None:
             lane.process.wait()
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)  # SystemExit: the lanes are stopped as for Ctrl-C
+
+
 def main(args: list[str]) -> int:
+    # The lanes run in sessions of their own: a SIGTERM (a CI job cancelled) must reach them through us.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     lanes = [_start(name, args, streams=index == 0) for index, name in enumerate(LANES)]
     try:
         _wait_all(lanes)

@@ -1,13 +1,16 @@
 """The two-lane runner of `make test` (tests/lanes.py), on a small suite of its own: every test
 runs in exactly one lane, a failure in either fails the whole, and the quiet lane's report is
-printed, not lost; the rest lane on one torch thread; and which lane the suite's own tests take."""
+printed, not lost; the rest lane on one torch thread; SIGTERM to the runner stops both lanes;
+and which lane the suite's own tests take."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from tests.lanes import PROCESSES, REST, combined_status, lane_of
 from tests.support.paths import REPO
@@ -69,3 +72,55 @@ def test_slow_tests_of_real_processes_take_the_processes_lane_and_all_others_the
     assert lane_of("tests/net/test_auth.py::test_x", slow=True) == PROCESSES
     assert lane_of("tests/cluster/test_up.py::test_up_refuses_a_run_directory", slow=False) == REST
     assert lane_of("tests/simulation/test_simulate.py::test_every_method_learns[adam]", slow=True) == REST
+
+
+HELD = textwrap.dedent("""
+    import os
+    import time
+    from pathlib import Path
+
+    import pytest
+
+    def _hold(name):
+        Path(f"{name}.pid").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 60  # bounded: the runner must stop us well before
+        while time.monotonic() < deadline and not Path("release").exists():
+            time.sleep(0.05)
+
+    @pytest.mark.slow
+    def test_held_slow():
+        _hold("slow")
+
+    def test_held_rest():
+        _hold("rest")
+""")
+
+
+def test_sigterm_to_the_runner_stops_both_lanes(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    (tmp_path / "test_held.py").write_text(HELD)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runner = subprocess.Popen([sys.executable, "-m", "tests.lanes"], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid_files = [tmp_path / "slow.pid", tmp_path / "rest.pid"]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() and f.read_text() for f in pid_files) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lanes = [int(f.read_text()) for f in pid_files]  # each lane's pytest, inside its test
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(30) == 128 + signal.SIGTERM
+        for pid in lanes:  # stopped by the runner, not left to run on in their own sessions
+            assert not _running(pid), pid
+    finally:
+        (tmp_path / "release").touch()
+        runner.kill()
+        runner.wait()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
