@@ -36,10 +36,15 @@ SUITE = textwrap.dedent("""
 """)
 
 
-def _run_lanes(tmp_path, *, fail: int) -> subprocess.CompletedProcess:
+def _small_suite(tmp_path, name: str, source: str) -> dict[str, str]:
+    """A suite of one file in tmp_path, and the environment the runner needs to run it."""
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
-    (tmp_path / "test_small.py").write_text(SUITE.format(fail=fail))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "3"}
+    (tmp_path / name).write_text(source)
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _run_lanes(tmp_path, *, fail: int) -> subprocess.CompletedProcess:
+    env = {**_small_suite(tmp_path, "test_small.py", SUITE.format(fail=fail)), "OMP_NUM_THREADS": "3"}
     return subprocess.run([sys.executable, "-m", "tests.lanes", "-rA"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -97,9 +102,7 @@ HELD = textwrap.dedent("""
 
 
 def test_sigterm_to_the_runner_stops_both_lanes(tmp_path):
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
-    (tmp_path / "test_held.py").write_text(HELD)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = _small_suite(tmp_path, "test_held.py", HELD)
     runner = subprocess.Popen([sys.executable, "-m", "tests.lanes"], cwd=tmp_path, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
