@@ -21,6 +21,9 @@ this machine's speed drifts by half over minutes, and bracketing shifts both sid
   process: each stage alone, and (a second ideal) all stages side by side at the same moment,
   sharing the machine as the workers do but without anything of the runtime.
   The ideal leaves out the optimizer step and the wire between the stages: the runtime pays both.
+  A third reference pays them too: benchmarks/plain_pipeline.py, the same schedule by hand in
+  plain PyTorch (one process per stage, shared-memory slots and a pipe between them), whose own
+  share of the ideal says how much of it this machine lets a pipeline of processes reach.
 
 What is measured: every rate is the median over windows of 10 steps (WINDOW). The runtime's
 come from its stage-0 worker's `train_progress` lines (at step 1, then every 10th), from the
@@ -65,6 +68,7 @@ import torch
 
 from benchmarks.gpu_check import child_env, read_worker_events
 from benchmarks.plain_loop import run_plain_loop, synchronize
+from benchmarks.plain_pipeline import PipelineShape, run_plain_pipeline
 from benchmarks.table import emit, markdown_table
 from noloco_rt.config import Config, load_config, parse_assignment
 from noloco_rt.logs import LogRecord, record_seconds
@@ -91,10 +95,12 @@ PLAIN, ACCUMULATED, RUNTIME, IDEAL = "plain", "accumulated", "runtime", "ideal"
 IDEAL_SHARED = "ideal_shared"
 """The ideal with every stage timed side by side, each in its own process, as a pipeline's
 workers share the machine (its cores, its memory bandwidth)."""
+PLAIN_PIPELINE = "plain_pipeline"
+"""benchmarks/plain_pipeline.py: the pipeline shape's schedule written by hand, one process a stage."""
 SLOWEST, SLOWEST_SHARED = "slowest", "slowest_shared"
 """Not rows: the slowest stage's seconds per microbatch behind IDEAL and IDEAL_SHARED."""
 RATIO_COLUMNS = ((PLAIN, "× plain one batch"), (ACCUMULATED, "× plain accumulated"), (IDEAL, "× schedule's ideal"),
-                 (IDEAL_SHARED, "× ideal, side by side"))
+                 (IDEAL_SHARED, "× ideal, side by side"), (PLAIN_PIPELINE, "× plain pipeline"))
 """The table's ratio columns: the row each divides by, and its header."""
 
 
@@ -220,10 +226,13 @@ class Row:
 
 
 def references_of(kind: str, stages: int) -> tuple[str, ...]:
-    """The runtime 1 x 1 against both plain loops, S x 1 against the schedule's ideal; the
-    accumulating loop against the one-batch loop (what accumulation alone costs)."""
+    """The runtime 1 x 1 against both plain loops, S x 1 against the schedule's ideal and the
+    plain pipeline; the accumulating loop against the one-batch loop (what accumulation alone
+    costs), the plain pipeline against the ideal (what a pipeline of processes reaches here)."""
     if kind == RUNTIME:
-        return (PLAIN, ACCUMULATED) if stages == 1 else (IDEAL, IDEAL_SHARED)
+        return (PLAIN, ACCUMULATED) if stages == 1 else (IDEAL, IDEAL_SHARED, PLAIN_PIPELINE)
+    if kind == PLAIN_PIPELINE:
+        return (IDEAL, IDEAL_SHARED)
     return (PLAIN,) if kind == ACCUMULATED else ()
 
 
@@ -340,6 +349,16 @@ def stage_seconds_in_processes(spec: ShapeSpec, cfg: Config, *, device: torch.de
     return [timings[k] for k in range(spec.stages)]
 
 
+def plain_pipeline_tokens_per_s(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int) -> float:
+    """The plain S-process pipeline's tokens/s (the median of its windows), its processes
+    spawned fresh as the workers are."""
+    shape = PipelineShape(preset=spec.preset, stages=spec.stages, microbatches=spec.max_inflight,
+                          batch_size=spec.batch_size, seq_len=spec.seq_len, vocab_size=cfg.model.vocab_size,
+                          steps=spec.timed_steps, warmup_steps=spec.plain_warmup_steps, device=str(device),
+                          threads=threads, optim=cfg.optim)
+    return statistics.median(run_plain_pipeline(shape, window_steps=WINDOW).window_tokens_per_s)
+
+
 def _up_env(device: torch.device) -> dict[str, str]:
     """This checkout's packages without an install; no GPU for the workers when measuring the CPU."""
     env = child_env()
@@ -414,7 +433,8 @@ def reference_rates(spec: ShapeSpec, cfg: Config, device: torch.device, cores: i
         return ideal_pipeline_tokens_per_s(microbatches=spec.max_inflight, stages=spec.stages,
                                            tokens_per_microbatch=spec.tokens_per_microbatch, slowest_stage_s=seconds)
 
-    return {SLOWEST: slowest, SLOWEST_SHARED: shared, IDEAL: ideal(slowest), IDEAL_SHARED: ideal(shared)}
+    return {SLOWEST: slowest, SLOWEST_SHARED: shared, IDEAL: ideal(slowest), IDEAL_SHARED: ideal(shared),
+            PLAIN_PIPELINE: plain_pipeline_tokens_per_s(spec, cfg, device=device, threads=threads)}
 
 
 def measure_shape_once(spec: ShapeSpec, args: argparse.Namespace, run_out: Path, results: Measurements,
@@ -442,6 +462,7 @@ def row_names(spec: ShapeSpec) -> dict[str, str]:
             ACCUMULATED: f"plain, {spec.max_inflight} microbatches of {micro} accumulated",
             IDEAL: f"schedule's ideal, B = {spec.max_inflight}, S = {spec.stages}",
             IDEAL_SHARED: "schedule's ideal, stages timed side by side",
+            PLAIN_PIPELINE: f"plain {spec.stages}-process pipeline, same schedule",
             RUNTIME: f"noloco-rt {spec.stages} x 1"}
 
 
@@ -498,7 +519,8 @@ def notes(specs: Sequence[ShapeSpec], results: Measurements, cores: int, elapsed
                              for kind in (SLOWEST, SLOWEST_SHARED))
             what += (f"{spec.stages} workers with {threads} torch thread(s) each; t_slowest per microbatch "
                      f"(ms, run by run, {threads} thread(s) a stage): {alone} with each stage timed alone, "
-                     f"{shared} with the stages timed side by side")
+                     f"{shared} with the stages timed side by side; the plain pipeline times {spec.timed_steps} "
+                     f"steps after {spec.plain_warmup_steps} of warm-up")
         lines.append(what)
     lines.append(f"runtime settings beyond the shape: the defaults, and model.compile = off; this invocation took "
                  f"{elapsed_s:.0f} s")

@@ -110,6 +110,12 @@ class PlainTrainer:
     def step(self, batch: torch.Tensor) -> torch.Tensor:
         """One step on a (B, T + 1) batch; returns the loss, still on the device (no sync)."""
         loss = self.accumulate_gradients(batch)
+        self.optimizer_step()
+        return loss
+
+    def optimizer_step(self) -> None:
+        """Clip, set the step's learning rate, AdamW, zero the gradients (a plain pipeline's
+        stage runs this after its own backwards: benchmarks/plain_pipeline.py)."""
         if self.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.optim.grad_clip, foreach=True)
         for group in self.optimizer.param_groups:
@@ -119,7 +125,6 @@ class PlainTrainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_taken += 1
-        return loss
 
 
 def synchronize(device: torch.device) -> None:
