@@ -12,6 +12,7 @@ from benchmarks.overhead import (
     IDEAL,
     IDEAL_SHARED,
     PLAIN,
+    PLAIN_PIPELINE,
     RUNTIME,
     SHAPES,
     Row,
@@ -90,15 +91,19 @@ def test_the_table_divides_each_row_by_its_references_of_the_same_run():
             Row("launch", RUNTIME, "noloco-rt 1 x 1", [50.0, 100.0], references_of(RUNTIME, 1)),
             Row("pipeline", IDEAL, "ideal", [1000.0, 1000.0], references_of(IDEAL, 2)),
             Row("pipeline", IDEAL_SHARED, "ideal side by side", [900.0, 800.0], references_of(IDEAL_SHARED, 2)),
+            Row("pipeline", PLAIN_PIPELINE, "plain pipeline", [900.0, 700.0], references_of(PLAIN_PIPELINE, 2)),
             Row("pipeline", RUNTIME, "noloco-rt 2 x 1", [800.0, None], references_of(RUNTIME, 2))]
     table = table_rows(rows)
-    assert table[0] == ["launch", "plain", "150 [100–200]", "–", "–", "–", "–"]
-    assert table[1][3:] == ["0.75× [0.50–1.00]", "–", "–", "–"]
+    assert table[0] == ["launch", "plain", "150 [100–200]", "–", "–", "–", "–", "–"]
+    assert table[1][3:] == ["0.75× [0.50–1.00]", "–", "–", "–", "–"]
     # runtime over one batch: 0.5 and 0.5; over the accumulating loop: 1.0 and 0.5
-    assert table[2][3:] == ["0.50×", "0.75× [0.50–1.00]", "–", "–"]
-    assert table[3][3:] == ["–", "–", "–", "–"]
-    assert table[4][3:] == ["–", "–", "–", "–"]
-    assert table[5][2:] == ["800", "–", "–", "0.80×", "0.89×"]  # run 2 failed: run 1's ratios alone
+    assert table[2][3:] == ["0.50×", "0.75× [0.50–1.00]", "–", "–", "–"]
+    assert table[3][3:] == ["–", "–", "–", "–", "–"]
+    assert table[4][3:] == ["–", "–", "–", "–", "–"]
+    # the plain pipeline against both ideals: 0.9 and 0.7 of the first, 1.0 and 0.875 of the second
+    assert table[5][3:] == ["–", "–", "0.80× [0.70–0.90]", "0.94× [0.88–1.00]", "–"]
+    # run 2 failed: run 1's ratios alone; 800 over the plain pipeline's 900
+    assert table[6][2:] == ["800", "–", "–", "0.80×", "0.89×", "0.89×"]
 
 
 def test_steps_apply_to_every_shape_and_keep_the_rest():

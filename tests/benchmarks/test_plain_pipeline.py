@@ -1,0 +1,55 @@
+"""benchmarks/plain_pipeline.py: the hand-written pipeline the overhead benchmark holds the
+runtime's pipeline to must train what the plain loop trains (else its rate means nothing), and
+rate its windows as the other references do. Real processes, a few steps of a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.plain_loop import DISTINCT_BATCHES, PlainTrainer, random_batches
+from benchmarks.plain_pipeline import PipelineShape, run_plain_pipeline, window_rates
+from noloco_rt.config import OptimConfig
+from noloco_rt.model.llama import build_model
+
+NO_CLIP = OptimConfig(grad_clip=0.0)
+"""Each stage clips its own gradients (as a worker does), the plain loop the whole model's: the
+two agree only without clipping."""
+
+
+def _shape(stages: int, **changes) -> PipelineShape:
+    fields = dict(preset="tiny", stages=stages, microbatches=4, batch_size=2, seq_len=8, vocab_size=64, steps=4,
+                  warmup_steps=1, device="cpu", threads=1, optim=NO_CLIP)
+    return PipelineShape(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("stages", [2, 3])  # 3: a middle stage, which takes forwards and gradients as they come
+def test_the_plain_pipeline_trains_exactly_what_the_plain_loop_trains_on_the_same_microbatches(stages):
+    result = run_plain_pipeline(_shape(stages), timeout_s=120)
+
+    trainer = PlainTrainer(build_model("tiny", vocab_size=64, seed=0), NO_CLIP, total_steps=5, compiled=False,
+                           microbatches=4)
+    batches = random_batches(sequences=8, seq_len=8, vocab_size=64, device=torch.device("cpu"))
+    expected = [float(trainer.step(batches[step % DISTINCT_BATCHES])) for step in range(5)]
+
+    assert len(result.losses) == 5
+    assert result.losses == pytest.approx(expected, abs=1e-5)
+    assert result.losses[-1] < result.losses[0]  # it trained: AdamW moved the loss
+    assert result.tokens_per_step == 4 * 2 * 8 and result.tokens_per_s > 0
+
+
+def test_windows_start_after_warm_up_and_only_whole_windows_count():
+    # steps end at t = 0, 1, ..., 9 s; the first 2 are warm-up, so timing starts at the 2nd end (t = 1)
+    ends = [float(t) for t in range(10)]
+    assert window_rates(ends, warmup_steps=2, window_steps=3, tokens_per_step=6) == [6.0, 6.0]  # 8 steps: 2 windows
+    slow = [0.0, 1.0, 2.0, 3.0, *(t + 3.0 for t in range(4, 10))]  # step 4 took 4 s: the first window's
+    assert window_rates(slow, warmup_steps=2, window_steps=3, tokens_per_step=6) == [3.0, 6.0]
+
+
+def test_bad_shapes_are_refused_before_any_process_starts():
+    with pytest.raises(ValueError, match="stages"):
+        run_plain_pipeline(_shape(5))  # tiny has 4 layers
+    with pytest.raises(ValueError, match="stages"):
+        run_plain_pipeline(_shape(1))
+    with pytest.raises(ValueError, match="warmup_steps"):
+        run_plain_pipeline(_shape(2, warmup_steps=0))
