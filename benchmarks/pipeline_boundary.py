@@ -11,6 +11,11 @@ stage's forward + backward for that wait; the table splits what the runtime spen
 what each worker spends per step, as medians over the inner steps of the middle of the run,
 with how much of each call its thread spent off the CPU (a compute call's share is time
 lost to other threads and processes). Tracing costs a few microseconds a call.
+
+After each traced run, benchmarks/plain_pipeline.py trains the same shape by hand, and a
+third table holds the two side by side in slots: a step over its slowest stage's compute
+per microbatch (forward, backward and loss, as each measured them). The schedule's ideal is
+B + S - 1 slots; slots do not move with the machine's speed, which drifts between runs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import torch
 
 from benchmarks.gpu_check import child_env
 from benchmarks.overhead import SHAPES, format_spread, git_commit, run_up, spread
+from benchmarks.plain_pipeline import PipelineShape, run_plain_pipeline
 from benchmarks.table import emit, markdown_table
+from noloco_rt.config import OptimConfig
 
 TRACER = Path(__file__).resolve().parent / "boundary_trace"
 SKIP_STEPS = 50
@@ -96,6 +103,41 @@ def per_step(records: Sequence[Record], *, skip: int = SKIP_STEPS, steps: int = 
     return totals
 
 
+COMPUTE_CALLS = {0: ("forward", "gradient"), 1: ("forward", "loss_backward")}
+"""The traced calls that hold each stage's forward and backward (the gradient call of stage 0
+also takes the message in, a few microseconds)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Slots:
+    """One pipeline's step in slots of its slowest stage's compute per microbatch."""
+
+    step_ms: float
+    compute_ms: float
+    """The slowest stage's forward + backward per microbatch."""
+
+    @property
+    def slots(self) -> float:
+        return self.step_ms / self.compute_ms
+
+
+def runtime_slots(totals: dict[str, dict[str, float]], microbatches: int) -> Slots:
+    """From a traced run's per-step totals (per_step of each stage)."""
+    compute = max(sum(totals[f"stage {k}"].get(name, 0.0) for name in names) / microbatches
+                  for k, names in COMPUTE_CALLS.items())
+    return Slots(totals["stage 0"]["a whole inner step"], compute)
+
+
+def plain_slots(microbatches: int, steps: int) -> Slots:
+    """The plain pipeline of the traced shape, trained now (about 15 s on 2 cores)."""
+    spec = SHAPES["pipeline"]
+    shape = PipelineShape(preset=spec.preset, stages=spec.stages, microbatches=microbatches,
+                          batch_size=spec.batch_size, seq_len=spec.seq_len, vocab_size=256, steps=steps,
+                          warmup_steps=spec.plain_warmup_steps, device="cpu", threads=1, optim=OptimConfig())
+    result = run_plain_pipeline(shape)
+    return Slots(result.step_s * 1000, max(result.compute_s_per_microbatch) * 1000)
+
+
 def load_traces(trace_dir: Path) -> dict[int, list[Record]]:
     """The trace of each worker, by its stage (read from its command line)."""
     traces: dict[int, list[Record]] = {}
@@ -107,10 +149,10 @@ def load_traces(trace_dir: Path) -> dict[int, list[Record]]:
     return traces
 
 
-def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[list[dict], list[dict]]:
-    """Each run's boundary medians and per-step totals of both workers."""
+def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[list[dict], list[dict], list[tuple]]:
+    """Each run's boundary medians, per-step totals of both workers, and (runtime, plain) slots."""
     spec = dataclasses.replace(SHAPES["pipeline"], steps=steps)
-    boundaries, totals = [], []
+    boundaries, totals, slots = [], [], []
     for run in range(1, runs + 1):
         out, trace_dir = runs_dir / f"run-{run}", runs_dir / f"trace-{run}"
         trace_dir.mkdir(parents=True)
@@ -124,8 +166,9 @@ def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[li
         boundaries.append({k: statistics.median(v) for k, v in
                            boundary_parts(traces[0], traces[1], steps=analysed).items()})
         totals.append({f"stage {k}": per_step(traces[k], steps=analysed) for k in (0, 1)})
+        slots.append((runtime_slots(totals[-1], spec.max_inflight), plain_slots(spec.max_inflight, steps)))
         print(f"pipeline_boundary: run {run}/{runs} done", flush=True)
-    return boundaries, totals
+    return boundaries, totals, slots
 
 
 def _off_cpu_cell(totals: list[dict[str, float]], name: str) -> str:
@@ -134,7 +177,18 @@ def _off_cpu_cell(totals: list[dict[str, float]], name: str) -> str:
     return format_spread(spread(values), ".2f") if values else "–"
 
 
-def render(boundaries: list[dict], totals: list[dict], commit_note: str) -> str:
+def slots_table(slots: list[tuple[Slots, Slots]], microbatches: int, stages: int) -> str:
+    rows = [[name, format_spread(spread([pair[side].step_ms for pair in slots]), ".1f"),
+             format_spread(spread([pair[side].compute_ms for pair in slots]), ".2f"),
+             format_spread(spread([pair[side].slots for pair in slots]), ".2f")]
+            for side, name in ((0, "noloco-rt 2 x 1"), (1, "plain 2-process pipeline, right after"))]
+    return markdown_table(f"A step in slots of the slowest stage's compute per microbatch (the ideal: B + S - 1 = "
+                          f"{microbatches + stages - 1}), run by run with a plain pipeline",
+                          ["pipeline", "step ms", "compute ms per microbatch", "slots"], rows)
+
+
+def render(boundaries: list[dict], totals: list[dict], commit_note: str,
+           slots: list[tuple[Slots, Slots]] | None = None) -> str:
     rows = [[name, format_spread(spread([b[name] for b in boundaries]), ".2f")] for name in boundaries[0]]
     text = markdown_table(f"The last stage's wait at a step boundary, ms: median over runs [min–max] of each "
                           f"run's median; {commit_note}", ["part", "ms"], rows)
@@ -146,6 +200,9 @@ def render(boundaries: list[dict], totals: list[dict], commit_note: str) -> str:
         text += "\n" + markdown_table(f"{stage}: ms per inner step in each call, and of it off the CPU (waiting, "
                                        f"or runnable while other threads had the cores)",
                                        ["call", "ms per step", "off the CPU"], rows)
+    if slots:
+        spec = SHAPES["pipeline"]
+        text += "\n" + slots_table(slots, spec.max_inflight, spec.stages)
     return text
 
 
@@ -164,8 +221,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="boundary-") as tmp:
-        boundaries, totals = measure(args.runs, args.steps, Path(tmp), args.timeout_s)
-    emit(render(boundaries, totals, f"commit {git_commit()}, {args.runs} run(s) of {args.steps} steps"), args.out)
+        boundaries, totals, slots = measure(args.runs, args.steps, Path(tmp), args.timeout_s)
+    emit(render(boundaries, totals, f"commit {git_commit()}, {args.runs} run(s) of {args.steps} steps", slots),
+         args.out)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,11 @@ class PlainPipelineResult:
     window_tokens_per_s: tuple[float, ...]
     losses: tuple[float, ...]
     """Each step's mean microbatch loss (warm-up included), from the last stage."""
+    compute_s_per_microbatch: tuple[float, ...] = ()
+    """Each stage's forward + backward (and loss) seconds per microbatch over the timed steps,
+    timed around the calls (on CUDA they time launches unless the device waits)."""
+    step_s: float = 0.0
+    """Seconds per timed step (the first stage's)."""
 
 
 @dataclasses.dataclass
@@ -104,6 +109,8 @@ class PlainStage:
         self.batches = random_batches(sequences=shape.microbatches * shape.batch_size, seq_len=shape.seq_len,
                                       vocab_size=shape.vocab_size, device=self.device)
         self.losses: list[torch.Tensor] = []
+        self.compute_s = 0.0
+        """Seconds inside the model's forward and backward calls (and the loss), all steps."""
 
     def pieces(self, step: int) -> list[torch.Tensor]:
         """The step's microbatches, (b, T + 1) each: inputs [:, :-1], targets [:, 1:]."""
@@ -134,14 +141,19 @@ class PlainStage:
 
     def _backward_returned(self, index: int, output: torch.Tensor) -> None:
         assert self.links.output_grads is not None
-        output.backward(self.links.output_grads[index].to(self.device))
+        gradient = self.links.output_grads[index].to(self.device)
+        started = time.perf_counter()
+        output.backward(gradient)
+        self.compute_s += time.perf_counter() - started
 
     def _first(self, step: int) -> None:
         assert self.links.down is not None
         outputs = []
         for index, piece in enumerate(self.pieces(step)):
+            started = time.perf_counter()
             with self.trainer.autocast:
                 outputs.append(self.model(piece[:, :-1]))
+            self.compute_s += time.perf_counter() - started
             self._send_down(index, outputs[-1])
         for _ in outputs:
             index = self.links.down.recv()
@@ -156,8 +168,10 @@ class PlainStage:
             if self.links.up in ready and forwarded < self.shape.microbatches:
                 index = self.links.up.recv()
                 hidden_in = self._received(index)
+                started = time.perf_counter()
                 with self.trainer.autocast:
                     output = self.model(hidden_in)
+                self.compute_s += time.perf_counter() - started
                 held[index] = (hidden_in, output)
                 self._send_down(index, output)
                 forwarded += 1
@@ -174,10 +188,12 @@ class PlainStage:
         for _ in pieces:
             index = self.links.up.recv()
             hidden_in = self._received(index)
+            started = time.perf_counter()
             with self.trainer.autocast:
                 logits = self.model(hidden_in)
             loss = lm_loss(logits.float(), pieces[index][:, 1:])
             (loss / self.shape.microbatches).backward()
+            self.compute_s += time.perf_counter() - started
             losses.append(loss.detach())
             self._send_up(index, hidden_in)
         self.losses.append(torch.stack(losses).mean())
@@ -190,12 +206,15 @@ def _run_stage(shape: PipelineShape, stage: int, links: Links, results: Any) -> 
         plain = PlainStage(shape, stage, links)
         ends = []
         for step in range(shape.total_steps):
+            if step == shape.warmup_steps:
+                plain.compute_s = 0.0  # from here on: the timed steps'
             plain.step(step)
             synchronize(plain.device)
             ends.append(time.perf_counter())
-        results.put((stage, ends, [float(loss) for loss in plain.losses], None))
+        per_microbatch = plain.compute_s / (shape.steps * shape.microbatches)
+        results.put((stage, ends, [float(loss) for loss in plain.losses], per_microbatch, None))
     except BaseException as error:  # the parent waits on the queue: say what failed rather than hang it
-        results.put((stage, [], [], f"{type(error).__name__}: {error}"))
+        results.put((stage, [], [], 0.0, f"{type(error).__name__}: {error}"))
         raise
 
 
@@ -240,10 +259,10 @@ def run_plain_pipeline(shape: PipelineShape, *, window_steps: int = 10, timeout_
         reports = {}
         deadline = time.monotonic() + timeout_s
         while len(reports) < shape.stages:
-            stage, ends, losses, error = results.get(timeout=max(1.0, deadline - time.monotonic()))
+            stage, ends, losses, compute_s, error = results.get(timeout=max(1.0, deadline - time.monotonic()))
             if error is not None:
                 raise RuntimeError(f"plain pipeline: stage {stage} failed: {error}")
-            reports[stage] = (ends, losses)
+            reports[stage] = (ends, losses, compute_s)
     except Exception as error:
         if isinstance(error, RuntimeError):
             raise
@@ -259,7 +278,9 @@ def run_plain_pipeline(shape: PipelineShape, *, window_steps: int = 10, timeout_
         tokens_per_step=shape.tokens_per_step, tokens_per_s=shape.steps * shape.tokens_per_step / timed_s,
         window_tokens_per_s=tuple(window_rates(ends, warmup_steps=shape.warmup_steps, window_steps=window_steps,
                                                tokens_per_step=shape.tokens_per_step)),
-        losses=tuple(reports[shape.stages - 1][1]))
+        losses=tuple(reports[shape.stages - 1][1]),
+        compute_s_per_microbatch=tuple(reports[stage][2] for stage in range(shape.stages)),
+        step_s=timed_s / shape.steps)
 
 
 def main(argv: list[str] | None = None) -> None:

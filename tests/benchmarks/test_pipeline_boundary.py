@@ -14,10 +14,12 @@ from benchmarks.pipeline_boundary import (
     BOUNDARY,
     OFF_CPU,
     TRACER,
+    Slots,
     boundary_parts,
     load_traces,
     per_step,
     render,
+    runtime_slots,
 )
 
 MS = 1e-3
@@ -74,6 +76,20 @@ def test_calls_that_carry_their_cpu_seconds_show_their_time_off_the_cpu():
     text = render(boundaries, [{"stage 0": totals, "stage 1": totals}], "a note")
     assert "| gradient | 5.00 | 1.00 |" in text.replace("  ", " ")
     assert "| a whole inner step | 100.00 | – |" in text.replace("  ", " ")
+
+
+def test_a_step_counts_in_slots_of_the_slowest_stages_compute_per_microbatch():
+    # 4 microbatches a step: stage 0 computes 8 ms each (forward 12 + gradient 20 a step), stage 1 10 ms
+    totals = {"stage 0": {"a whole inner step": 60.0, "forward": 12.0, "gradient": 20.0, "receive (waiting)": 25.0},
+              "stage 1": {"a whole inner step": 60.0, "forward": 16.0, "loss_backward": 24.0, "reply": 2.0}}
+    measured = runtime_slots(totals, microbatches=4)
+    assert measured == Slots(step_ms=60.0, compute_ms=10.0)  # the slowest stage's, waiting and replies left out
+    assert measured.slots == pytest.approx(6.0)
+    boundaries = [{name: 1.0 for name in BOUNDARY}]
+    text = render(boundaries, [totals], "a note", [(measured, Slots(51.0, 10.2))])
+    assert "B + S - 1 = 5" in text
+    assert "| noloco-rt 2 x 1 | 60.0 | 10.00 | 6.00 |" in text.replace("  ", " ")
+    assert "| plain 2-process pipeline, right after | 51.0 | 10.20 | 5.00 |" in text.replace("  ", " ")
 
 
 def _run_traced(trace_dir, code: str) -> None:

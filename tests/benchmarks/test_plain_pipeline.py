@@ -36,6 +36,10 @@ def test_the_plain_pipeline_trains_exactly_what_the_plain_loop_trains_on_the_sam
     assert result.losses == pytest.approx(expected, abs=1e-5)
     assert result.losses[-1] < result.losses[0]  # it trained: AdamW moved the loss
     assert result.tokens_per_step == 4 * 2 * 8 and result.tokens_per_s > 0
+    # each stage computes its 4 microbatches within a step, and the step is the rate's
+    assert len(result.compute_s_per_microbatch) == stages
+    assert all(0 < compute * 4 < result.step_s for compute in result.compute_s_per_microbatch)
+    assert result.step_s == pytest.approx(result.tokens_per_step / result.tokens_per_s)
 
 
 def test_windows_start_after_warm_up_and_only_whole_windows_count():
