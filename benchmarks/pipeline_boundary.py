@@ -35,7 +35,7 @@ from benchmarks.gpu_check import child_env
 from benchmarks.overhead import SHAPES, format_spread, git_commit, run_up, spread
 from benchmarks.plain_pipeline import PipelineShape, run_plain_pipeline
 from benchmarks.table import emit, markdown_table
-from noloco_rt.config import OptimConfig
+from noloco_rt.config import load_config, parse_assignment
 
 TRACER = Path(__file__).resolve().parent / "boundary_trace"
 SKIP_STEPS = 50
@@ -129,11 +129,14 @@ def runtime_slots(totals: dict[str, dict[str, float]], microbatches: int) -> Slo
 
 
 def plain_slots(microbatches: int, steps: int) -> Slots:
-    """The plain pipeline of the traced shape, trained now (about 15 s on 2 cores)."""
+    """The plain pipeline of the traced shape, trained now (about 15 s on 2 cores), with the
+    vocabulary and optimizer the traced run's configuration gave its workers."""
     spec = SHAPES["pipeline"]
+    cfg = load_config(environ={}, overrides=[parse_assignment(s) for s in spec.settings()])
     shape = PipelineShape(preset=spec.preset, stages=spec.stages, microbatches=microbatches,
-                          batch_size=spec.batch_size, seq_len=spec.seq_len, vocab_size=256, steps=steps,
-                          warmup_steps=spec.plain_warmup_steps, device="cpu", threads=1, optim=OptimConfig())
+                          batch_size=spec.batch_size, seq_len=spec.seq_len, vocab_size=cfg.model.vocab_size,
+                          steps=steps, warmup_steps=spec.plain_warmup_steps, device="cpu", threads=1,
+                          optim=cfg.optim)
     result = run_plain_pipeline(shape)
     return Slots(result.step_s * 1000, max(result.compute_s_per_microbatch) * 1000)
 

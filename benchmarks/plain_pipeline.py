@@ -141,7 +141,7 @@ class PlainStage:
 
     def _backward_returned(self, index: int, output: torch.Tensor) -> None:
         assert self.links.output_grads is not None
-        gradient = self.links.output_grads[index].to(self.device)
+        gradient = self.links.output_grads[index].to(self.device, output.dtype)  # bfloat16 under autocast
         started = time.perf_counter()
         output.backward(gradient)
         self.compute_s += time.perf_counter() - started
