@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import queue
 import statistics
 import time
 from multiprocessing.connection import Connection, wait
@@ -226,6 +227,28 @@ def window_rates(ends: list[float], *, warmup_steps: int, window_steps: int, tok
             for i in range(0, len(timed) - window_steps, window_steps)]
 
 
+def _collect(results: Any, children: list[Any], timeout_s: float) -> dict[int, tuple[list[float], list[float], float]]:
+    """Every stage's report; RuntimeError when a stage reports a failure, dies without a
+    report (killed, or a crash below Python), or the time is up."""
+    reports: dict[int, tuple[list[float], list[float], float]] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(reports) < len(children):
+        try:
+            stage, ends, losses, compute_s, error = results.get(timeout=1.0)
+        except queue.Empty:
+            dead = [k for k, child in enumerate(children) if child.exitcode not in (None, 0) and k not in reports]
+            if dead:
+                raise RuntimeError(f"plain pipeline: stage {dead[0]} exited with {children[dead[0]].exitcode} "
+                                   "without a result") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"plain pipeline: no result within {timeout_s:.0f} s") from None
+            continue
+        if error is not None:
+            raise RuntimeError(f"plain pipeline: stage {stage} failed: {error}")
+        reports[stage] = (ends, losses, compute_s)
+    return reports
+
+
 def run_plain_pipeline(shape: PipelineShape, *, window_steps: int = 10, timeout_s: float = 600.0) -> PlainPipelineResult:
     """Train `shape` in one spawned process per stage; raises RuntimeError if a stage fails or
     does not finish within timeout_s."""
@@ -256,17 +279,11 @@ def run_plain_pipeline(shape: PipelineShape, *, window_steps: int = 10, timeout_
     for child in children:
         child.start()
     try:
-        reports = {}
-        deadline = time.monotonic() + timeout_s
-        while len(reports) < shape.stages:
-            stage, ends, losses, compute_s, error = results.get(timeout=max(1.0, deadline - time.monotonic()))
-            if error is not None:
-                raise RuntimeError(f"plain pipeline: stage {stage} failed: {error}")
-            reports[stage] = (ends, losses, compute_s)
-    except Exception as error:
-        if isinstance(error, RuntimeError):
-            raise
-        raise RuntimeError(f"plain pipeline: no result within {timeout_s:.0f} s ({error!r})") from error
+        reports = _collect(results, children, timeout_s)
+    except BaseException:  # the other stages wait on their pipes for ever: end them now
+        for child in children:
+            child.kill()
+        raise
     finally:
         for child in children:
             child.join(timeout=10)

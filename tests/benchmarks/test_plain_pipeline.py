@@ -4,6 +4,8 @@ rate its windows as the other references do. Real processes, a few steps of a ti
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -48,6 +50,15 @@ def test_windows_start_after_warm_up_and_only_whole_windows_count():
     assert window_rates(ends, warmup_steps=2, window_steps=3, tokens_per_step=6) == [6.0, 6.0]  # 8 steps: 2 windows
     slow = [0.0, 1.0, 2.0, 3.0, *(t + 3.0 for t in range(4, 10))]  # step 4 took 4 s: the first window's
     assert window_rates(slow, warmup_steps=2, window_steps=3, tokens_per_step=6) == [3.0, 6.0]
+
+
+def test_a_failing_stage_is_reported_and_the_waiting_stages_are_ended():
+    # on the meta device stage 0's first output cannot be copied into its host slot; stage 1
+    # would wait on its pipe for ever
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="stage 0 failed"):
+        run_plain_pipeline(_shape(2, device="meta"), timeout_s=120)
+    assert time.monotonic() - started < 60  # reported when it happens, not at the 120 s timeout
 
 
 def test_bad_shapes_are_refused_before_any_process_starts():
