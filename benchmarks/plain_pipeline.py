@@ -89,13 +89,17 @@ class Links:
     """A stage's pipes and shared slots toward its neighbours (None at either end)."""
 
     up: Connection | None
+    """To the previous stage: slot indices of arrived activations in, of sent gradients out."""
     down: Connection | None
+    """To the next stage: slot indices of sent activations out, of arrived gradients in."""
     inputs: list[torch.Tensor] | None
-    """Slots the previous stage writes activations into (and this stage its input gradients)."""
+    """One slot per microbatch: the previous stage writes its activation there."""
     input_grads: list[torch.Tensor] | None
+    """One slot per microbatch: this stage writes the gradient of that activation there."""
     outputs: list[torch.Tensor] | None
-    """Slots this stage writes its outputs into (and the next stage the outputs' gradients)."""
+    """One slot per microbatch: this stage writes its output there."""
     output_grads: list[torch.Tensor] | None
+    """One slot per microbatch: the next stage writes the output's gradient there."""
 
 
 class PlainStage:
