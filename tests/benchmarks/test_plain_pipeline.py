@@ -44,6 +44,18 @@ def test_the_plain_pipeline_trains_exactly_what_the_plain_loop_trains_on_the_sam
     assert result.step_s == pytest.approx(result.tokens_per_step / result.tokens_per_s)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+def test_on_cuda_the_plain_pipeline_trains_what_the_plain_loop_trains_in_bfloat16():
+    # both under bfloat16 autocast; the slots between the stages are host memory in float32
+    result = run_plain_pipeline(_shape(2, device="cuda"), timeout_s=180)
+    trainer = PlainTrainer(build_model("tiny", vocab_size=64, seed=0, device="cuda"), NO_CLIP, total_steps=5,
+                           compiled=False, microbatches=4)
+    batches = random_batches(sequences=8, seq_len=8, vocab_size=64, device=torch.device("cuda"))
+    expected = [float(trainer.step(batches[step % DISTINCT_BATCHES])) for step in range(5)]
+    assert result.losses == pytest.approx(expected, abs=2e-2)
+    assert result.losses[-1] < result.losses[0]
+
+
 def test_windows_start_after_warm_up_and_only_whole_windows_count():
     # steps end at t = 0, 1, ..., 9 s; the first 2 are warm-up, so timing starts at the 2nd end (t = 1)
     ends = [float(t) for t in range(10)]
