@@ -66,11 +66,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_check import child_env, read_worker_events
+from benchmarks.gpu_check import child_env, read_worker_events, runtime_config
 from benchmarks.plain_loop import run_plain_loop, synchronize
 from benchmarks.plain_pipeline import PipelineShape, run_plain_pipeline
 from benchmarks.table import emit, markdown_table
-from noloco_rt.config import Config, load_config, parse_assignment
+from noloco_rt.config import Config
 from noloco_rt.logs import LogRecord, record_seconds
 from noloco_rt.model.llama import build_stage, lm_loss
 from workers.cluster.processes import threads_per_worker
@@ -349,13 +349,20 @@ def stage_seconds_in_processes(spec: ShapeSpec, cfg: Config, *, device: torch.de
     return [timings[k] for k in range(spec.stages)]
 
 
+def plain_pipeline_shape(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int,
+                         steps: int) -> PipelineShape:
+    """The plain pipeline of a pipeline shape: its microbatches, and the vocabulary and
+    optimizer `cfg` gives the runtime's workers; `steps` timed after the plain warm-up."""
+    return PipelineShape(preset=spec.preset, stages=spec.stages, microbatches=spec.max_inflight,
+                         batch_size=spec.batch_size, seq_len=spec.seq_len, vocab_size=cfg.model.vocab_size,
+                         steps=steps, warmup_steps=spec.plain_warmup_steps, device=str(device), threads=threads,
+                         optim=cfg.optim)
+
+
 def plain_pipeline_tokens_per_s(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int) -> float:
     """The plain S-process pipeline's tokens/s (the median of its windows), its processes
     spawned fresh as the workers are."""
-    shape = PipelineShape(preset=spec.preset, stages=spec.stages, microbatches=spec.max_inflight,
-                          batch_size=spec.batch_size, seq_len=spec.seq_len, vocab_size=cfg.model.vocab_size,
-                          steps=spec.timed_steps, warmup_steps=spec.plain_warmup_steps, device=str(device),
-                          threads=threads, optim=cfg.optim)
+    shape = plain_pipeline_shape(spec, cfg, device=device, threads=threads, steps=spec.timed_steps)
     return statistics.median(run_plain_pipeline(shape, window_steps=WINDOW).window_tokens_per_s)
 
 
@@ -441,7 +448,7 @@ def measure_shape_once(spec: ShapeSpec, args: argparse.Namespace, run_out: Path,
                        label: str) -> None:
     """One run of a shape: its references just before and just after the runtime, averaged, so
     that a machine whose speed drifts over minutes (a shared host) shifts both sides alike."""
-    cfg = load_config(environ={}, overrides=[parse_assignment(s) for s in spec.settings()])
+    cfg = runtime_config(spec.settings())
     device = args.device
     before = reference_rates(spec, cfg, device, args.cores)
     if device.type == "cuda":

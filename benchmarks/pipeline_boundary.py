@@ -31,11 +31,17 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_check import child_env
-from benchmarks.overhead import SHAPES, format_spread, git_commit, run_up, spread
-from benchmarks.plain_pipeline import PipelineShape, run_plain_pipeline
+from benchmarks.gpu_check import child_env, runtime_config
+from benchmarks.overhead import (
+    SHAPES,
+    format_spread,
+    git_commit,
+    plain_pipeline_shape,
+    run_up,
+    spread,
+)
+from benchmarks.plain_pipeline import run_plain_pipeline
 from benchmarks.table import emit, markdown_table
-from noloco_rt.config import load_config, parse_assignment
 
 TRACER = Path(__file__).resolve().parent / "boundary_trace"
 SKIP_STEPS = 50
@@ -128,15 +134,12 @@ def runtime_slots(totals: dict[str, dict[str, float]], microbatches: int) -> Slo
     return Slots(totals["stage 0"]["a whole inner step"], compute)
 
 
-def plain_slots(microbatches: int, steps: int) -> Slots:
+def plain_slots(steps: int) -> Slots:
     """The plain pipeline of the traced shape, trained now (about 15 s on 2 cores), with the
     vocabulary and optimizer the traced run's configuration gave its workers."""
     spec = SHAPES["pipeline"]
-    cfg = load_config(environ={}, overrides=[parse_assignment(s) for s in spec.settings()])
-    shape = PipelineShape(preset=spec.preset, stages=spec.stages, microbatches=microbatches,
-                          batch_size=spec.batch_size, seq_len=spec.seq_len, vocab_size=cfg.model.vocab_size,
-                          steps=steps, warmup_steps=spec.plain_warmup_steps, device="cpu", threads=1,
-                          optim=cfg.optim)
+    shape = plain_pipeline_shape(spec, runtime_config(spec.settings()), device=torch.device("cpu"), threads=1,
+                                 steps=steps)
     result = run_plain_pipeline(shape)
     return Slots(result.step_s * 1000, max(result.compute_s_per_microbatch) * 1000)
 
@@ -169,7 +172,7 @@ def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[li
         boundaries.append({k: statistics.median(v) for k, v in
                            boundary_parts(traces[0], traces[1], steps=analysed).items()})
         totals.append({f"stage {k}": per_step(traces[k], steps=analysed) for k in (0, 1)})
-        slots.append((runtime_slots(totals[-1], spec.max_inflight), plain_slots(spec.max_inflight, steps)))
+        slots.append((runtime_slots(totals[-1], spec.max_inflight), plain_slots(steps)))
         print(f"pipeline_boundary: run {run}/{runs} done", flush=True)
     return boundaries, totals, slots
 

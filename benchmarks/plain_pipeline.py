@@ -144,6 +144,14 @@ class PlainStage:
         self.links.input_grads[index].copy_(hidden_in.grad)
         self.links.up.send(index)
 
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The stage's forward, timed into compute_s."""
+        started = time.perf_counter()
+        with self.trainer.autocast:
+            output = self.model(inputs)
+        self.compute_s += time.perf_counter() - started
+        return output
+
     def _backward_returned(self, index: int, output: torch.Tensor) -> None:
         assert self.links.output_grads is not None
         gradient = self.links.output_grads[index].to(self.device, output.dtype)  # bfloat16 under autocast
@@ -155,10 +163,7 @@ class PlainStage:
         assert self.links.down is not None
         outputs = []
         for index, piece in enumerate(self.pieces(step)):
-            started = time.perf_counter()
-            with self.trainer.autocast:
-                outputs.append(self.model(piece[:, :-1]))
-            self.compute_s += time.perf_counter() - started
+            outputs.append(self._forward(piece[:, :-1]))
             self._send_down(index, outputs[-1])
         for _ in outputs:
             index = self.links.down.recv()
@@ -173,10 +178,7 @@ class PlainStage:
             if self.links.up in ready and forwarded < self.shape.microbatches:
                 index = self.links.up.recv()
                 hidden_in = self._received(index)
-                started = time.perf_counter()
-                with self.trainer.autocast:
-                    output = self.model(hidden_in)
-                self.compute_s += time.perf_counter() - started
+                output = self._forward(hidden_in)
                 held[index] = (hidden_in, output)
                 self._send_down(index, output)
                 forwarded += 1
@@ -193,9 +195,8 @@ class PlainStage:
         for _ in pieces:
             index = self.links.up.recv()
             hidden_in = self._received(index)
+            logits = self._forward(hidden_in)
             started = time.perf_counter()
-            with self.trainer.autocast:
-                logits = self.model(hidden_in)
             loss = lm_loss(logits.float(), pieces[index][:, 1:])
             (loss / self.shape.microbatches).backward()
             self.compute_s += time.perf_counter() - started
