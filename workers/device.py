@@ -128,12 +128,18 @@ class HostStaging:
         self.device = device
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def to_host(self, tensors: list[torch.Tensor]) -> HostCopy:
+    def to_host(self, tensors: list[torch.Tensor], *, graph_outputs: bool = False) -> HostCopy:
+        """`graph_outputs`: the tensors may be a CUDA graph's outputs (model.cuda_graphs), whose
+        memory the graph's next replay overwrites whatever the side stream has still to read:
+        they are copied on the current stream first (ordered before that replay), and the side
+        stream reads the copies."""
         tensors = [t.detach().contiguous() for t in tensors]
         if self.device.type == "cpu":
             return HostCopy(tensors)
         if self._copy_stream is None:  # another accelerator: a plain, synchronous copy
             return HostCopy([t.to("cpu") for t in tensors])
+        if graph_outputs:
+            tensors = [t.clone() for t in tensors]
         side = self._copy_stream
         side.wait_stream(torch.cuda.current_stream(self.device))  # the tensors are computed
         hosts = []

@@ -49,7 +49,7 @@ class InnerStep:
         if self.replica.has_gradients():
             self._step()
         else:
-            self.replica.inner.optimizer.zero_grad(set_to_none=True)
+            self.replica.inner.clear_gradients()
         self.data_path.end_step()
         self.metrics.queue_depth.set(self.data_path.queue_depth())
 

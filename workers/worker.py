@@ -39,7 +39,7 @@ from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.memory.fit import MemoryChoice, resolved_config
-from noloco_rt.model.compile_stage import compile_stage, compile_wanted
+from noloco_rt.model.compile_stage import compile_stage, compile_wanted, cuda_graphs_wanted
 from noloco_rt.model.init_weights import initial_replica
 from noloco_rt.model.staged import staged_model
 from noloco_rt.net.data_link import DataLink
@@ -103,6 +103,8 @@ class StageWorker:
         self.leave_requested = threading.Event()
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
+        self.cuda_graphs = compile_wanted(cfg.model.compile, device) and cuda_graphs_wanted(cfg.model.cuda_graphs, device)
+        """model.cuda_graphs in effect: compiled on CUDA, replayed as CUDA graphs."""
         self.replica = self._stage_replica(memory)
         self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
@@ -140,7 +142,7 @@ class StageWorker:
         self.data_path = data_path_for(DataContext(
             cfg=cfg, stage=self.stage, worker_id=self.worker_id, model=self.model, replica=self.replica,
             staging=staging, data=self.data, peers=self.peers, counters=self.counters, metrics=self.metrics,
-            log=self.log, leave_requested=self.leave_requested), cfg.pipeline.stages)
+            log=self.log, leave_requested=self.leave_requested, graph_outputs=self.cuda_graphs), cfg.pipeline.stages)
         self.finish_rule = self.data_path.finish_rule(self.membership, steps,
                                                       upstream_lost_s=cfg.worker.upstream_lost_s,
                                                       upstream_gone_s=cfg.worker.upstream_gone_s)
@@ -180,9 +182,14 @@ class StageWorker:
                           tensors=len(replica.slow), note="a checkpoint of ours or a live peer's state replaces it")
         if compile_wanted(self.cfg.model.compile, self.device):
             model_cfg = self.cfg.model
-            compiled = compile_stage(replica.module, scope=model_cfg.compile_scope, seq_len=model_cfg.seq_len)
+            compiled = compile_stage(replica.module, scope=model_cfg.compile_scope, seq_len=model_cfg.seq_len,
+                                     cuda_graphs=self.cuda_graphs)
+            if self.cuda_graphs:
+                replica.inner.keep_gradient_buffers()
             self.log.info("stage_compiled", scope=model_cfg.compile_scope, compiled=compiled,
-                          note="compiles at its first forward")
+                          cuda_graphs=self.cuda_graphs, note="compiles at its first forward")
+        if self.cfg.model.cuda_graphs == "on" and not self.cuda_graphs:  # said, since it was asked for
+            self.log.info("cuda_graphs_unused", device=str(self.device), note="CUDA graphs need a CUDA device")
         return replica
 
     # -- what the membership table shows -------------------------------------------------

@@ -71,11 +71,13 @@ class FusedAdamW:
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for param in self.params:
-            if set_to_none:
+        if set_to_none:
+            for param in self.params:
                 param.grad = None
-            elif param.grad is not None:
-                param.grad.zero_()
+            return
+        grads = [param.grad for param in self.params if param.grad is not None]
+        if grads:
+            torch._foreach_zero_(grads)  # one launch per device, not one per parameter
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim.AdamW's layout: state by parameter index, one parameter group."""

@@ -52,6 +52,23 @@ class InnerOptimizer:
             FusedAdamW(self.params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
             if self._skips_on_device else
             torch.optim.AdamW(self.params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, foreach=True))
+        self._keeps_gradient_buffers = False
+
+    def keep_gradient_buffers(self) -> None:
+        """From now on each parameter's gradient lives in a buffer of its own, made here and
+        zeroed after each step, into which backward adds in place. Without one, the first
+        microbatch's backward installs its own output as the gradient; under CUDA graphs that
+        output is memory the next replay overwrites, and the microbatches after it would be
+        added to garbage (model.cuda_graphs)."""
+        with torch.no_grad():
+            for param in self.params:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+        self._keeps_gradient_buffers = True
+
+    def clear_gradients(self) -> None:
+        """Gradients gone (None) after a step, or zeroed in their buffers if they are kept."""
+        self.optimizer.zero_grad(set_to_none=not self._keeps_gradient_buffers)
 
     def current_lr(self) -> float:
         return lr_at(self.steps_taken, lr=self.cfg.lr, lr_min=self.cfg.lr_min,
@@ -87,7 +104,7 @@ class InnerOptimizer:
                 norm = torch.nn.utils.get_total_norm(grads, foreach=True)
             if not math.isfinite(float(norm)):
                 self._skipped.add_(1.0)
-                self.optimizer.zero_grad(set_to_none=True)
+                self.clear_gradients()
                 self.steps_taken += 1
                 return norm
         if isinstance(self.optimizer, FusedAdamW):
@@ -98,7 +115,7 @@ class InnerOptimizer:
         self.optimizer.step()
         if self._skips_on_device:
             self._skipped.add_(nonfinite.to(self._skipped.device))
-        self.optimizer.zero_grad(set_to_none=True)
+        self.clear_gradients()
         self.steps_taken += 1
         return norm
 

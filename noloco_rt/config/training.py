@@ -12,6 +12,7 @@ from noloco_rt.config.presets import PRESETS
 PRECISIONS = ("auto", "float32", "bfloat16")
 COMPILE_MODES = ("auto", "on", "off")
 COMPILE_SCOPES = ("block", "stage")
+CUDA_GRAPHS = ("off", "on")
 ACTIVATION_CHECKPOINTING = ("auto", "on", "off")
 MAX_VOCAB = 1 << 32
 """Token ids are uint32 on disk and on the wire."""
@@ -82,6 +83,13 @@ class ModelConfig:
     launch-bound tiny stages, no faster on a whole 125m (and compiled for 65 s against 37 s;
     benchmarks/README.md, "Compiling a stage"); not yet measured on a GPU, so block stays the
     default. A model of your own is always compiled whole."""
+    cuda_graphs: str = "off"
+    """on: what model.compile compiles on CUDA replays as CUDA graphs (torch.compile's
+    reduce-overhead mode: one launch per compiled graph instead of one per kernel, for
+    host-bound stages). The gradients are then kept in buffers of their own, added to in
+    place, and what a graph made is copied before it goes to the wire, since a graph's next
+    replay reuses its memory. Needs model.compile auto or on; the CPU compiles as without
+    it. off until measured on a GPU (benchmarks/README.md, "gpu-check")."""
     init_from: str = ""
     """Empty: weights from run.seed. Else a consensus .safetensors file or a Hugging Face
     Llama folder of this model's shape that every stage starts from (a worker's own
@@ -118,6 +126,9 @@ class ModelConfig:
         require_choice("model", "precision", self.precision, PRECISIONS)
         require_choice("model", "compile", self.compile, COMPILE_MODES)
         require_choice("model", "compile_scope", self.compile_scope, COMPILE_SCOPES)
+        require_choice("model", "cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        require(not (self.cuda_graphs == "on" and self.compile == "off"), "model", "cuda_graphs", self.cuda_graphs,
+                "needs model.compile auto or on: CUDA graphs replay what torch.compile compiled")
         require_choice("model", "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         require_choice("model", "preset", self.preset, tuple(PRESETS))
         require(2 <= self.seq_len <= MAX_SEQ_LEN, "model", "seq_len", self.seq_len, f"must be between 2 and {MAX_SEQ_LEN}")

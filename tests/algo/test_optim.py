@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -276,3 +277,31 @@ def test_adamw_is_fused_on_cuda_and_the_cpu_and_foreach_elsewhere():
     assert adamw_kernel(torch.device("meta")) == {"foreach": True}
     inner = InnerOptimizer([torch.nn.Parameter(torch.ones(3))], OptimConfig(), total_steps=10)
     assert isinstance(inner.optimizer, FusedAdamW)
+
+
+def test_kept_gradient_buffers_are_added_to_in_place_and_train_as_fresh_gradients_do():
+    """model.cuda_graphs: backward must add each microbatch's gradient into a buffer the
+    optimizer owns, never install its own output (a CUDA graph's memory, overwritten at the
+    next replay). The buffers stay the same memory across microbatches and steps, are zero
+    after each step, and train exactly as gradients made fresh each step do."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    kept = copy.deepcopy(model)
+    cfg = OptimConfig(lr=0.01, grad_clip=1.0)
+    fresh_inner = InnerOptimizer(model.parameters(), cfg, total_steps=10)
+    kept_inner = InnerOptimizer(kept.parameters(), cfg, total_steps=10)
+    kept_inner.keep_gradient_buffers()
+    buffers = [p.grad.data_ptr() for p in kept.parameters()]
+    assert all(not p.grad.any() for p in kept.parameters())
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        microbatches = [torch.randn(4, 6, generator=generator) for _ in range(3)]
+        for net, inner in ((model, fresh_inner), (kept, kept_inner)):
+            for x in microbatches:
+                net(x).square().mean().backward()
+            inner.step(grad_divisor=len(microbatches))
+        assert [p.grad.data_ptr() for p in kept.parameters()] == buffers
+        assert all(p.grad is not None and not p.grad.any() for p in kept.parameters())
+        assert all(p.grad is None for p in model.parameters())
+    for got, want in zip(kept.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=0, atol=0)

@@ -42,7 +42,8 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
     from noloco_rt.membership.embedded_redis import free_port
 
     mark, out, status_port = uuid.uuid4().hex, tmp_path / "run", free_port()
-    process = start_up(out, steps=40, mark=mark, **{"coordinator.status_port": status_port})
+    # CUDA graphs asked for on a machine without CUDA: every worker says it trains without them.
+    process = start_up(out, steps=40, mark=mark, **{"coordinator.status_port": status_port, "model.cuda_graphs": "on"})
     try:
         code, output = finish(process, timeout_s=240)
     finally:
@@ -64,6 +65,9 @@ def test_up_trains_exports_a_model_that_beats_the_untrained_one_and_leaves_nothi
     plans = [json.loads(line) for name in logs if name.startswith("s")
              for line in (out / "logs" / name).read_text().splitlines() if '"memory_plan"' in line]
     assert len(plans) >= 4 and {(e["max_inflight"], e["activation_checkpointing"]) for e in plans} == {(2, False)}
+    unused = [json.loads(line) for name in logs if name.startswith("s")
+              for line in (out / "logs" / name).read_text().splitlines() if '"cuda_graphs_unused"' in line]
+    assert len(unused) == len(plans) and {e["device"] for e in unused} == {"cpu"}, unused
     records = read_metrics(out / "metrics.jsonl")
     samples = [r for r in records if r["kind"] == "workers"]
     assert samples and {w["name"] for w in samples[-1]["workers"]} == {"s0-r0", "s0-r1", "s1-r0", "s1-r1"}

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from noloco_rt.model.compile_stage import compile_blocks, compile_stage, compile_wanted
+from noloco_rt.model.compile_stage import (
+    compile_blocks,
+    compile_stage,
+    compile_wanted,
+    cuda_graphs_wanted,
+)
 from noloco_rt.model.llama import build_stage, lm_loss
 
 
@@ -15,6 +20,13 @@ def test_auto_compiles_on_cuda_only_and_bad_values_are_refused():
     assert compile_wanted("on", "cpu") and not compile_wanted("off", "cuda")
     with pytest.raises(ValueError, match="model.compile = 'yes'"):
         compile_wanted("yes", "cpu")
+
+
+def test_cuda_graphs_are_wanted_on_cuda_only_when_asked_and_bad_values_are_refused():
+    assert cuda_graphs_wanted("on", "cuda") and cuda_graphs_wanted("on", torch.device("cuda", 1))
+    assert not cuda_graphs_wanted("on", "cpu") and not cuda_graphs_wanted("off", "cuda")
+    with pytest.raises(ValueError, match="model.cuda_graphs = 'yes'"):
+        cuda_graphs_wanted("yes", "cuda")
 
 
 def _forward_backward(stage: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

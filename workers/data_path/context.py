@@ -36,6 +36,9 @@ class DataContext:
     metrics: WorkerMetrics
     log: EventLog
     leave_requested: threading.Event
+    graph_outputs: bool = False
+    """model.cuda_graphs on CUDA: a stage's output or input gradient may be a CUDA graph's
+    output, whose memory the graph's next replay overwrites, so the wire reads a copy."""
     tokens: TokenRate = field(init=False)
     rejected: RejectCounter = field(init=False)
     """Data-path rejects (the exchange counts its own)."""
@@ -54,7 +57,7 @@ class DataContext:
         pipeline = self.cfg.pipeline
         wire = (wire_dtype.gradient_wire_dtype(pipeline.wire_dtype, pipeline.gradient_wire_dtype) if gradient
                 else pipeline.wire_dtype)
-        return self.staging.to_host(wire_dtype.pack(tensor, wire))
+        return self.staging.to_host(wire_dtype.pack(tensor, wire), graph_outputs=self.graph_outputs)
 
     def run_stage(self, inputs: torch.Tensor) -> torch.Tensor:
         """The stage's forward (with its graph), under autocast when model.precision asks for
