@@ -29,7 +29,7 @@ from statistics import mean
 
 from benchmarks.plain_loop import MODES, PlainLoopResult
 from benchmarks.table import emit, markdown_table
-from noloco_rt.config import Config, load_config, parse_assignment
+from noloco_rt.config import Config, ConfigError, load_config, parse_assignment
 from noloco_rt.config.presets import PRESETS
 from noloco_rt.logs import LogRecord, read_json_lines, record_seconds
 from noloco_rt.model.llama import build_stage, stage_layer_range
@@ -40,6 +40,8 @@ PRESET_SETTINGS: dict[str, tuple[str, ...]] = {}
 """Settings a preset's runs need beyond the defaults: none since workers size their in-flight
 count and activation checkpointing from the GPU's memory (pipeline.max_inflight = 0)."""
 PRESET_NOTES: dict[str, str] = {}
+DEFAULT_MODES = ("eager", "compiled")
+"""The plain loops of a default check (cuda-graphs on request: --plain eager,compiled,cuda-graphs)."""
 SHAPES = ((2, 2), (1, 1))
 """(stages, replicas) of the runtime's runs."""
 MIN_PROGRESS_LINES = 3  # step 1 (with start-up), and two more to measure a rate between
@@ -251,7 +253,8 @@ def run_bounded(command: list[str], timeout_s: float, *, capture: bool = False) 
 
 def runtime_settings(preset: str, args: argparse.Namespace) -> list[str]:
     """The --set flags of the preset's runs."""
-    return [f"model.seq_len={args.seq_len}", f"outer.h={args.outer_h}", *PRESET_SETTINGS.get(preset, ())]
+    return [f"model.seq_len={args.seq_len}", f"outer.h={args.outer_h}", *PRESET_SETTINGS.get(preset, ()),
+            *args.set]
 
 
 def runtime_config(settings: list[str]) -> Config:
@@ -289,7 +292,8 @@ def check_preset(preset: str, args: argparse.Namespace, out: Path, tflops: float
         failures += gate_failures(label, events, replicas=replicas, returncode=code)
         flops = {s: flops_per_token(preset, stage=s, stages=stages, seq_len=args.seq_len, vocab_size=vocab)
                  for s in range(stages)}
-        rows.append(runtime_row(f"noloco-rt {stages}x{replicas}", events, tokens_per_step=tokens_per_step,
+        name = " ".join((f"noloco-rt {stages}x{replicas}", *args.set))  # the row says what it was asked
+        rows.append(runtime_row(name, events, tokens_per_step=tokens_per_step,
                                 flops_of_stage=flops, tflops=tflops))
     whole_model = flops_per_token(preset, stage=0, stages=1, seq_len=args.seq_len, vocab_size=vocab)
     for mode in args.plain:
@@ -338,11 +342,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--shapes", type=parse_shapes, default=SHAPES,
                         help="the runtime's runs, STAGESxREPLICAS, comma-separated (default 2x2,1x1)")
-    parser.add_argument("--plain", type=parse_modes, default=MODES,
-                        help="the plain loop's modes, comma-separated (default eager,compiled; 'none' for none)")
+    parser.add_argument("--plain", type=parse_modes, default=DEFAULT_MODES,
+                        help=f"the plain loop's modes ({', '.join(MODES)}), comma-separated (default "
+                             f"{','.join(DEFAULT_MODES)}; 'none' for none)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a setting of the runtime's runs beyond the defaults (repeatable), e.g. "
+                             "model.cuda_graphs=on; its rows are named with it")
     parser.add_argument("--runs", type=Path, default=None,
                         help="keep each run's folder (logs, checkpoints) here; default: a temporary folder, deleted")
     args = parser.parse_args(argv)
+    try:  # a bad --set is said now, not after the first run's minutes on the GPU
+        runtime_config(args.set)
+    except ConfigError as exc:
+        parser.error(f"--set: {exc}")
     presets = [p.strip() for p in args.presets.split(",")]
     if args.runs is not None and (used := earlier_runs(args.runs, presets, args.shapes)):
         print(f"gpu-check: {used[0]} holds an earlier run, whose checkpoints `up` would resume (it would train "

@@ -1,14 +1,16 @@
 """The baseline `make gpu-check` holds the runtime against: a plain single-process PyTorch
 training loop of the whole model, eager or torch.compile'd, on random tokens.
 
-    python -m benchmarks.plain_loop [--preset 125m] [--mode eager|compiled] [--sequences 32]
+    python -m benchmarks.plain_loop [--preset 125m] [--mode eager|compiled|cuda-graphs] [--sequences 32]
         [--seq-len 1024] [--steps 30] [--warmup-steps 10] [--device cuda] [--microbatches 1]
 
 It trains as a worker does, with one batch per step: the same model (noloco_rt.model.llama), bfloat16
 autocast on CUDA (float32 on CPU, as model.precision = auto), the runtime's inner AdamW
 (optim section: lr schedule, betas, weight decay, grad clipping; the same kernel: fused). It prints one
 JSON line: tokens/s over the steps after warm-up (compiling happens in warm-up), peak memory
-(torch.cuda.max_memory_allocated; 0 on CPU) and the last loss.
+(torch.cuda.max_memory_allocated; 0 on CPU) and the last loss. cuda-graphs is compiled in
+torch.compile's reduce-overhead mode (CUDA graphs), its gradients kept in buffers of their own
+(a replay reuses its outputs' memory), as a worker with model.cuda_graphs = on does.
 
 --microbatches M splits each step's batch into M microbatches of sequences / M, each one's loss
 backwarded at once (scaled by 1 / M, so the gradient is the batch's mean), then one optimizer
@@ -32,7 +34,7 @@ from noloco_rt.algo.optim import adamw_kernel, lr_at
 from noloco_rt.config import OptimConfig
 from noloco_rt.model.llama import PipelineStage, build_stage, lm_loss
 
-MODES = ("eager", "compiled")
+MODES = ("eager", "compiled", "cuda-graphs")
 DISTINCT_BATCHES = 4
 """Random batches made up front and cycled: no data loading, and no RNG inside the timed steps."""
 
@@ -70,13 +72,17 @@ class PlainTrainer:
     """The model, its AdamW and one training step, as a worker holding every layer runs them."""
 
     def __init__(self, model: PipelineStage, optim: OptimConfig, *, total_steps: int, compiled: bool,
-                 microbatches: int = 1) -> None:
+                 microbatches: int = 1, cuda_graphs: bool = False) -> None:
         if microbatches < 1:
             raise ValueError(f"need microbatches >= 1, got {microbatches}")
         self.microbatches = microbatches
         self.device = next(model.parameters()).device
         self.params = list(model.parameters())
-        self.forward = torch.compile(model) if compiled else model
+        self.forward = torch.compile(model, mode="reduce-overhead" if cuda_graphs else None) if compiled else model
+        self.keeps_grads = cuda_graphs
+        if cuda_graphs:  # backward adds into these in place, never installs a graph's output
+            for param in self.params:
+                param.grad = torch.zeros_like(param)
         self.optim = optim
         self.total_steps = total_steps
         self.steps_taken = 0
@@ -123,7 +129,7 @@ class PlainTrainer:
                                 warmup_steps=self.optim.warmup_steps_for(self.total_steps),
                                 total_steps=self.total_steps)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keeps_grads)
         self.steps_taken += 1
 
 
@@ -133,11 +139,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int, steps: int, warmup_steps: int,
-                   device: torch.device | str, compiled: bool = False,
+                   device: torch.device | str, compiled: bool = False, cuda_graphs: bool = False,
                    optim: OptimConfig | None = None, microbatches: int = 1,
                    window_steps: int | None = None) -> PlainLoopResult:
     """Warm up, then time `steps` training steps of the whole model; steps must be >= 1.
     `microbatches`: each step's `sequences` in that many pieces, gradients accumulated.
+    `cuda_graphs` (with `compiled`): replayed as CUDA graphs.
     `window_steps`: also the rate of each window of that many steps (the device synchronised
     at each window's end)."""
     if steps < 1 or warmup_steps < 0:
@@ -147,7 +154,7 @@ def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int
         torch.cuda.reset_peak_memory_stats(device)
     model = build_stage(preset, vocab_size=vocab_size, stage=0, num_stages=1, seed=0, device=device)
     trainer = PlainTrainer(model, optim or OptimConfig(), total_steps=warmup_steps + steps, compiled=compiled,
-                           microbatches=microbatches)
+                           microbatches=microbatches, cuda_graphs=cuda_graphs)
     batches = random_batches(sequences=sequences, seq_len=seq_len, vocab_size=vocab_size, device=device)
     for index in range(warmup_steps):
         trainer.step(batches[index % DISTINCT_BATCHES])
@@ -165,7 +172,8 @@ def run_plain_loop(preset: str, *, sequences: int, seq_len: int, vocab_size: int
     synchronize(device)
     elapsed_s = time.perf_counter() - started
     peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-    return PlainLoopResult(mode="compiled" if compiled else "eager", tokens_per_step=tokens_per_step,
+    mode = ("cuda-graphs" if cuda_graphs else "compiled") if compiled else "eager"
+    return PlainLoopResult(mode=mode, tokens_per_step=tokens_per_step,
                            tokens_per_s=steps * tokens_per_step / elapsed_s, peak_mib=peak_mib, loss=float(loss),
                            microbatches=microbatches, window_tokens_per_s=tuple(windows))
 
@@ -197,13 +205,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.microbatches < 1 or args.sequences % args.microbatches:
         parser.error(f"--microbatches must be >= 1 and divide --sequences ({args.sequences})")
     device = torch.device(args.device)
-    compiled = args.mode == "compiled"
+    compiled, cuda_graphs = args.mode != "eager", args.mode == "cuda-graphs"
     if compiled and (reason := compile_skip_reason(device)):
-        print(f"plain-loop: compiled skipped: {reason}", file=sys.stderr)
+        print(f"plain-loop: {args.mode} skipped: {reason}", file=sys.stderr)
         raise SystemExit(0)
     result = run_plain_loop(args.preset, sequences=args.sequences, seq_len=args.seq_len, vocab_size=args.vocab_size,
                             steps=args.steps, warmup_steps=args.warmup_steps, device=device, compiled=compiled,
-                            microbatches=args.microbatches)
+                            cuda_graphs=cuda_graphs, microbatches=args.microbatches)
     if not math.isfinite(result.loss):
         print(f"plain-loop: the loss is not finite ({result.loss})", file=sys.stderr)
     print(result_json(result))

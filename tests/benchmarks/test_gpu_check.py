@@ -154,7 +154,7 @@ def test_the_table_gives_each_run_as_a_ratio_to_the_plain_eager_loop():
 
 def test_every_preset_runs_with_the_default_settings():
     # 1b ran with one microbatch in flight until workers sized it from the GPU's memory.
-    args = argparse.Namespace(seq_len=1024, outer_h=10)
+    args = argparse.Namespace(seq_len=1024, outer_h=10, set=[])
     assert runtime_settings("1b", args) == ["model.seq_len=1024", "outer.h=10"]
     for preset in ("small", "125m", "1b"):
         cfg = runtime_config(runtime_settings(preset, args))
@@ -197,8 +197,21 @@ def test_shapes_and_plain_modes_parse_and_bad_ones_are_refused():
     for bad in ("2x", "two", "0x2"):
         with pytest.raises(argparse.ArgumentTypeError, match="shapes"):
             parse_shapes(bad)
-    with pytest.raises(argparse.ArgumentTypeError, match="eager, compiled or none, not fast"):
+    with pytest.raises(argparse.ArgumentTypeError, match="eager, compiled, cuda-graphs or none, not fast"):
         parse_modes("eager,fast")
+    assert gpu_check.DEFAULT_MODES == ("eager", "compiled")  # CUDA graphs on request only
+
+
+def test_settings_of_the_runs_follow_the_defaults_and_a_bad_one_is_refused_before_anything_runs(capsys):
+    args = argparse.Namespace(seq_len=1024, outer_h=10, set=["model.cuda_graphs=on"])
+    assert runtime_settings("125m", args)[-1] == "model.cuda_graphs=on"
+    assert runtime_config(runtime_settings("125m", args)).model.cuda_graphs == "on"
+    for bad, named in (("model.cuda_graphs=maybe", "model.cuda_graphs"), ("cuda_graphs", "SECTION.FIELD=VALUE")):
+        with pytest.raises(SystemExit) as done:
+            gpu_check.main(["--set", bad])
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert "--set: invalid" in err and named in err, err
 
 
 def test_runs_in_a_folder_that_holds_an_earlier_run_are_refused_before_anything_runs(tmp_path, capsys):
