@@ -142,6 +142,24 @@ def test_accumulating_microbatches_gives_the_gradient_and_the_step_of_one_batch(
         "tiny", vocab_size=256, stage=0, num_stages=1, seed=0).parameters(), strict=True))  # it did train
 
 
+def test_the_cuda_graphs_loop_keeps_its_gradient_buffers_and_trains_as_the_eager_one():
+    """--mode cuda-graphs: its gradients accumulate in buffers of its own (a CUDA graph's
+    output is overwritten at the next replay), which stay the same memory, zeroed each step;
+    the compile itself is torch's, measured on CUDA only."""
+    batch = random_batches(sequences=8, seq_len=16, vocab_size=256, device=torch.device("cpu"))[0]
+    trainers = [PlainTrainer(build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=0), OptimConfig(),
+                             total_steps=10, compiled=False, microbatches=4, cuda_graphs=graphs)
+                for graphs in (False, True)]
+    buffers = [p.grad.data_ptr() for p in trainers[1].params]
+    for _ in range(2):
+        for trainer in trainers:
+            trainer.step(batch)
+    assert [p.grad.data_ptr() for p in trainers[1].params] == buffers
+    assert all(not p.grad.any() for p in trainers[1].params) and all(p.grad is None for p in trainers[0].params)
+    for plain, kept in zip(*(t.params for t in trainers), strict=True):
+        torch.testing.assert_close(kept, plain, rtol=0, atol=0)
+
+
 def test_microbatches_must_split_the_batch_evenly():
     model = build_stage("tiny", vocab_size=256, stage=0, num_stages=1, seed=0)
     trainer = PlainTrainer(model, OptimConfig(), total_steps=1, compiled=False, microbatches=3)
