@@ -12,10 +12,12 @@ what each worker spends per step, as medians over the inner steps of the middle 
 with how much of each call its thread spent off the CPU (a compute call's share is time
 lost to other threads and processes). Tracing costs a few microseconds a call.
 
-After each traced run, benchmarks/plain_pipeline.py trains the same shape by hand, and a
-third table holds the two side by side in slots: a step over its slowest stage's compute
-per microbatch (forward, backward and loss, as each measured them). The schedule's ideal is
-B + S - 1 slots; slots do not move with the machine's speed, which drifts between runs.
+After each traced run, benchmarks/plain_pipeline.py trains the same shape by hand, over
+pipes and then over ZeroMQ with a receiving thread (the runtime's transport and threads,
+without the rest of it), and a third table holds the three side by side in slots: a step
+over its slowest stage's compute per microbatch (forward, backward and loss, as each
+measured them). The schedule's ideal is B + S - 1 slots; slots do not move with the
+machine's speed, which drifts between runs.
 """
 
 from __future__ import annotations
@@ -134,13 +136,17 @@ def runtime_slots(totals: dict[str, dict[str, float]], microbatches: int) -> Slo
     return Slots(totals["stage 0"]["a whole inner step"], compute)
 
 
-def plain_slots(steps: int) -> Slots:
-    """The plain pipeline of the traced shape, trained now (about 15 s on 2 cores), with the
-    vocabulary and optimizer the traced run's configuration gave its workers."""
+PIPELINES = ("noloco-rt 2 x 1", "plain 2-process pipeline, right after", "the same over ZeroMQ, then")
+"""The slots table's rows: the traced run, then plain_slots over each transport."""
+
+
+def plain_slots(steps: int, transport: str = "pipe") -> Slots:
+    """The plain pipeline of the traced shape over `transport`, trained now (about 15 s on 2
+    cores), with the vocabulary and optimizer the traced run's configuration gave its workers."""
     spec = SHAPES["pipeline"]
     shape = plain_pipeline_shape(spec, runtime_config(spec.settings()), device=torch.device("cpu"), threads=1,
                                  steps=steps)
-    result = run_plain_pipeline(shape)
+    result = run_plain_pipeline(shape, transport=transport)
     return Slots(result.step_s * 1000, max(result.compute_s_per_microbatch) * 1000)
 
 
@@ -156,7 +162,7 @@ def load_traces(trace_dir: Path) -> dict[int, list[Record]]:
 
 
 def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[list[dict], list[dict], list[tuple]]:
-    """Each run's boundary medians, per-step totals of both workers, and (runtime, plain) slots."""
+    """Each run's boundary medians, per-step totals of both workers, and the slots of each of PIPELINES."""
     spec = dataclasses.replace(SHAPES["pipeline"], steps=steps)
     boundaries, totals, slots = [], [], []
     for run in range(1, runs + 1):
@@ -172,7 +178,7 @@ def measure(runs: int, steps: int, runs_dir: Path, timeout_s: float) -> tuple[li
         boundaries.append({k: statistics.median(v) for k, v in
                            boundary_parts(traces[0], traces[1], steps=analysed).items()})
         totals.append({f"stage {k}": per_step(traces[k], steps=analysed) for k in (0, 1)})
-        slots.append((runtime_slots(totals[-1], spec.max_inflight), plain_slots(steps)))
+        slots.append((runtime_slots(totals[-1], spec.max_inflight), plain_slots(steps), plain_slots(steps, "zmq")))
         print(f"pipeline_boundary: run {run}/{runs} done", flush=True)
     return boundaries, totals, slots
 
@@ -183,18 +189,19 @@ def _off_cpu_cell(totals: list[dict[str, float]], name: str) -> str:
     return format_spread(spread(values), ".2f") if values else "–"
 
 
-def slots_table(slots: list[tuple[Slots, Slots]], microbatches: int, stages: int) -> str:
-    rows = [[name, format_spread(spread([pair[side].step_ms for pair in slots]), ".1f"),
-             format_spread(spread([pair[side].compute_ms for pair in slots]), ".2f"),
-             format_spread(spread([pair[side].slots for pair in slots]), ".2f")]
-            for side, name in ((0, "noloco-rt 2 x 1"), (1, "plain 2-process pipeline, right after"))]
+def slots_table(slots: list[tuple[Slots, ...]], microbatches: int, stages: int) -> str:
+    """One row per pipeline measured in every run (the first len(run) of PIPELINES)."""
+    rows = [[name, format_spread(spread([run[side].step_ms for run in slots]), ".1f"),
+             format_spread(spread([run[side].compute_ms for run in slots]), ".2f"),
+             format_spread(spread([run[side].slots for run in slots]), ".2f")]
+            for side, name in enumerate(PIPELINES[:min(len(run) for run in slots)])]
     return markdown_table(f"A step in slots of the slowest stage's compute per microbatch (the ideal: B + S - 1 = "
-                          f"{microbatches + stages - 1}), run by run with a plain pipeline",
+                          f"{microbatches + stages - 1}), run by run with plain pipelines",
                           ["pipeline", "step ms", "compute ms per microbatch", "slots"], rows)
 
 
 def render(boundaries: list[dict], totals: list[dict], commit_note: str,
-           slots: list[tuple[Slots, Slots]] | None = None) -> str:
+           slots: list[tuple[Slots, ...]] | None = None) -> str:
     rows = [[name, format_spread(spread([b[name] for b in boundaries]), ".2f")] for name in boundaries[0]]
     text = markdown_table(f"The last stage's wait at a step boundary, ms: median over runs [min–max] of each "
                           f"run's median; {commit_note}", ["part", "ms"], rows)

@@ -3,6 +3,7 @@ the runtime's pipeline runs, on the same machine, as the runtime's pipeline is h
 
     python -m benchmarks.plain_pipeline [--preset tiny] [--stages 2] [--microbatches 4]
         [--batch-size 8] [--seq-len 32] [--steps 100] [--warmup-steps 10] [--device cpu]
+        [--transport pipe|zmq]
 
 One process per stage (spawned, `--threads` torch threads each), stage k holding the layers a
 worker of stage k holds (build_stage: the same weights as those layers of the whole model).
@@ -13,6 +14,11 @@ way; the first stage backwards each gradient as it returns. Then every stage tak
 step of benchmarks/plain_loop.py (clip, AdamW) on its own parameters. Nothing else: no
 membership, no routing, no codec, no retries, one thread per process. On CUDA the slots stay
 in host memory (a copy to the host and back per hop, as between two machines).
+
+--transport zmq (2 stages): the slot's bytes travel over ZeroMQ PUSH/PULL sockets on
+127.0.0.1 instead, received by a thread of each process that copies them into its own slot
+and hands the index over a queue, as a worker's data link does: what the runtime's transport
+and threads cost without the rest of the runtime.
 
 Every microbatch's loss is scaled by 1 / B, so one step's gradients are those of
 plain_loop.py's --microbatches B on the same batches (random tokens, the same
@@ -30,15 +36,20 @@ import json
 import multiprocessing
 import queue
 import statistics
+import threading
 import time
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
+import zmq
 
 from benchmarks.plain_loop import DISTINCT_BATCHES, PlainTrainer, random_batches, synchronize
 from noloco_rt.config import OptimConfig
+from noloco_rt.membership.embedded_redis import free_port
 from noloco_rt.model.llama import PRESETS, build_stage, lm_loss
+
+TRANSPORTS = ("pipe", "zmq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,13 +95,60 @@ class PlainPipelineResult:
     """Seconds per timed step (the first stage's)."""
 
 
+class ZmqLink:
+    """One end of a stage boundary over ZeroMQ, used as the pipe end it replaces (send an index,
+    receive one): `send` pushes the slot's bytes, a receiving thread copies what arrives into
+    its own slot and queues the index. Its sockets open in the stage's process, at first use."""
+
+    def __init__(self, push_to: str, pull_from: str, *, binds: bool, send_slots: list[torch.Tensor],
+                 receive_slots: list[torch.Tensor]) -> None:
+        self.push_to, self.pull_from, self.binds = push_to, pull_from, binds
+        self.send_slots, self.receive_slots = send_slots, receive_slots
+        self._push: zmq.Socket | None = None
+        self._arrived: queue.Queue[int] = queue.Queue()
+
+    def __getstate__(self) -> dict[str, Any]:  # to the stage's process before any socket exists
+        return {k: v for k, v in self.__dict__.items() if k != "_arrived"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _arrived=queue.Queue())
+
+    def _open(self) -> zmq.Socket:
+        context = zmq.Context.instance()
+        push, pull = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+        for socket, address in ((push, self.push_to), (pull, self.pull_from)):
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.bind(address) if self.binds else socket.connect(address)
+        threading.Thread(target=self._receive, args=(pull,), daemon=True).start()
+        return push
+
+    def _receive(self, pull: zmq.Socket) -> None:
+        while True:
+            index_frame, payload = pull.recv_multipart(copy=False)
+            index = int.from_bytes(index_frame.bytes, "little")
+            slot = self.receive_slots[index]
+            slot.copy_(torch.frombuffer(payload.buffer, dtype=slot.dtype).view(slot.shape))
+            self._arrived.put(index)
+
+    def send(self, index: int) -> None:
+        if self._push is None:
+            self._push = self._open()
+        view = memoryview(self.send_slots[index].numpy()).cast("B")
+        self._push.send_multipart([index.to_bytes(4, "little"), view], copy=False)
+
+    def recv(self) -> int:
+        if self._push is None:
+            self._push = self._open()
+        return self._arrived.get()
+
+
 @dataclasses.dataclass
 class Links:
-    """A stage's pipes and shared slots toward its neighbours (None at either end)."""
+    """A stage's pipes (or ZeroMQ links) and slots toward its neighbours (None at either end)."""
 
-    up: Connection | None
+    up: Connection | ZmqLink | None
     """To the previous stage: slot indices of arrived activations in, of sent gradients out."""
-    down: Connection | None
+    down: Connection | ZmqLink | None
     """To the next stage: slot indices of sent activations out, of arrived gradients in."""
     inputs: list[torch.Tensor] | None
     """One slot per microbatch: the previous stage writes its activation there."""
@@ -254,9 +312,53 @@ def _collect(results: Any, children: list[Any], timeout_s: float) -> dict[int, t
     return reports
 
 
-def run_plain_pipeline(shape: PipelineShape, *, window_steps: int = 10, timeout_s: float = 600.0) -> PlainPipelineResult:
-    """Train `shape` in one spawned process per stage; raises RuntimeError if a stage fails or
+def _zmq_boundary(shape: PipelineShape, dim: int) -> tuple[ZmqLink, ZmqLink]:
+    """The two ends of the one boundary of a 2-stage pipeline over ZeroMQ, each with slots of
+    its own (copied into its process, not shared)."""
+    def slots() -> list[torch.Tensor]:
+        return [torch.zeros(shape.batch_size, shape.seq_len, dim) for _ in range(shape.microbatches)]
+
+    forward, backward = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    first = ZmqLink(forward, backward, binds=True, send_slots=slots(), receive_slots=slots())
+    last = ZmqLink(backward, forward, binds=False, send_slots=slots(), receive_slots=slots())
+    return first, last
+
+
+def _stage_links(shape: PipelineShape, transport: str, context: Any) -> list[Links]:
+    """Each stage's links: over pipes, one pipe and two shared lists of slots per boundary
+    (activations, gradients); over ZeroMQ, each end with slots of its own."""
+    dim = PRESETS[shape.preset].dim
+    if transport == "zmq":
+        first, last = _zmq_boundary(shape, dim)
+        return [Links(up=None, down=first, inputs=None, input_grads=None, outputs=first.send_slots,
+                      output_grads=first.receive_slots),
+                Links(up=last, down=None, inputs=last.receive_slots, input_grads=last.send_slots, outputs=None,
+                      output_grads=None)]
+    slots = [([torch.zeros(shape.batch_size, shape.seq_len, dim).share_memory_() for _ in range(shape.microbatches)],
+              [torch.zeros(shape.batch_size, shape.seq_len, dim).share_memory_() for _ in range(shape.microbatches)])
+             for _ in range(shape.stages - 1)]
+    pipes = [context.Pipe() for _ in range(shape.stages - 1)]
+    links = []
+    for stage in range(shape.stages):
+        above, below = (stage - 1, stage) if stage else (None, stage)
+        has_below = below < shape.stages - 1
+        links.append(Links(up=pipes[above][1] if above is not None else None,
+                           down=pipes[below][0] if has_below else None,
+                           inputs=slots[above][0] if above is not None else None,
+                           input_grads=slots[above][1] if above is not None else None,
+                           outputs=slots[below][0] if has_below else None,
+                           output_grads=slots[below][1] if has_below else None))
+    return links
+
+
+def run_plain_pipeline(shape: PipelineShape, *, window_steps: int = 10, timeout_s: float = 600.0,
+                       transport: str = "pipe") -> PlainPipelineResult:
+    """Train `shape` in one spawned process per stage, its stages joined by `transport` (pipe:
+    shared slots and pipes; zmq: ZeroMQ, 2 stages); raises RuntimeError if a stage fails or
     does not finish within timeout_s."""
+    if transport not in TRANSPORTS or (transport == "zmq" and shape.stages != 2):
+        raise ValueError(f"transport is pipe (any stages) or zmq (2 stages), not {transport} with "
+                         f"{shape.stages} stages")
     if shape.stages < 2 or shape.stages > PRESETS[shape.preset].n_layers:
         raise ValueError(f"need 2 <= stages <= {PRESETS[shape.preset].n_layers} (the preset's layers), "
                          f"got {shape.stages}")
@@ -264,22 +366,9 @@ def run_plain_pipeline(shape: PipelineShape, *, window_steps: int = 10, timeout_
         raise ValueError(f"need microbatches, steps and warmup_steps >= 1, got {shape.microbatches}, "
                          f"{shape.steps}, {shape.warmup_steps}")
     context = multiprocessing.get_context("spawn")
-    dim = PRESETS[shape.preset].dim
-    # one boundary between each stage and the next: its activation and gradient slots, a pipe
-    slots = [([torch.zeros(shape.batch_size, shape.seq_len, dim).share_memory_() for _ in range(shape.microbatches)],
-              [torch.zeros(shape.batch_size, shape.seq_len, dim).share_memory_() for _ in range(shape.microbatches)])
-             for _ in range(shape.stages - 1)]
-    pipes = [context.Pipe() for _ in range(shape.stages - 1)]
     results = context.Queue()
     children = []
-    for stage in range(shape.stages):
-        above, below = (stage - 1, stage) if stage else (None, stage)
-        links = Links(up=pipes[above][1] if above is not None else None,
-                      down=pipes[below][0] if below < shape.stages - 1 else None,
-                      inputs=slots[above][0] if above is not None else None,
-                      input_grads=slots[above][1] if above is not None else None,
-                      outputs=slots[below][0] if below < shape.stages - 1 else None,
-                      output_grads=slots[below][1] if below < shape.stages - 1 else None)
+    for stage, links in enumerate(_stage_links(shape, transport, context)):
         children.append(context.Process(target=_run_stage, args=(shape, stage, links, results), daemon=True))
     for child in children:
         child.start()
@@ -318,6 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window-steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per stage")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="pipe",
+                        help="between the stages: pipes and shared slots, or ZeroMQ and a receiving thread (2 stages)")
     args = parser.parse_args(argv)
     if args.preset not in PRESETS:
         parser.error(f"--preset is one of {', '.join(PRESETS)}")
@@ -326,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
                           steps=args.steps, warmup_steps=args.warmup_steps, device=args.device,
                           threads=args.threads, optim=OptimConfig())
     try:
-        result = run_plain_pipeline(shape, window_steps=args.window_steps)
+        result = run_plain_pipeline(shape, window_steps=args.window_steps, transport=args.transport)
     except ValueError as error:
         parser.error(str(error))
     fields = dataclasses.asdict(result)

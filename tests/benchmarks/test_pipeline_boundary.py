@@ -86,10 +86,11 @@ def test_a_step_counts_in_slots_of_the_slowest_stages_compute_per_microbatch():
     assert measured == Slots(step_ms=60.0, compute_ms=10.0)  # the slowest stage's, waiting and replies left out
     assert measured.slots == pytest.approx(6.0)
     boundaries = [{name: 1.0 for name in BOUNDARY}]
-    text = render(boundaries, [totals], "a note", [(measured, Slots(51.0, 10.2))])
+    text = render(boundaries, [totals], "a note", [(measured, Slots(51.0, 10.2), Slots(54.0, 10.0))])
     assert "B + S - 1 = 5" in text
     assert "| noloco-rt 2 x 1 | 60.0 | 10.00 | 6.00 |" in text.replace("  ", " ")
     assert "| plain 2-process pipeline, right after | 51.0 | 10.20 | 5.00 |" in text.replace("  ", " ")
+    assert "| the same over ZeroMQ, then | 54.0 | 10.00 | 5.40 |" in text.replace("  ", " ")
 
 
 def _run_traced(trace_dir, code: str) -> None:

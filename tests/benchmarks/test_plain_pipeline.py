@@ -25,9 +25,11 @@ def _shape(stages: int, **changes) -> PipelineShape:
     return PipelineShape(**{**fields, **changes})
 
 
-@pytest.mark.parametrize("stages", [2, 3])  # 3: a middle stage, which takes forwards and gradients as they come
-def test_the_plain_pipeline_trains_exactly_what_the_plain_loop_trains_on_the_same_microbatches(stages):
-    result = run_plain_pipeline(_shape(stages), timeout_s=120)
+@pytest.mark.parametrize(("stages", "transport"), [(2, "pipe"), (3, "pipe"), (2, "zmq")])
+def test_the_plain_pipeline_trains_exactly_what_the_plain_loop_trains_on_the_same_microbatches(stages, transport):
+    # 3: a middle stage, which takes forwards and gradients as they come; zmq: the slots' bytes
+    # over ZeroMQ sockets on 127.0.0.1, received by a thread of each stage
+    result = run_plain_pipeline(_shape(stages), timeout_s=120, transport=transport)
 
     trainer = PlainTrainer(build_model("tiny", vocab_size=64, seed=0), NO_CLIP, total_steps=5, compiled=False,
                            microbatches=4)
@@ -78,5 +80,9 @@ def test_bad_shapes_are_refused_before_any_process_starts():
         run_plain_pipeline(_shape(5))  # tiny has 4 layers
     with pytest.raises(ValueError, match="stages"):
         run_plain_pipeline(_shape(1))
+    with pytest.raises(ValueError, match="zmq \\(2 stages\\), not zmq with 3 stages"):
+        run_plain_pipeline(_shape(3), transport="zmq")
+    with pytest.raises(ValueError, match="not carrier-pigeon"):
+        run_plain_pipeline(_shape(2), transport="carrier-pigeon")
     with pytest.raises(ValueError, match="warmup_steps"):
         run_plain_pipeline(_shape(2, warmup_steps=0))
