@@ -39,7 +39,6 @@ from noloco_rt.membership.redis_wait import wait_for_redis
 from noloco_rt.membership.refresher import ViewRefresher
 from noloco_rt.membership.table import Membership
 from noloco_rt.memory.fit import MemoryChoice, resolved_config
-from noloco_rt.model.compile_stage import compile_stage, compile_wanted, cuda_graphs_wanted
 from noloco_rt.model.init_weights import initial_replica
 from noloco_rt.model.staged import staged_model
 from noloco_rt.net.data_link import DataLink
@@ -74,6 +73,7 @@ from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
 from workers.outer.step import OuterStep
 from workers.run_finished import mark_run_finished
+from workers.stage_compile import compile_for_device
 
 __all__ = ["StageWorker", "default_worker_name", "install_signal_handlers", "pick_device"]
 
@@ -103,9 +103,9 @@ class StageWorker:
         self.leave_requested = threading.Event()
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
-        self.cuda_graphs = compile_wanted(cfg.model.compile, device) and cuda_graphs_wanted(cfg.model.cuda_graphs, device)
-        """model.cuda_graphs in effect: compiled on CUDA, replayed as CUDA graphs."""
         self.replica = self._stage_replica(memory)
+        self.cuda_graphs = compile_for_device(self.replica, cfg.model, device, self.log)
+        """model.cuda_graphs in effect: compiled on CUDA, replayed as CUDA graphs."""
         self.views = ViewRefresher(membership, {stage, min(stage + 1, cfg.pipeline.stages - 1)},
                                    interval_s=cfg.worker.view_refresh_s, run_stages=cfg.pipeline.stages)
         self.peers = PeerView(self.views, own_id=self.worker_id, backoff_max_s=cfg.worker.peer_backoff_max_s)
@@ -171,7 +171,7 @@ class StageWorker:
                                peers=self.peers, counters=self.counters, metrics=self.metrics, log=self.log)
 
     def _stage_replica(self, memory: MemoryChoice) -> StageReplica:
-        """Our stage's replica on our device, built as the memory plan chose, compiled if asked."""
+        """Our stage's replica on our device, built as the memory plan chose."""
         (self.log.info if memory.fits else self.log.warning)(
             "memory_plan", max_inflight=memory.max_inflight, activation_checkpointing=memory.activation_checkpointing,
             planned_peak_gb=None if memory.peak_bytes is None else round(memory.peak_bytes / 1e9, 2),
@@ -180,16 +180,6 @@ class StageWorker:
         if self.cfg.model.init_from:  # what a user asked for is said to be used (a checkpoint or peer still wins)
             self.log.info("init_from_loaded", path=self.cfg.model.init_from, stage=self.stage,
                           tensors=len(replica.slow), note="a checkpoint of ours or a live peer's state replaces it")
-        if compile_wanted(self.cfg.model.compile, self.device):
-            model_cfg = self.cfg.model
-            compiled = compile_stage(replica.module, scope=model_cfg.compile_scope, seq_len=model_cfg.seq_len,
-                                     cuda_graphs=self.cuda_graphs)
-            if self.cuda_graphs:
-                replica.inner.keep_gradient_buffers()
-            self.log.info("stage_compiled", scope=model_cfg.compile_scope, compiled=compiled,
-                          cuda_graphs=self.cuda_graphs, note="compiles at its first forward")
-        if self.cfg.model.cuda_graphs == "on" and not self.cuda_graphs:  # said, since it was asked for
-            self.log.info("cuda_graphs_unused", device=str(self.device), note="CUDA graphs need a CUDA device")
         return replica
 
     # -- what the membership table shows -------------------------------------------------
