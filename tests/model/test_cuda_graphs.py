@@ -7,6 +7,7 @@ microbatch replays (a last stage), and gradients summed over microbatches."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -33,11 +34,35 @@ def _eager_and_graphed(stage: int, scope: str) -> tuple[torch.nn.Module, torch.n
     return eager, graphed
 
 
-def _optimizers(eager: torch.nn.Module, graphed: torch.nn.Module) -> tuple[InnerOptimizer, InnerOptimizer]:
-    cfg = OptimConfig(lr=0.01, grad_clip=1.0)
-    kept = InnerOptimizer(graphed.parameters(), cfg, total_steps=10)
-    kept.keep_gradient_buffers()  # as a worker with model.cuda_graphs does
-    return InnerOptimizer(eager.parameters(), cfg, total_steps=10), kept
+@dataclasses.dataclass
+class Twins:
+    """An eager stage and its graphed copy, each with its inner optimizer (the graphed one
+    keeping its gradient buffers, as a worker with model.cuda_graphs does)."""
+
+    eager: torch.nn.Module
+    graphed: torch.nn.Module
+    eager_inner: InnerOptimizer
+    graphed_inner: InnerOptimizer
+
+    @classmethod
+    def of_stage(cls, stage: int, scope: str) -> Twins:
+        eager, graphed = _eager_and_graphed(stage, scope)
+        cfg = OptimConfig(lr=0.01, grad_clip=1.0)
+        kept = InnerOptimizer(graphed.parameters(), cfg, total_steps=10)
+        kept.keep_gradient_buffers()
+        return cls(eager, graphed, InnerOptimizer(eager.parameters(), cfg, total_steps=10), kept)
+
+    def step(self) -> None:
+        """Both take their inner step on gradients that must match first."""
+        for got, want in zip(self.graphed.parameters(), self.eager.parameters(), strict=True):
+            torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-5)
+        self.eager_inner.step(grad_divisor=MICROBATCHES)
+        self.graphed_inner.step(grad_divisor=MICROBATCHES)
+
+    def assert_trained_alike(self) -> None:
+        for got, want in zip(self.graphed.parameters(), self.eager.parameters(), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+        _assert_no_graph_was_skipped()
 
 
 def _assert_no_graph_was_skipped() -> None:
@@ -51,15 +76,9 @@ def _on_host(copy: HostCopy) -> torch.Tensor:
     return copy.tensors[0]
 
 
-def _assert_grads_match(graphed: torch.nn.Module, eager: torch.nn.Module) -> None:
-    for got, want in zip(graphed.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-5)
-
-
 @pytest.mark.parametrize("scope", ["block", "stage"])
 def test_a_first_stage_with_microbatches_in_flight_trains_as_eager(scope):
-    eager, graphed = _eager_and_graphed(0, scope)
-    eager_inner, graphed_inner = _optimizers(eager, graphed)
+    twins = Twins.of_stage(0, scope)
     staging = HostStaging(torch.device("cuda"))
     generator = torch.Generator().manual_seed(0)
     for _ in range(STEPS):
@@ -67,32 +86,27 @@ def test_a_first_stage_with_microbatches_in_flight_trains_as_eager(scope):
         returned = [torch.randn(BATCH, SEQ, 64, generator=generator).cuda() for _ in range(MICROBATCHES)]
         order = torch.randperm(MICROBATCHES, generator=generator).tolist()  # gradients come back in any order
         wire = {}
-        for name, net, graphs in (("eager", eager, False), ("graphed", graphed, True)):
+        for name, net, graphs in (("eager", twins.eager, False), ("graphed", twins.graphed, True)):
             outputs = [net(t) for t in tokens]  # all in flight before any gradient returns
             wire[name] = [staging.to_host([out], graph_outputs=graphs) for out in outputs]
             for index in order:
                 outputs[index].backward(returned[index])
-        _assert_grads_match(graphed, eager)
         for got, want in zip(wire["graphed"], wire["eager"], strict=True):
             torch.testing.assert_close(_on_host(got), _on_host(want), rtol=1e-4, atol=1e-5)
-        eager_inner.step(grad_divisor=MICROBATCHES)
-        graphed_inner.step(grad_divisor=MICROBATCHES)
-    for got, want in zip(graphed.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
-    _assert_no_graph_was_skipped()
+        twins.step()
+    twins.assert_trained_alike()
 
 
 @pytest.mark.parametrize("scope", ["block", "stage"])
 def test_a_last_stage_replies_input_gradients_that_later_replays_do_not_overwrite(scope):
-    eager, graphed = _eager_and_graphed(1, scope)
-    eager_inner, graphed_inner = _optimizers(eager, graphed)
+    twins = Twins.of_stage(1, scope)
     staging = HostStaging(torch.device("cuda"))
     generator = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         hidden = [torch.randn(BATCH, SEQ, 64, generator=generator).cuda() for _ in range(MICROBATCHES)]
         targets = [torch.randint(0, 256, (BATCH, SEQ), generator=generator).cuda() for _ in range(MICROBATCHES)]
         replies = {}
-        for name, net, graphs in (("eager", eager, False), ("graphed", graphed, True)):
+        for name, net, graphs in (("eager", twins.eager, False), ("graphed", twins.graphed, True)):
             replies[name] = []
             for x, y in zip(hidden, targets, strict=True):
                 x = x.clone().requires_grad_(True)
@@ -102,9 +116,5 @@ def test_a_last_stage_replies_input_gradients_that_later_replays_do_not_overwrit
                 replies[name].append(staging.to_host([x.grad], graph_outputs=graphs))
         for got, want in zip(replies["graphed"], replies["eager"], strict=True):
             torch.testing.assert_close(_on_host(got), _on_host(want), rtol=1e-3, atol=1e-6)
-        _assert_grads_match(graphed, eager)
-        eager_inner.step(grad_divisor=MICROBATCHES)
-        graphed_inner.step(grad_divisor=MICROBATCHES)
-    for got, want in zip(graphed.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
-    _assert_no_graph_was_skipped()
+        twins.step()
+    twins.assert_trained_alike()
