@@ -48,6 +48,7 @@ from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.routing.peers import PeerView
 from noloco_rt.transfer_time import stage_timeouts
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due
+from workers.compiled_stage import compile_for_device
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.receiver import decoder
@@ -73,7 +74,6 @@ from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
 from workers.outer.step import OuterStep
 from workers.run_finished import mark_run_finished
-from workers.stage_compile import compile_for_device
 
 __all__ = ["StageWorker", "default_worker_name", "install_signal_handlers", "pick_device"]
 
