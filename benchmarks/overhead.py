@@ -39,9 +39,9 @@ timings get the same (the table's notes say how many).
 Duration on this project's 2-core CPU machine (idle otherwise): one step of the compute shape
 (small, 32 x 256 tokens, 2 threads) takes about 3 s on either side, a launch-shape step (tiny,
 32 x 32) 0.04-0.07 s, and each `up` adds about 15 s of start-up, final checkpoint and consensus
-scoring. With the references bracketing each runtime run, the default 3 runs take about 20
-minutes. Another process on the cores slows either side several times over: run it alone (the
-notes give the load average).
+scoring. With the references bracketing each runtime run, the default 3 runs take about 28
+minutes (5 runs: 46, at 25d9b37). Another process on the cores slows either side several
+times over: run it alone (the notes give the load average).
 """
 
 from __future__ import annotations
