@@ -55,12 +55,15 @@ def test_the_plan_covers_every_element_once_in_aligned_bounded_chunks(numels, ch
 
 
 def test_int8_on_pieces_keeps_the_blocks_of_whole_tensors():
-    # Each 64-element block of the whole tensor holds multiples of its own scale with one
-    # value at +-127 steps: int8 round-trips it exactly when blocks are the whole tensor's,
-    # and would not if a piece cut a block.
+    # Each 64-element block of the whole tensor holds whole multiples of its own scale, one of
+    # them 127 steps: int8 round-trips it exactly when blocks are the whole tensor's, and would
+    # not if a piece cut a block (neighbouring blocks' scales differ). The scales are powers of
+    # two so that 127 * s, k * s and x / s are exact in float32: a scale of any other value may
+    # round up by one ulp, and stochastic rounding then sends k - epsilon to k - 1 now and then.
     blocks = torch.randint(-127, 128, (40, ALIGN)).float()
     blocks[:, 0] = 127.0
-    tensor = (blocks * torch.rand(40, 1).add(0.1)).reshape(-1)
+    scales = torch.pow(2.0, -(torch.arange(40) % 5).float())[:, None]  # (40, 1): 1, 1/2, .., 1/16
+    tensor = (blocks * scales).reshape(-1)
     pieces = [p for chunk in plan_chunks([tensor.numel()], 3 * ALIGN) for p in chunk]
     assert len(pieces) > 1
     encoded = encode_snapshot(piece_views([tensor], pieces), "int8-zstd", 1, PartsKind.FAST).encoded
