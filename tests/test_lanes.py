@@ -77,6 +77,7 @@ def test_slow_tests_of_real_processes_take_the_processes_lane_and_all_others_the
     assert lane_of("tests/net/test_auth.py::test_x", slow=True) == PROCESSES
     assert lane_of("tests/cluster/test_up.py::test_up_refuses_a_run_directory", slow=False) == REST
     assert lane_of("tests/simulation/test_simulate.py::test_every_method_learns[adam]", slow=True) == REST
+    assert lane_of("tests/workers/test_host_reads.py::test_a_one_stage_worker_reads_nothing_back", slow=True) == REST
 
 
 HELD = textwrap.dedent("""
