@@ -366,7 +366,7 @@ def plain_pipeline_tokens_per_s(spec: ShapeSpec, cfg: Config, *, device: torch.d
     return statistics.median(run_plain_pipeline(shape, window_steps=WINDOW).window_tokens_per_s)
 
 
-def _up_env(device: torch.device) -> dict[str, str]:
+def up_env(device: torch.device) -> dict[str, str]:
     """This checkout's packages without an install; no GPU for the workers when measuring the CPU."""
     env = child_env()
     if device.type == "cpu":
@@ -374,17 +374,21 @@ def _up_env(device: torch.device) -> dict[str, str]:
     return env
 
 
+def up_command(spec: ShapeSpec, out: Path) -> list[str]:
+    """`up --stages S --replicas 1` of the shape, its run directory `out`."""
+    return [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(spec.stages), "--replicas", "1",
+            "--steps", str(spec.steps), "--preset", spec.preset, "--out", str(out), "--no-coordinator",
+            "--no-tensorboard", *(flag for s in spec.settings() for flag in ("--set", s))]
+
+
 def run_up(spec: ShapeSpec, out: Path, *, device: torch.device, timeout_s: float,
            extra_env: dict[str, str] | None = None) -> int:
     """`up --stages S --replicas 1` of the shape into `out` (its output in out/up.out), with
     `extra_env` over its environment; its exit code, 124 after ending its whole process group
     on timeout."""
-    command = [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(spec.stages), "--replicas", "1",
-               "--steps", str(spec.steps), "--preset", spec.preset, "--out", str(out), "--no-coordinator",
-               "--no-tensorboard", *(flag for s in spec.settings() for flag in ("--set", s))]
     out.mkdir(parents=True, exist_ok=True)
     with (out / "up.out").open("w") as log, subprocess.Popen(
-            command, env={**_up_env(device), **(extra_env or {})}, start_new_session=True, stdout=log,
+            up_command(spec, out), env={**up_env(device), **(extra_env or {})}, start_new_session=True, stdout=log,
             stderr=subprocess.STDOUT) as child:
         try:
             return child.wait(timeout=timeout_s)
