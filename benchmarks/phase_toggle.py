@@ -13,7 +13,8 @@ apart can. Each phase's rate comes from the stage-0 worker's progress lines insi
 - pin: each worker's threads on a core of its own (stage k: core k mod cores), as "one
   worker per stage, each with its own core" reads; off: every core;
 - nice-background: every thread but a worker's main one (its data link, ZeroMQ's I/O
-  threads, the exchange, heartbeats) at nice 10; off: nice 0.
+  threads, the exchange, heartbeats) at 10 nice levels below the main one; off: level with
+  it (root only: lowering a nice value needs CAP_SYS_NICE).
 
 Prints the phases' tokens/s with the treatment on and off (median [min-max]) and the ratio of
 each on-phase to the off-phase after it: median [min-max], and how many of the pairs it won.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
+import math
 import os
 import signal
 import statistics
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.matched_runs import worker_pids
 from benchmarks.overhead import SHAPES, git_commit, stage0_progress, up_command, up_env
 from benchmarks.table import emit, markdown_table
 
@@ -46,6 +48,7 @@ SETTLE_S = 0.5
 START_UP_S = 12.0
 """Left to the run before the first phase: start-up and warm-up."""
 BACKGROUND_NICE = 10
+"""How far below its main thread a worker's other threads go with nice-background."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +64,8 @@ def phase_rates(progress: Sequence[tuple[float, int]], phases: Sequence[Phase], 
     its first settle_s, in order; phases end at the next one's start or after phase_s."""
     rates = []
     for index, phase in enumerate(phases):
-        end = phases[index + 1].start if index + 1 < len(phases) else phase.start + phase_s
-        inside = [(t, step) for t, step in progress if phase.start + settle_s <= t <= min(end, phase.start + phase_s)]
+        end = min(phase.start + phase_s, phases[index + 1].start if index + 1 < len(phases) else math.inf)
+        inside = [(t, step) for t, step in progress if phase.start + settle_s <= t <= end]
         if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
             rates.append((phase.on, (inside[-1][1] - inside[0][1]) * tokens_per_step / (inside[-1][0] - inside[0][0])))
     return rates
@@ -83,30 +86,24 @@ def threads_of(pid: int) -> list[int]:
 
 
 def apply(treatment: str, on: bool, workers: dict[int, int]) -> None:
-    """Switch `treatment` on or off for every thread of each worker ({stage: pid})."""
+    """Switch `treatment` on or off for every thread of each worker ({stage: pid}). Taking a
+    nice back needs CAP_SYS_NICE: without it, PermissionError (the run would be no A/B)."""
     cores = sorted(os.sched_getaffinity(0))
     for stage, pid in workers.items():
         for tid in threads_of(pid):
             try:
                 if treatment == "pin":
                     os.sched_setaffinity(tid, {cores[stage % len(cores)]} if on else set(cores))
-                elif tid != pid:
-                    os.setpriority(os.PRIO_PROCESS, tid, BACKGROUND_NICE if on else 0)
+                elif tid != pid:  # relative to the main thread, which keeps its own
+                    main = os.getpriority(os.PRIO_PROCESS, pid)
+                    os.setpriority(os.PRIO_PROCESS, tid, main + BACKGROUND_NICE if on else main)
             except ProcessLookupError:
                 pass  # the thread ended meanwhile
 
 
-def worker_pids(up_out: Path) -> dict[int, int]:
-    """{stage: pid} of the workers `up` has started so far (its process_started lines)."""
-    pids = {}
-    for line in up_out.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == "process_started" and record.get("incarnation") == 0:
-            pids[int(record["name"].split("-")[0][1:])] = int(record["pid"])
-    return pids
+def stage_pids(up_out: Path) -> dict[int, int]:
+    """{stage: pid} of the workers `up` has started so far (one replica a stage: s<k>-r0)."""
+    return {int(name.split("-")[0][1:]): pid for name, pid in worker_pids(up_out).items()}
 
 
 def progress_points(out: Path) -> list[tuple[float, int]]:
@@ -125,7 +122,7 @@ def run(treatment: str, *, steps: int, phase_s: float, out: Path, timeout_s: flo
             workers: dict[int, int] = {}
             while len(workers) < spec.stages and child.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-                workers = worker_pids(out / "up.out")
+                workers = stage_pids(out / "up.out")
             time.sleep(START_UP_S)
             phases: list[Phase] = []
             while child.poll() is None and time.monotonic() < deadline:
