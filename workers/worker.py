@@ -45,6 +45,7 @@ from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.frame_limits import data_frame_limit_bytes, exchange_frame_limit_bytes
 from noloco_rt.net.transport import DataSocket, ExchangeServer
 from noloco_rt.outer.snapshot_client import BootstrapState
+from noloco_rt.process.thread_names import name_kernel_threads
 from noloco_rt.routing.peers import PeerView
 from noloco_rt.transfer_time import stage_timeouts
 from workers.checkpoint_writes import CheckpointWrites, checkpoint_due
@@ -229,6 +230,7 @@ class StageWorker:
                                          leave_event=self.leave_requested)
         self.heartbeat.start()
         self.views.start()
+        name_kernel_threads()  # top -H, perf and benchmarks/thread_load.py tell them apart
         if self.data_faults is not None:
             self.log.warning("data_faults_injected", loss=self.data_faults.loss, delay_s=self.data_faults.delay_s,
                              note="chaos testing: outgoing data messages are dropped or delayed on purpose")
@@ -333,6 +335,8 @@ class StageWorker:
 
     def request_leave(self, *_: Any) -> None:
         self.leave_requested.set()
+        if self.heartbeat is not None:  # it sleeps until its next beat: it leaves Redis now
+            self.heartbeat.wake()
 
     def finish(self) -> None:
         """Our steps are done: LEAVING (peers stop routing to us) with the final figures, for
