@@ -24,6 +24,7 @@ socket refuses to be made with keys but no ZAP handler (it would admit any key p
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -255,15 +256,21 @@ class ExchangeServer:
         self.handler_errors = 0
         self.last_error = ""
         self._stop = threading.Event()
+        # The thread sleeps until a request comes or stop() writes here: a timed poll would
+        # wake it ten times a second, each time taking a core from the training thread.
+        self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._serve, name="exchange-server", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        poller.register(self._stop_read, zmq.POLLIN)
         while not self._stop.is_set():
-            if not self.socket.poll(100, zmq.POLLIN):
-                continue
+            if self.socket not in dict(poller.poll()):
+                continue  # stop() wrote: the loop's test ends it
             frames = self.socket.recv_multipart(copy=False)
             if len(frames) < 2:
                 continue
@@ -290,10 +297,17 @@ class ExchangeServer:
     def stop(self, timeout_s: float = 2.0, *, flush_s: float = REPLY_FLUSH_S) -> None:
         """Stop serving; replies already queued still leave for up to flush_s (an
         acknowledgement a partner decides on, lost at our exit, would leave it unsure)."""
-        self._stop.set()
+        if not self._stop.is_set():
+            self._stop.set()
+            os.write(self._stop_write, b"\0")
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self.socket.close(linger=int(flush_s * 1000))
+        # Not while a handler that outlived timeout_s may still poll the pipe (a daemon: it dies with us).
+        if not self._thread.is_alive() and self._stop_read >= 0:
+            os.close(self._stop_read)
+            os.close(self._stop_write)
+            self._stop_read = self._stop_write = -1
 
 
 def request(ctx: zmq.Context, address: str, frames: Frames, *, timeout_s: float,

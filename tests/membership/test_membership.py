@@ -15,6 +15,7 @@ from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.membership.redis_access import connect
 from noloco_rt.membership.table import Membership, table_settling_s
+from tests.support.thread_switches import wakeups_while_idle
 from tests.support.waiting import wait_until
 
 
@@ -163,25 +164,15 @@ def test_heartbeat_thread_leaves_at_once_when_asked(server):
         beat.stop()
 
 
-def _voluntary_switches(native_id: int) -> int:
-    with open(f"/proc/self/task/{native_id}/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
-
-
 def test_heartbeat_thread_sleeps_until_its_next_beat(server):
-    import threading
-
     m = Membership(connect(server.url), run_id="r", heartbeat_interval_s=5.0)
     m.register(record("a", state=WorkerState.ONLINE))
     beat = HeartbeatThread(m)
     beat.start()
     try:
         wait_until(lambda: beat._thread.native_id is not None, 5.0, "the heartbeat thread to start")
-        native_id = beat._thread.native_id
-        before = _voluntary_switches(native_id)
-        threading.Event().wait(1.0)  # the window counted, not a synchronisation
         # Each wakeup takes a core from a training thread; a 20 ms tick made 50 of these.
-        assert _voluntary_switches(native_id) - before <= 2
+        assert wakeups_while_idle(beat._thread.native_id) <= 2
         beat.stop(timeout_s=2.0)  # asleep for seconds more: stop wakes it
         assert not beat.running
         assert beat.beats == 0  # stopped before its first beat, and none after

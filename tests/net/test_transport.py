@@ -6,6 +6,8 @@ import structlog
 import zmq
 
 from noloco_rt.net.transport import ExchangeServer, request
+from tests.support.thread_switches import wakeups_while_idle
+from tests.support.waiting import wait_until
 
 
 def test_exchange_request_reply_and_timeout():
@@ -45,6 +47,24 @@ def test_a_failing_handler_is_counted_and_logged_boundedly_and_the_server_serves
         failures = [e for e in logs if e["event"] == "exchange_handler_failed"]
         assert len(failures) == 1  # the first, then every 100th
         assert failures[0]["handler_errors_total"] == 1 and failures[0]["log_level"] == "error"
+    finally:
+        server.stop()
+        ctx.term()
+
+
+def test_an_idle_exchange_server_sleeps_until_a_request_or_stop():
+    ctx = zmq.Context()
+    server = ExchangeServer(ctx, bind_host="127.0.0.1", port=0, advertise_host="", handler=lambda frames: [b"ok"])
+    server.start()
+    try:
+        wait_until(lambda: server._thread.native_id is not None, 5.0, "the serving thread to start")
+        # Each wakeup takes a core from a training thread; a 100 ms poll made 10 of these.
+        assert wakeups_while_idle(server._thread.native_id) <= 2
+        reply = request(ctx, server.address, [b"x"], timeout_s=5.0)  # a request still wakes it
+        assert reply is not None and [f.bytes for f in reply] == [b"ok"]
+        server.stop(timeout_s=2.0)  # asleep with no deadline: stop wakes it
+        assert not server._thread.is_alive()
+        server.stop()  # twice is harmless
     finally:
         server.stop()
         ctx.term()
