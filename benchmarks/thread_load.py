@@ -145,6 +145,8 @@ def run(shape: str, *, steps: int, window_s: float, out: Path, timeout_s: float 
             while len(pids) < spec.stages and child.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
                 pids = worker_pids(out / "up.out")
+            if len(pids) < spec.stages:
+                raise RuntimeError(f"{len(pids)} of {spec.stages} workers started: see {out / 'up.out'}")
             time.sleep(START_UP_S)
             before = {worker: read_threads(pid) for worker, pid in pids.items()}
             started = time.time()

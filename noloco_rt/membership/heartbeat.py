@@ -15,10 +15,10 @@ class HeartbeatThread:
     """Heartbeats from a daemon thread; Redis errors are absorbed so training never stops for them.
 
     The thread sleeps until its next beat, not on a short tick: each wakeup would take a core
-    from a training thread (a 20 ms tick is 50 a second). When
-    `leave_event` is set, wake() (a SIGTERM handler calls it) has the thread delete the
-    record at once, whatever the training thread is busy with, and stop heartbeating;
-    without wake() it leaves at its next beat.
+    from a training thread (a 20 ms tick is 50 a second). When `leave_event` is set, wake()
+    (a SIGTERM handler calls it) has the thread delete the record at once, whatever the
+    training thread is busy with, and stop heartbeating; without wake() it leaves at its
+    next beat.
     """
 
     def __init__(self, membership: Membership, updates: Callable[[], dict[str, Any]] | None = None, *,
