@@ -59,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ from typing import Any
 import torch
 
 from benchmarks.gpu_check import child_env, read_worker_events, runtime_config
+from benchmarks.matched_runs import worker_pids
 from benchmarks.plain_loop import run_plain_loop, synchronize
 from benchmarks.plain_pipeline import PipelineShape, run_plain_pipeline
 from benchmarks.table import emit, markdown_table
@@ -379,6 +380,30 @@ def up_command(spec: ShapeSpec, out: Path) -> list[str]:
     return [sys.executable, "-m", "noloco_rt.cli", "up", "--stages", str(spec.stages), "--replicas", "1",
             "--steps", str(spec.steps), "--preset", spec.preset, "--out", str(out), "--no-coordinator",
             "--no-tensorboard", *(flag for s in spec.settings() for flag in ("--set", s))]
+
+
+@contextlib.contextmanager
+def up_with_workers(spec: ShapeSpec, out: Path, *, deadline: float) -> Iterator[tuple[subprocess.Popen, dict[str, int]]]:
+    """`up` of the shape on the CPU into `out` (its output in out/up.out), entered once its
+    workers have started or `deadline` (time.monotonic) or its exit came first: the child and
+    {worker name: pid} of those seen. On leaving, a child still running is ended with its
+    process group; after a body that returned, RuntimeError if `up` exited non-zero."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "up.out").open("w") as log, subprocess.Popen(
+            up_command(spec, out), env=up_env(torch.device("cpu")), start_new_session=True, stdout=log,
+            stderr=subprocess.STDOUT) as child:
+        try:
+            pids: dict[str, int] = {}
+            while len(pids) < spec.stages and child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                pids = worker_pids(out / "up.out")
+            yield child, pids
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    if child.returncode != 0:
+        raise RuntimeError(f"up exited with {child.returncode}: see {out / 'up.out'}")
 
 
 def run_up(spec: ShapeSpec, out: Path, *, device: torch.device, timeout_s: float,

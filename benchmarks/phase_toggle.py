@@ -27,19 +27,15 @@ import dataclasses
 import itertools
 import math
 import os
-import signal
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-import torch
-
 from benchmarks.matched_runs import worker_pids
-from benchmarks.overhead import SHAPES, git_commit, stage0_progress, up_command, up_env
+from benchmarks.overhead import SHAPES, git_commit, stage0_progress, up_with_workers
 from benchmarks.table import emit, markdown_table
 
 TREATMENTS = ("pin", "nice-background")
@@ -113,29 +109,16 @@ def progress_points(out: Path) -> list[tuple[float, int]]:
 
 def run(treatment: str, *, steps: int, phase_s: float, out: Path, timeout_s: float = 900.0) -> list[tuple[bool, float]]:
     spec = dataclasses.replace(SHAPES["pipeline"], steps=steps)
-    out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
-    with (out / "up.out").open("w") as log, subprocess.Popen(
-            up_command(spec, out), env=up_env(torch.device("cpu")), start_new_session=True, stdout=log,
-            stderr=subprocess.STDOUT) as child:
-        try:
-            workers: dict[int, int] = {}
-            while len(workers) < spec.stages and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-                workers = stage_pids(out / "up.out")
-            time.sleep(START_UP_S)
-            phases: list[Phase] = []
-            while child.poll() is None and time.monotonic() < deadline:
-                on = not phases or not phases[-1].on
-                apply(treatment, on, workers)
-                phases.append(Phase(time.time(), on))
-                time.sleep(phase_s)
-        finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-    if child.returncode != 0:
-        raise RuntimeError(f"up exited with {child.returncode}: see {out / 'up.out'}")
+    with up_with_workers(spec, out, deadline=deadline) as (child, _):
+        workers = stage_pids(out / "up.out")
+        time.sleep(START_UP_S)
+        phases: list[Phase] = []
+        while child.poll() is None and time.monotonic() < deadline:
+            on = not phases or not phases[-1].on
+            apply(treatment, on, workers)
+            phases.append(Phase(time.time(), on))
+            time.sleep(phase_s)
     return phase_rates(progress_points(out), phases, phase_s=phase_s, tokens_per_step=spec.tokens_per_step)
 
 

@@ -18,18 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
-import subprocess
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import torch
-
-from benchmarks.matched_runs import worker_pids
-from benchmarks.overhead import SHAPES, git_commit, up_command, up_env
+from benchmarks.overhead import SHAPES, git_commit, up_with_workers
 from benchmarks.phase_toggle import progress_points
 from benchmarks.table import emit, markdown_table
 
@@ -135,33 +130,19 @@ def steps_per_s(progress: Sequence[tuple[float, int]], start: float, end: float)
 
 def run(shape: str, *, steps: int, window_s: float, out: Path, timeout_s: float = 900.0) -> list[ThreadLoad]:
     spec = dataclasses.replace(SHAPES[shape], steps=steps)
-    out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
-    with (out / "up.out").open("w") as log, subprocess.Popen(
-            up_command(spec, out), env=up_env(torch.device("cpu")), start_new_session=True, stdout=log,
-            stderr=subprocess.STDOUT) as child:
-        try:
-            pids: dict[str, int] = {}
-            while len(pids) < spec.stages and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-                pids = worker_pids(out / "up.out")
-            if len(pids) < spec.stages:
-                raise RuntimeError(f"{len(pids)} of {spec.stages} workers started: see {out / 'up.out'}")
-            time.sleep(START_UP_S)
-            before = {worker: read_threads(pid) for worker, pid in pids.items()}
-            started = time.time()
-            time.sleep(window_s)
-            after = {worker: read_threads(pid) for worker, pid in pids.items()}
-            ended = time.time()
-            if child.poll() is not None or not all(after.values()):
-                raise RuntimeError(f"the run ended inside the window: raise --steps ({out / 'up.out'})")
-            child.wait(timeout=max(1.0, deadline - time.monotonic()))
-        finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-    if child.returncode != 0:
-        raise RuntimeError(f"up exited with {child.returncode}: see {out / 'up.out'}")
+    with up_with_workers(spec, out, deadline=deadline) as (child, pids):
+        if len(pids) < spec.stages:
+            raise RuntimeError(f"{len(pids)} of {spec.stages} workers started: see {out / 'up.out'}")
+        time.sleep(START_UP_S)
+        before = {worker: read_threads(pid) for worker, pid in pids.items()}
+        started = time.time()
+        time.sleep(window_s)
+        after = {worker: read_threads(pid) for worker, pid in pids.items()}
+        ended = time.time()
+        if child.poll() is not None or not all(after.values()):
+            raise RuntimeError(f"the run ended inside the window: raise --steps ({out / 'up.out'})")
+        child.wait(timeout=max(1.0, deadline - time.monotonic()))
     rate = steps_per_s(progress_points(out), started, ended)
     return thread_loads(before, after, pids, seconds=ended - started, steps=rate * (ended - started))
 
