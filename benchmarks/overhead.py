@@ -24,6 +24,9 @@ this machine's speed drifts by half over minutes, and bracketing shifts both sid
   A third reference pays them too: benchmarks/plain_pipeline.py, the same schedule by hand in
   plain PyTorch (one process per stage, shared-memory slots and a pipe between them), whose own
   share of the ideal says how much of it this machine lets a pipeline of processes reach.
+- pipeline-compute: the same rows on the compute shape (small, seq_len 256), where a
+  microbatch is compute-bound: what the pipeline costs per microbatch shows against
+  microbatches 30 times longer.
 
 What is measured: every rate is the median over windows of 10 steps (WINDOW). The runtime's
 come from its stage-0 worker's `train_progress` lines (at step 1, then every 10th), from the
@@ -39,8 +42,8 @@ timings get the same (the table's notes say how many).
 Duration on this project's 2-core CPU machine (idle otherwise): one step of the compute shape
 (small, 32 x 256 tokens, 2 threads) takes about 3 s on either side, a launch-shape step (tiny,
 32 x 32) 0.04-0.07 s, and each `up` adds about 15 s of start-up, final checkpoint and consensus
-scoring. With the references bracketing each runtime run, the default 3 runs take about 28
-minutes (5 runs: 46, at 25d9b37). Another process on the cores slows either side several
+scoring. With the references bracketing each runtime run, the default 3 runs take about 43
+minutes (the first three shapes 28 of them, pipeline-compute 5 a run). Another process on the cores slows either side several
 times over: run it alone (the notes give the load average).
 """
 
@@ -149,6 +152,8 @@ SHAPES = {
                          plain_warmup_steps=2),
     "pipeline": ShapeSpec("pipeline", "tiny", seq_len=32, batch_size=8, max_inflight=4, stages=2, steps=200,
                           plain_warmup_steps=10),
+    "pipeline-compute": ShapeSpec("pipeline-compute", "small", seq_len=256, batch_size=8, max_inflight=4,
+                                  stages=2, steps=30, plain_warmup_steps=2),
 }
 
 

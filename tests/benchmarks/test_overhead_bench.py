@@ -14,7 +14,9 @@ from benchmarks.overhead import (
     PLAIN,
     PLAIN_PIPELINE,
     RUNTIME,
+    RUNTIME_WARMUP_STEP,
     SHAPES,
+    WINDOW,
     Row,
     Spread,
     format_spread,
@@ -108,9 +110,18 @@ def test_the_table_divides_each_row_by_its_references_of_the_same_run():
 
 def test_steps_apply_to_every_shape_and_keep_the_rest():
     shortened = with_steps(list(SHAPES.values()), 20)
-    assert [s.steps for s in shortened] == [20, 20, 20]
+    assert [s.steps for s in shortened] == [20] * len(SHAPES)
     assert [s.preset for s in shortened] == [s.preset for s in SHAPES.values()]
     assert SHAPES["launch"].tokens_per_step == 32 * 32 and SHAPES["compute"].tokens_per_step == 32 * 256
+
+
+def test_the_pipeline_runs_on_both_the_launch_and_the_compute_shape():
+    """The pipeline's cost per microbatch shows against short (tiny) and long (small) microbatches."""
+    for name, single in (("pipeline", "launch"), ("pipeline-compute", "compute")):
+        pipeline, alone = SHAPES[name], SHAPES[single]
+        assert pipeline.stages == 2 and alone.stages == 1
+        assert (pipeline.preset, pipeline.tokens_per_step) == (alone.preset, alone.tokens_per_step)
+        assert pipeline.steps > RUNTIME_WARMUP_STEP + WINDOW  # two progress lines to rate from, at least
 
 
 def trainer_after_one_step(microbatches: int, batch: torch.Tensor) -> tuple[PlainTrainer, list[torch.Tensor]]:
