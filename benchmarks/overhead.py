@@ -1,10 +1,10 @@
 """The runtime's host overhead on this machine: `noloco-rt up` against benchmarks/plain_loop.py run
 in the same invocation, as ratios of tokens/s (CPU here, CUDA elsewhere).
 
-    python -m benchmarks.overhead [--device cpu|cuda] [--runs 3] [--shapes launch,compute,pipeline]
+    python -m benchmarks.overhead [--device cpu|cuda] [--runs 3] [--shapes launch,compute,pipeline,pipeline-compute]
         [--steps N] [--out benchmarks/results/overhead.md]
 
-Three shapes, each measured --runs times (runs interleaved: run 1 of every shape, then run 2 ...);
+Four shapes, each measured --runs times (runs interleaved: run 1 of every shape, then run 2 ...);
 the table shows the median and [min–max] of tokens/s and of each ratio, a ratio taken within
 one run (the runtime over the mean of its reference measured just before and just after it:
 this machine's speed drifts by half over minutes, and bracketing shifts both sides alike):
