@@ -388,25 +388,32 @@ def up_command(spec: ShapeSpec, out: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def up_with_workers(spec: ShapeSpec, out: Path, *, deadline: float) -> Iterator[tuple[subprocess.Popen, dict[str, int]]]:
-    """`up` of the shape on the CPU into `out` (its output in out/up.out), entered once its
-    workers have started or `deadline` (time.monotonic) or its exit came first: the child and
-    {worker name: pid} of those seen. On leaving, a child still running is ended with its
-    process group; after a body that returned, RuntimeError if `up` exited non-zero."""
+def up_process(spec: ShapeSpec, out: Path, env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """`up` of the shape into `out` (its output in out/up.out) with this environment, in a
+    process group of its own; on leaving, the group is ended if `up` still runs (a timeout,
+    Ctrl-C: no workers left behind) and `up` waited for."""
     out.mkdir(parents=True, exist_ok=True)
     with (out / "up.out").open("w") as log, subprocess.Popen(
-            up_command(spec, out), env=up_env(torch.device("cpu")), start_new_session=True, stdout=log,
-            stderr=subprocess.STDOUT) as child:
+            up_command(spec, out), env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT) as child:
         try:
-            pids: dict[str, int] = {}
-            while len(pids) < spec.stages and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-                pids = worker_pids(out / "up.out")
-            yield child, pids
+            yield child
         finally:
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+
+
+@contextlib.contextmanager
+def up_with_workers(spec: ShapeSpec, out: Path, *, deadline: float) -> Iterator[tuple[subprocess.Popen, dict[str, int]]]:
+    """`up` of the shape on the CPU into `out` (up_process), entered once its workers have
+    started or `deadline` (time.monotonic) or its exit came first: the child and {worker name:
+    pid} of those seen. After a body that returned, RuntimeError if `up` exited non-zero."""
+    with up_process(spec, out, up_env(torch.device("cpu"))) as child:
+        pids: dict[str, int] = {}
+        while len(pids) < spec.stages and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids = worker_pids(out / "up.out")
+        yield child, pids
     if child.returncode != 0:
         raise RuntimeError(f"up exited with {child.returncode}: see {out / 'up.out'}")
 
@@ -416,19 +423,11 @@ def run_up(spec: ShapeSpec, out: Path, *, device: torch.device, timeout_s: float
     """`up --stages S --replicas 1` of the shape into `out` (its output in out/up.out), with
     `extra_env` over its environment; its exit code, 124 after ending its whole process group
     on timeout."""
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "up.out").open("w") as log, subprocess.Popen(
-            up_command(spec, out), env={**up_env(device), **(extra_env or {})}, start_new_session=True, stdout=log,
-            stderr=subprocess.STDOUT) as child:
+    with up_process(spec, out, {**up_env(device), **(extra_env or {})}) as child:
         try:
             return child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            return 124
-        except BaseException:  # Ctrl-C: leave no workers behind
-            os.killpg(child.pid, signal.SIGKILL)
-            raise
+            return 124  # up_process ends its group on the way out
 
 
 def stage0_progress(out: Path) -> list[LogRecord]:

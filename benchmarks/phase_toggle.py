@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.matched_runs import worker_pids
 from benchmarks.overhead import SHAPES, git_commit, stage0_progress, up_with_workers
 from benchmarks.table import emit, markdown_table
 
@@ -97,9 +96,9 @@ def apply(treatment: str, on: bool, workers: dict[int, int]) -> None:
                 pass  # the thread ended meanwhile
 
 
-def stage_pids(up_out: Path) -> dict[int, int]:
-    """{stage: pid} of the workers `up` has started so far (one replica a stage: s<k>-r0)."""
-    return {int(name.split("-")[0][1:]): pid for name, pid in worker_pids(up_out).items()}
+def by_stage(pids: dict[str, int]) -> dict[int, int]:
+    """{stage: pid} of {worker name: pid} (one replica a stage: s<k>-r0)."""
+    return {int(name.split("-")[0][1:]): pid for name, pid in pids.items()}
 
 
 def progress_points(out: Path) -> list[tuple[float, int]]:
@@ -110,8 +109,8 @@ def progress_points(out: Path) -> list[tuple[float, int]]:
 def run(treatment: str, *, steps: int, phase_s: float, out: Path, timeout_s: float = 900.0) -> list[tuple[bool, float]]:
     spec = dataclasses.replace(SHAPES["pipeline"], steps=steps)
     deadline = time.monotonic() + timeout_s
-    with up_with_workers(spec, out, deadline=deadline) as (child, _):
-        workers = stage_pids(out / "up.out")
+    with up_with_workers(spec, out, deadline=deadline) as (child, pids):
+        workers = by_stage(pids)
         time.sleep(START_UP_S)
         phases: list[Phase] = []
         while child.poll() is None and time.monotonic() < deadline:

@@ -9,13 +9,14 @@ import sys
 
 import pytest
 
+from benchmarks.matched_runs import worker_pids
 from benchmarks.phase_toggle import (
     BACKGROUND_NICE,
     Phase,
     apply,
+    by_stage,
     pair_ratios,
     phase_rates,
-    stage_pids,
     threads_of,
 )
 
@@ -46,14 +47,14 @@ def test_a_phase_with_fewer_than_two_lines_after_settling_is_left_out():
     assert pair_ratios(rates) == []  # no on-phase with an off-phase after it
 
 
-def test_stage_pids_are_each_stage_workers_newest_incarnation(tmp_path):
+def test_each_stage_gets_its_workers_newest_incarnation(tmp_path):
     lines = ['{"name": "s0-r0", "pid": 11, "incarnation": 0, "event": "process_started"}',
              'not json',
              '{"name": "s1-r0", "pid": 12, "incarnation": 0, "event": "process_started"}',
              '{"name": "s1-r0", "pid": 13, "incarnation": 1, "event": "process_started"}',
              '{"name": "s0-r0", "pid": 11, "event": "process_exited"}']
     (tmp_path / "up.out").write_text("\n".join(lines) + "\n")
-    assert stage_pids(tmp_path / "up.out") == {0: 11, 1: 13}
+    assert by_stage(worker_pids(tmp_path / "up.out")) == {0: 11, 1: 13}
 
 
 @pytest.mark.parametrize("treatment", ["pin", "nice-background"])
