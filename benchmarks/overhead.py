@@ -23,7 +23,10 @@ this machine's speed drifts by half over minutes, and bracketing shifts both sid
   The ideal leaves out the optimizer step and the wire between the stages: the runtime pays both.
   A third reference pays them too: benchmarks/plain_pipeline.py, the same schedule by hand in
   plain PyTorch (one process per stage, shared-memory slots and a pipe between them), whose own
-  share of the ideal says how much of it this machine lets a pipeline of processes reach.
+  share of the ideal says how much of it this machine lets a pipeline of processes reach. A
+  fourth sends the same bytes over ZeroMQ, received by a thread of each process that hands them
+  over, as a worker's data link does: what this machine lets a pipeline built like the
+  runtime's reach, before anything else of the runtime.
 - pipeline-compute: the same rows on the compute shape (small, seq_len 256), where a
   microbatch is compute-bound: what the pipeline costs per microbatch shows against
   microbatches 30 times longer.
@@ -101,10 +104,14 @@ IDEAL_SHARED = "ideal_shared"
 workers share the machine (its cores, its memory bandwidth)."""
 PLAIN_PIPELINE = "plain_pipeline"
 """benchmarks/plain_pipeline.py: the pipeline shape's schedule written by hand, one process a stage."""
+PLAIN_PIPELINE_ZMQ = "plain_pipeline_zmq"
+"""The same over ZeroMQ with a receiving thread a process (2 stages): what this machine lets any
+pipeline built as the runtime's is (ZeroMQ's I/O threads, a thread handing over what arrives) reach."""
 SLOWEST, SLOWEST_SHARED = "slowest", "slowest_shared"
 """Not rows: the slowest stage's seconds per microbatch behind IDEAL and IDEAL_SHARED."""
 RATIO_COLUMNS = ((PLAIN, "× plain one batch"), (ACCUMULATED, "× plain accumulated"), (IDEAL, "× schedule's ideal"),
-                 (IDEAL_SHARED, "× ideal, side by side"), (PLAIN_PIPELINE, "× plain pipeline"))
+                 (IDEAL_SHARED, "× ideal, side by side"), (PLAIN_PIPELINE, "× plain pipeline"),
+                 (PLAIN_PIPELINE_ZMQ, "× plain pipeline over ZeroMQ"))
 """The table's ratio columns: the row each divides by, and its header."""
 
 
@@ -233,11 +240,12 @@ class Row:
 
 def references_of(kind: str, stages: int) -> tuple[str, ...]:
     """The runtime 1 x 1 against both plain loops, S x 1 against the schedule's ideal and the
-    plain pipeline; the accumulating loop against the one-batch loop (what accumulation alone
-    costs), the plain pipeline against the ideal (what a pipeline of processes reaches here)."""
+    plain pipelines; the accumulating loop against the one-batch loop (what accumulation alone
+    costs), the plain pipelines against the ideal (what a pipeline of processes reaches here, and
+    one over ZeroMQ)."""
     if kind == RUNTIME:
-        return (PLAIN, ACCUMULATED) if stages == 1 else (IDEAL, IDEAL_SHARED, PLAIN_PIPELINE)
-    if kind == PLAIN_PIPELINE:
+        return (PLAIN, ACCUMULATED) if stages == 1 else (IDEAL, IDEAL_SHARED, PLAIN_PIPELINE, PLAIN_PIPELINE_ZMQ)
+    if kind in (PLAIN_PIPELINE, PLAIN_PIPELINE_ZMQ):
         return (IDEAL, IDEAL_SHARED)
     return (PLAIN,) if kind == ACCUMULATED else ()
 
@@ -365,11 +373,12 @@ def plain_pipeline_shape(spec: ShapeSpec, cfg: Config, *, device: torch.device, 
                          optim=cfg.optim)
 
 
-def plain_pipeline_tokens_per_s(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int) -> float:
+def plain_pipeline_tokens_per_s(spec: ShapeSpec, cfg: Config, *, device: torch.device, threads: int,
+                                transport: str = "pipe") -> float:
     """The plain S-process pipeline's tokens/s (the median of its windows), its processes
-    spawned fresh as the workers are."""
+    spawned fresh as the workers are, its stages joined by `transport` (pipe or zmq)."""
     shape = plain_pipeline_shape(spec, cfg, device=device, threads=threads, steps=spec.timed_steps)
-    return statistics.median(run_plain_pipeline(shape, window_steps=WINDOW).window_tokens_per_s)
+    return statistics.median(run_plain_pipeline(shape, window_steps=WINDOW, transport=transport).window_tokens_per_s)
 
 
 def up_env(device: torch.device) -> dict[str, str]:
@@ -473,8 +482,12 @@ def reference_rates(spec: ShapeSpec, cfg: Config, device: torch.device, cores: i
         return ideal_pipeline_tokens_per_s(microbatches=spec.max_inflight, stages=spec.stages,
                                            tokens_per_microbatch=spec.tokens_per_microbatch, slowest_stage_s=seconds)
 
-    return {SLOWEST: slowest, SLOWEST_SHARED: shared, IDEAL: ideal(slowest), IDEAL_SHARED: ideal(shared),
-            PLAIN_PIPELINE: plain_pipeline_tokens_per_s(spec, cfg, device=device, threads=threads)}
+    rates = {SLOWEST: slowest, SLOWEST_SHARED: shared, IDEAL: ideal(slowest), IDEAL_SHARED: ideal(shared),
+             PLAIN_PIPELINE: plain_pipeline_tokens_per_s(spec, cfg, device=device, threads=threads)}
+    if spec.stages == 2:  # the ZeroMQ variant joins two stages
+        rates[PLAIN_PIPELINE_ZMQ] = plain_pipeline_tokens_per_s(spec, cfg, device=device, threads=threads,
+                                                                transport="zmq")
+    return rates
 
 
 def measure_shape_once(spec: ShapeSpec, args: argparse.Namespace, run_out: Path, results: Measurements,
@@ -503,6 +516,7 @@ def row_names(spec: ShapeSpec) -> dict[str, str]:
             IDEAL: f"schedule's ideal, B = {spec.max_inflight}, S = {spec.stages}",
             IDEAL_SHARED: "schedule's ideal, stages timed side by side",
             PLAIN_PIPELINE: f"plain {spec.stages}-process pipeline, same schedule",
+            PLAIN_PIPELINE_ZMQ: f"plain {spec.stages}-process pipeline over ZeroMQ, a receiving thread",
             RUNTIME: f"noloco-rt {spec.stages} x 1"}
 
 
@@ -559,7 +573,7 @@ def notes(specs: Sequence[ShapeSpec], results: Measurements, cores: int, elapsed
                              for kind in (SLOWEST, SLOWEST_SHARED))
             what += (f"{spec.stages} workers with {threads} torch thread(s) each; t_slowest per microbatch "
                      f"(ms, run by run, {threads} thread(s) a stage): {alone} with each stage timed alone, "
-                     f"{shared} with the stages timed side by side; the plain pipeline times {spec.timed_steps} "
+                     f"{shared} with the stages timed side by side; the plain pipelines time {spec.timed_steps} "
                      f"steps after {spec.plain_warmup_steps} of warm-up")
         lines.append(what)
     lines.append(f"runtime settings beyond the shape: the defaults, and model.compile = off; this invocation took "

@@ -13,6 +13,7 @@ from benchmarks.overhead import (
     IDEAL_SHARED,
     PLAIN,
     PLAIN_PIPELINE,
+    PLAIN_PIPELINE_ZMQ,
     RUNTIME,
     RUNTIME_WARMUP_STEP,
     SHAPES,
@@ -94,18 +95,21 @@ def test_the_table_divides_each_row_by_its_references_of_the_same_run():
             Row("pipeline", IDEAL, "ideal", [1000.0, 1000.0], references_of(IDEAL, 2)),
             Row("pipeline", IDEAL_SHARED, "ideal side by side", [900.0, 800.0], references_of(IDEAL_SHARED, 2)),
             Row("pipeline", PLAIN_PIPELINE, "plain pipeline", [900.0, 700.0], references_of(PLAIN_PIPELINE, 2)),
+            Row("pipeline", PLAIN_PIPELINE_ZMQ, "over ZeroMQ", [640.0, 600.0], references_of(PLAIN_PIPELINE_ZMQ, 2)),
             Row("pipeline", RUNTIME, "noloco-rt 2 x 1", [800.0, None], references_of(RUNTIME, 2))]
     table = table_rows(rows)
-    assert table[0] == ["launch", "plain", "150 [100–200]", "–", "–", "–", "–", "–"]
-    assert table[1][3:] == ["0.75× [0.50–1.00]", "–", "–", "–", "–"]
+    assert table[0] == ["launch", "plain", "150 [100–200]", "–", "–", "–", "–", "–", "–"]
+    assert table[1][3:] == ["0.75× [0.50–1.00]", "–", "–", "–", "–", "–"]
     # runtime over one batch: 0.5 and 0.5; over the accumulating loop: 1.0 and 0.5
-    assert table[2][3:] == ["0.50×", "0.75× [0.50–1.00]", "–", "–", "–"]
-    assert table[3][3:] == ["–", "–", "–", "–", "–"]
-    assert table[4][3:] == ["–", "–", "–", "–", "–"]
+    assert table[2][3:] == ["0.50×", "0.75× [0.50–1.00]", "–", "–", "–", "–"]
+    assert table[3][3:] == ["–", "–", "–", "–", "–", "–"]
+    assert table[4][3:] == ["–", "–", "–", "–", "–", "–"]
     # the plain pipeline against both ideals: 0.9 and 0.7 of the first, 1.0 and 0.875 of the second
-    assert table[5][3:] == ["–", "–", "0.80× [0.70–0.90]", "0.94× [0.88–1.00]", "–"]
-    # run 2 failed: run 1's ratios alone; 800 over the plain pipeline's 900
-    assert table[6][2:] == ["800", "–", "–", "0.80×", "0.89×", "0.89×"]
+    assert table[5][3:] == ["–", "–", "0.80× [0.70–0.90]", "0.94× [0.88–1.00]", "–", "–"]
+    # the ZeroMQ one against the same: 0.64 and 0.6, then 0.71 and 0.75
+    assert table[6][3:] == ["–", "–", "0.62× [0.60–0.64]", "0.73× [0.71–0.75]", "–", "–"]
+    # run 2 failed: run 1's ratios alone; 800 over the plain pipelines' 900 and 640
+    assert table[7][2:] == ["800", "–", "–", "0.80×", "0.89×", "0.89×", "1.25×"]
 
 
 def test_steps_apply_to_every_shape_and_keep_the_rest():
