@@ -45,8 +45,9 @@ timings get the same (the table's notes say how many).
 Duration on this project's 2-core CPU machine (idle otherwise): one step of the compute shape
 (small, 32 x 256 tokens, 2 threads) takes about 3 s on either side, a launch-shape step (tiny,
 32 x 32) 0.04-0.07 s, and each `up` adds about 15 s of start-up, final checkpoint and consensus
-scoring. With the references bracketing each runtime run, the default 3 runs take about 43
-minutes (the first three shapes 28 of them, pipeline-compute 5 a run). Another process on the
+scoring. With the references bracketing each runtime run, the default 3 runs take about 50
+minutes (the first three shapes 29 of them, pipeline-compute 7 a run: the plain pipelines, over
+pipes and over ZeroMQ, take about a minute each). Another process on the
 cores slows either side several times over: run it alone (the notes give the load average).
 """
 
