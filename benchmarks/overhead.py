@@ -47,8 +47,8 @@ Duration on this project's 2-core CPU machine (idle otherwise): one step of the 
 32 x 32) 0.04-0.07 s, and each `up` adds about 15 s of start-up, final checkpoint and consensus
 scoring. With the references bracketing each runtime run, the default 3 runs take about 50
 minutes (the first three shapes 29 of them, pipeline-compute 7 a run: the plain pipelines, over
-pipes and over ZeroMQ, take about a minute each). Another process on the
-cores slows either side several times over: run it alone (the notes give the load average).
+pipes and over ZeroMQ, take about a minute each). Another process on the cores slows either
+side several times over: run it alone (the notes give the load average).
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ workers share the machine (its cores, its memory bandwidth)."""
 PLAIN_PIPELINE = "plain_pipeline"
 """benchmarks/plain_pipeline.py: the pipeline shape's schedule written by hand, one process a stage."""
 PLAIN_PIPELINE_ZMQ = "plain_pipeline_zmq"
-"""The same over ZeroMQ with a receiving thread a process (2 stages): what this machine lets any
-pipeline built as the runtime's is (ZeroMQ's I/O threads, a thread handing over what arrives) reach."""
+"""The same over ZeroMQ, a receiving thread in each process (2 stages): how far this machine lets
+a pipeline built as the runtime's is go (ZeroMQ's I/O threads, a thread handing over what arrives)."""
 SLOWEST, SLOWEST_SHARED = "slowest", "slowest_shared"
 """Not rows: the slowest stage's seconds per microbatch behind IDEAL and IDEAL_SHARED."""
 RATIO_COLUMNS = ((PLAIN, "× plain one batch"), (ACCUMULATED, "× plain accumulated"), (IDEAL, "× schedule's ideal"),
