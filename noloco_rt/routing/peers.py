@@ -94,6 +94,10 @@ class PeerView:
         if link_s is not None:
             self.links.observe(worker_id, link_s)
 
+    def round_trip_s(self, worker_id: str) -> float | None:
+        """The peer's round-trip average as routing sees it (None: unmeasured, or forgotten)."""
+        return self._local_load.rtt_ema(worker_id)
+
     def local_load(self, worker_id: str) -> int:
         """Microbatches this worker has in flight at the peer."""
         return self._local_load.inflight(worker_id)

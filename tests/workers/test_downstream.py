@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from noloco_rt.algo.replica import StageReplica
@@ -110,6 +111,27 @@ def test_a_peer_given_up_on_that_answers_late_resolves_the_microbatch_and_teache
     assert not peers.blacklist.blocked("a") and (peers.local_load("a"), peers.local_load("b")) == (0, 0)
     assert before == 10.0 and downstream.latency.deadline_s() == 30.0  # 4 x 12.5 s, at the ceiling
     assert downstream.resolve(0, 1) is None  # b's reply is the duplicate now
+
+
+def test_a_reply_that_waited_for_our_training_thread_does_not_make_its_peer_look_slow():
+    """The peer's round trip ends where our link took its reply: at the start our first step
+    held the first replies ~240 ms, and routing passed their peer over for a second."""
+    clock = Clock()
+    downstream, _, _ = _downstream(clock)
+    peers = downstream.ctx.peers
+    output = torch.zeros(2, 3, 4)
+    targets = torch.zeros(2, 3, dtype=torch.long)
+    for mb, peer in enumerate("ab"):
+        downstream.forward(output, targets, output, downstream.choose(exclude={"ab".replace(peer, "")}))
+        clock.now += 0.004
+        arrived = clock.now  # our link took both replies 4 ms after they left
+        clock.now += 0.25 if peer == "b" else 0.0  # b's waited for our busy training thread
+        assert downstream.resolve(mb, 0, received_at=arrived) is not None
+    assert peers.round_trip_s("a") == pytest.approx(0.004) and peers.round_trip_s("b") == pytest.approx(0.004)
+    assert {downstream.choose().worker_id for _ in range(40)} == {"a", "b"}  # neither is passed over
+    # The deadline still learns the whole wait, ours included: a microbatch is not given up too soon.
+    assert list(downstream.latency._samples) == pytest.approx([0.004, 0.254])
+    assert (peers.local_load("a"), peers.local_load("b")) == (0, 0)
 
 
 def test_round_trips_and_give_ups_teach_the_routing_which_peer_is_slow():

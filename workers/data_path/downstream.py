@@ -166,16 +166,19 @@ class Downstream:
         if entry is None:
             return None
         now = self.clock()
-        rtt_s = entry.round_trip_s(now)
-        self.latency.observe(rtt_s)
+        self.latency.observe(entry.round_trip_s(now))  # deadlines: the whole wait, ours included
+        # The peer's round trip ends where our link took its reply: a reply that then waited
+        # for our training thread (our first step held the first ones ~240 ms) is not the
+        # peer's slowness, and routing would pass it over for a second or more.
+        peer_rtt_s = entry.round_trip_s(now if received_at is None else min(now, received_at))
         peers = self.ctx.peers
         if received_at is not None and held_s is not None:
             peers.link_measured(entry.answered_by, entry.round_trip_s(received_at), held_s)
         if entry.answered == entry.attempt and not entry.released():
             peers.blacklist.succeed(entry.peer)
-            peers.returned_from(entry.peer, rtt_s)
+            peers.returned_from(entry.peer, peer_rtt_s)
         else:  # an attempt given up on answered: its peer is slow, not gone; the live one's is released
-            peers.answered_late(entry.answered_by, rtt_s)
+            peers.answered_late(entry.answered_by, peer_rtt_s)
             if not entry.released():
                 peers.returned_from(entry.peer)
             self.ctx.counters.answered_late += 1
