@@ -10,13 +10,17 @@ a wrapper around an exchange server's handler loses its replies as the network w
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
 
 from noloco_rt.net.wire import MessageKind, decode_message
 from tests.support.exchange_pair import ExchangeParts, overlapped_pair
+from tests.support.waiting import wait_until
+from workers.outer.confirm import acknowledged
 from workers.outer.verdicts import MAX_RECORDS, PairVerdicts, Verdict
 
 COLLECT_S = 1.0
@@ -158,3 +162,18 @@ def test_questions_from_made_up_senders_do_not_grow_the_record():
     for i in range(10 * MAX_RECORDS):
         verdicts.answer(f"made-up-{i}", 5 + i % 7)
     assert sum(verdicts.kept_ours(f"made-up-{i}", 5 + i % 7) for i in range(10 * MAX_RECORDS)) == MAX_RECORDS
+
+
+def test_a_settled_push_wakes_the_wait_for_its_acknowledgement():
+    """The exchanger calls wake() when a push settles (exchanger._push_settled): a wait on
+    the verdicts re-checks then, not at its next poll (most of a fast round's time)."""
+    verdicts = PairVerdicts()
+    woken = threading.Thread(target=verdicts.wait, args=(60.0,))
+    woken.start()
+    # wake() until the 60-s wait returns: only a notification ends it this soon.
+    wait_until(lambda: (verdicts.wake(), not woken.is_alive())[1], 10.0, "the wait to be woken")
+    # And the acknowledgement's wait returns with the settled push's answer.
+    push: Future[bool | None] = Future()
+    push.add_done_callback(lambda _f: verdicts.wake())
+    push.set_result(True)
+    assert acknowledged(verdicts, "b", 3, push, wait_s=60.0) is True

@@ -235,6 +235,8 @@ class OuterExchanger:
         partners, pairing = self._partners(outer_round)
         group_size = len(partners) + 1  # as we computed it: each push says so (a pair's weight)
         pushes = {p.worker_id: self._pushers.submit(self._push, p, feed, group_size) for p in partners}
+        for push in pushes.values():  # the waits below re-check when a push settles, not at their next poll
+            push.add_done_callback(self._push_settled)
         ids = list(pushes)
         self.service.inbox.wait_for(
             step, ids, timeout_s=self.collect_s,
@@ -366,6 +368,12 @@ class OuterExchanger:
             self.log.warning("snapshot_push_timeout", peer=partner.worker_id[:8], timeout_s=self.collect_s,
                              blacklisted_s=avoid_s)
         return True if acked else None
+
+    def _push_settled(self, _push: Future[bool | None]) -> None:
+        """A push was acknowledged, refused or stalled: what the round waits on may be complete
+        (without this, each wait noticed it at its 50-ms poll: most of a fast round's time)."""
+        self.service.inbox.wake()
+        self.service.verdicts.wake()
 
     def _is_ack(self, reply: list[zmq.Frame]) -> bool:
         try:

@@ -91,9 +91,14 @@ class PairVerdicts:
             return Verdict.PENDING
 
     def wait(self, timeout_s: float) -> None:
-        """Until something is decided or acknowledged, or timeout_s."""
+        """Until something is decided or acknowledged, a waiter is woken, or timeout_s."""
         with self._changed:
             self._changed.wait(timeout_s)
+
+    def wake(self) -> None:
+        """Let a waiter re-check what it waits on now (a push of ours settled)."""
+        with self._changed:
+            self._changed.notify_all()
 
     def round_over(self, outer_step: int) -> None:
         """Every decision of `outer_step` and before is recorded: forget the old ones."""
