@@ -6,7 +6,8 @@ stages are chained into a model and scored on the validation batches. Every
 spread_interval_s: a random sample of at most spread_sample live replicas per stage is
 pulled (rate-bounded), the replica spread per stage is estimated from it with a 95%
 interval (exact for a stage pulled whole) and the per-stage mean of the sample is
-written as the consensus checkpoint. A sweep so costs O(stages · spread_sample) pulls,
+written as the consensus checkpoint. A cycle that found nothing to pull (no live worker
+yet) is tried again after RETRY_UNMEASURED_S, not a whole interval. A sweep so costs O(stages · spread_sample) pulls,
 whatever the number of replicas. The coordinator only reads: killing it at any moment
 changes nothing for the workers, and a failed pull is replaced by another member.
 """
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from noloco_rt.curves.scalar_log import ScalarLog
 
 PULL_ATTEMPTS_PER_STAGE = 3
+RETRY_UNMEASURED_S = 1.0
+"""A cycle that measured nothing is tried again this soon (its interval, if shorter)."""
 SPARE_SPREAD_PULLS_PER_STAGE = 3
 """Failed spread pulls of a stage replaced by other members before its sample shrinks."""
 
@@ -108,11 +111,11 @@ class Observer:
                     self._guarded(self.finalise, stop)
                     return True
             if now >= next_eval:
-                self._guarded(self.evaluate_once, stop)
-                next_eval = time.monotonic() + c.eval_interval_s
+                measured = self._guarded(self.evaluate_once, stop)
+                next_eval = time.monotonic() + next_cycle_s(c.eval_interval_s, measured)
             if time.monotonic() >= next_spread:
-                self._guarded(self.spread_once, stop)
-                next_spread = time.monotonic() + c.spread_interval_s
+                measured = self._guarded(self.spread_once, stop)
+                next_spread = time.monotonic() + next_cycle_s(c.spread_interval_s, measured)
             stop.wait(max(0.0, min(next_eval, next_spread, next_finish_check) - time.monotonic()))
         return False
 
@@ -154,14 +157,16 @@ class Observer:
             self.status.final = final
         return final
 
-    def _guarded(self, cycle: Any, stop: threading.Event) -> None:
+    def _guarded(self, cycle: Any, stop: threading.Event) -> bool:
+        """Run one cycle; whether it measured something (a failed one did not)."""
         try:
-            cycle(stop)
+            return cycle(stop) is not None
         except Exception as exc:  # noqa: BLE001 - an observer bug must not take the status endpoint down
             self.log.exception("observer_cycle_failed", cycle=cycle.__name__)
             self.metrics.cycle_failures.inc()
             if self.page is not None:
                 self.page.add_event("cycle_failed", f"{cycle.__name__} raised {type(exc).__name__}")
+            return False
 
     def _members_by_stage(self) -> dict[int, list[MemberRecord]]:
         members = self.membership.live_members(stage=None)
@@ -302,6 +307,13 @@ class Observer:
             self.metrics.spread_high.labels(stage=stage).set(math.inf if high is None else high)
             self.metrics.spread_sampled.labels(stage=stage).set(sampled)
         self.metrics.consensus_writes.inc()
+
+
+def next_cycle_s(interval_s: float, measured: bool) -> float:
+    """When to run a cycle again: after its interval, or soon when it measured nothing (no
+    live worker yet, no state to pull): started before its workers, the coordinator would
+    otherwise wait a whole interval for its first figure, and a short run end unmeasured."""
+    return interval_s if measured else min(interval_s, RETRY_UNMEASURED_S)
 
 
 def run_step(pulled: list[PulledReplica]) -> int:

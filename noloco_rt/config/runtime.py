@@ -265,9 +265,11 @@ class CoordinatorConfig:
     """`noloco-rt coordinator`: an observer that pulls snapshots, never on the training path."""
 
     eval_interval_s: float = 10.0
-    """Seconds between evaluations of a model assembled from one replica per stage."""
+    """Seconds between evaluations of a model assembled from one replica per stage (one that
+    found no replica to pull is tried again after 1 s)."""
     spread_interval_s: float = 30.0
-    """Seconds between spread measurements (replica spread, consensus checkpoint)."""
+    """Seconds between spread measurements (replica spread, consensus checkpoint; one that
+    found no replica to pull is tried again after 1 s)."""
     spread_sample: int = 8
     """Replicas per stage pulled at random for a spread measurement and the consensus; a stage
     with this many or fewer is pulled whole (exact), a larger one gives an estimate with a 95%

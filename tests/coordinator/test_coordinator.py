@@ -4,6 +4,7 @@ spread measurement pulls a bounded random sample of each stage, however many rep
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import signal
@@ -25,6 +26,7 @@ from noloco_rt.membership.embedded_redis import free_port
 from tests.support.command_env import command_env
 from tests.support.observer_stubs import observed_stages
 from tests.support.secrets import files_holding
+from tests.support.waiting import wait_until
 from workers.cluster.local_cluster import LocalCluster, read_events, start_command
 from workers.supervise.preloaded import ForkedProcess
 
@@ -299,3 +301,30 @@ def test_a_failed_spread_pull_is_replaced_by_another_member(tmp_path):
     assert observer.status.pulls_failed == failed and len(puller.pulled) == 3 + failed
     assert result.pulls_per_stage == [len(puller.pulled)]
     assert result.spread_low < result.spread < result.spread_high  # 3 of 5: an estimate, not exact
+
+
+def test_a_cycle_that_found_no_live_worker_is_tried_again_soon_not_a_whole_interval_later(tmp_path):
+    """Started before its workers (as `up` and a Job start it), the coordinator's first cycles
+    find nobody: they are tried again after RETRY_UNMEASURED_S, so a short run is measured."""
+    from coordinator.observer import RETRY_UNMEASURED_S
+
+    observer, puller = observed_stages(tmp_path, {0: 2, 1: 2}, sample=2, seed=0)
+    cfg = observer.cfg
+    observer.cfg = dataclasses.replace(cfg, coordinator=dataclasses.replace(
+        cfg.coordinator, eval_interval_s=60.0, spread_interval_s=120.0))
+    members, observer.membership.members = observer.membership.members, []
+    stop = threading.Event()
+    thread = threading.Thread(target=observer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: observer.status.note.startswith("waiting for a live worker"), 10.0, "the first, empty cycle")
+        assert puller.pulled == []
+        observer.membership.members = members  # the workers are online now
+        wait_until(lambda: observer.status.evaluations >= 1, 10 * RETRY_UNMEASURED_S,
+                   "an evaluation well before the 60-s interval")
+    finally:
+        stop.set()
+        thread.join(10.0)
+    assert not thread.is_alive()
+    assert {name[:2] for name in puller.pulled} == {"s0", "s1"} and observer.status.note == ""
+    assert observer.status.spread_measurements == 0  # on its own schedule: first after min(60, 120) s

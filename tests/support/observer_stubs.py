@@ -26,6 +26,9 @@ class FixedMembership:
     def live_members(self, stage: int | None = None) -> list[SimpleNamespace]:
         return [m for m in self.members if stage is None or m.stage == stage]
 
+    def run_finished_steps(self) -> int | None:
+        return None  # the run goes on
+
 
 class CountingPuller:
     """Serves each member's own slow weights and records every pull; `failing` names never answer."""
