@@ -6,10 +6,11 @@ stages are chained into a model and scored on the validation batches. Every
 spread_interval_s: a random sample of at most spread_sample live replicas per stage is
 pulled (rate-bounded), the replica spread per stage is estimated from it with a 95%
 interval (exact for a stage pulled whole) and the per-stage mean of the sample is
-written as the consensus checkpoint. A cycle that found nothing to pull (no live worker
-yet) is tried again after RETRY_UNMEASURED_S, not a whole interval. A sweep so costs O(stages · spread_sample) pulls,
-whatever the number of replicas. The coordinator only reads: killing it at any moment
-changes nothing for the workers, and a failed pull is replaced by another member.
+written as the consensus checkpoint. A sweep so costs O(stages · spread_sample) pulls,
+whatever the number of replicas. A cycle that found nothing to pull (no live worker yet)
+is tried again after RETRY_UNMEASURED_S, not a whole interval. The coordinator only reads:
+killing it at any moment changes nothing for the workers, and a failed pull is replaced by
+another member.
 """
 
 from __future__ import annotations
