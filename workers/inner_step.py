@@ -3,7 +3,6 @@ and every H inner steps the outer step."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from workers.data_path.role import Role
 from workers.device import memory_fields
 from workers.metrics import WorkerMetrics
 from workers.outer.step import OuterStep
+from workers.slowdown import InjectedSlowdown
 
 PROGRESS_LOG_EVERY = 10
 
@@ -31,9 +31,8 @@ class InnerStep:
         self.tokens = tokens
         self.metrics = metrics
         self.log = log
-        self.slowdown = slowdown
-        """FAULT INJECTION (worker.fault_slowdown): idle this factor - 1 of each step's time."""
-        self._step_started: float | None = None
+        self.slowdown = InjectedSlowdown(slowdown)
+        """FAULT INJECTION (worker.fault_slowdown): a device this factor slower."""
         self.last_loss: float | None = None
         """Mean training loss of the inner step at the last progress line (stages that compute
         the loss): read from the device at that cadence only."""
@@ -55,9 +54,7 @@ class InnerStep:
 
     def _step(self) -> None:
         self.replica.finish_inner_step()
-        if self.slowdown > 1.0 and self._step_started is not None:  # the injected fault itself: a slower GPU
-            time.sleep((self.slowdown - 1.0) * (time.monotonic() - self._step_started))
-        self._step_started = time.monotonic()
+        self.slowdown.after_compute()
         self.counters.inner_steps += 1
         self.metrics.inner_steps.inc()
         step = self.counters.inner_steps
@@ -70,6 +67,7 @@ class InnerStep:
             self.outer.take()
         elif (pulled_to := self.outer.pulled_to()) is not None:
             self.outer.take(pulled_to=pulled_to)
+        self.slowdown.resume()
 
     def _log_progress(self, step: int) -> None:
         """The train_progress line: the one place an inner step reads values back from the device."""

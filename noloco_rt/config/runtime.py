@@ -199,8 +199,9 @@ class WorkerConfig:
     fault_nan_snapshot: bool = False
     """FAULT INJECTION, for tests and chaos runs only: serve outer-step snapshots holding NaN."""
     fault_slowdown: float = 1.0
-    """FAULT INJECTION, for tests and chaos runs only: a slower GPU. After each inner step
-    the worker idles (factor - 1) times that step's duration (1.0: off)."""
+    """FAULT INJECTION, for tests and chaos runs only: a slower GPU. After each inner step's
+    compute the worker idles (factor - 1) times that step's training time, not the time its
+    outer step or checkpoint held the training thread (1.0: off)."""
     peer_backoff_max_s: float = 60.0
     """A peer that failed an exchange, a forward or a bootstrap is avoided for 1 s, doubling
     with each failure in a row, at most this long: after a network partition heals, peers
