@@ -13,9 +13,9 @@ from noloco_rt.logs import EventLog
 from workers.counters import Counters, TokenRate
 from workers.data_path.role import Role
 from workers.device import memory_fields
+from workers.faults.slowdown import InjectedSlowdown
 from workers.metrics import WorkerMetrics
 from workers.outer.step import OuterStep
-from workers.slowdown import InjectedSlowdown
 
 PROGRESS_LOG_EVERY = 10
 

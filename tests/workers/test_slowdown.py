@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.slowdown import InjectedSlowdown
+from workers.faults.slowdown import InjectedSlowdown
 
 
 class FakeTime:

@@ -1,4 +1,5 @@
-"""FAULT INJECTION (worker.fault_slowdown): a worker whose device is this factor slower.
+"""FAULT INJECTION for tests and chaos runs only (worker.fault_slowdown; off by default): a worker
+whose device is this factor slower.
 
 Only the training's own time is stretched: the time from the end of one inner step's
 bookkeeping to the end of the next step's compute. What the training thread spends in
