@@ -52,6 +52,13 @@ class InnerStep:
         self.data_path.end_step()
         self.metrics.queue_depth.set(self.data_path.queue_depth())
 
+    def take_last_partial_step(self) -> None:
+        """The run is over: a partial inner step's gradients are stepped rather than thrown away,
+        and the outer step its data made due is taken (its partners took theirs)."""
+        if self.data_path.holds_partial_step() and self.replica.has_gradients():
+            self._step()
+            self.data_path.end_step()
+
     def _step(self) -> None:
         self.replica.finish_inner_step()
         self.slowdown.after_compute()

@@ -206,6 +206,22 @@ def test_downstream_workers_finish_with_their_upstream_whatever_their_own_count(
 
 
 @pytest.mark.slow
+def test_a_later_stage_steps_its_last_partial_step_and_takes_its_outer_step(cluster):
+    """The end of the data need not fill a later stage's last inner step: stage 0 sends 10
+    steps x 2 microbatches, stage 1 steps every 3, so its 7th step holds 2, the data of stage
+    0's 10th step, which makes outer step 2 (h = 5) due. Both are taken at the end, as stage
+    0 took its own, not left with their gradients unapplied."""
+    first = cluster.start_worker(0, "s0", steps=10, **{"pipeline.max_inflight": 2, "outer.h": 5})
+    last = cluster.start_worker(1, "s1", steps=1000, **{"pipeline.max_inflight": 3, "outer.h": 5})
+    for worker in (first, last):
+        assert cluster.wait_exit(worker, timeout_s=120) == 0, worker.log_text()[-2000:]
+    upstream, summary = first.events("worker_summary")[-1], last.events("worker_summary")[-1]
+    assert upstream["microbatches"] == summary["microbatches"] == 20, (upstream, summary)
+    assert summary["inner_steps"] == 7, summary  # 6 of 3 microbatches, then the last 2
+    assert summary["outer_steps"] == upstream["outer_steps"] == 2, (upstream, summary)
+
+
+@pytest.mark.slow
 def test_a_slow_next_stage_worker_receives_fewer_microbatches(cluster):
     """Routing rests on round trips this worker observes: a stage-1 worker whose gradient
     replies each come 500 ms late (an injected slow link, several times a tiny-model

@@ -47,6 +47,11 @@ class Role:
     def end_step(self) -> None:
         self.accepted_this_step = 0
 
+    def holds_partial_step(self) -> bool:
+        """Forwards accepted this step, fewer than the budget, all trained: at the end of the run
+        a later stage's share of the last steps' data need not fill an inner step."""
+        return 0 < self.accepted_this_step < self.ctx.budget and self.in_flight() == 0
+
     def data_step(self) -> int:
         """The clock this worker's outer steps follow (noloco_rt/outer/schedule.py): for a later
         stage the furthest stage-0 step of the data trained on so far; for stage 0 its own."""
