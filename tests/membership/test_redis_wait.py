@@ -12,18 +12,8 @@ import pytest
 from noloco_rt.membership.embedded_redis import EmbeddedRedis, free_port
 from noloco_rt.membership.redis_wait import RedisUnreachable, redis_address, wait_for_redis
 from tests.support.command_env import command_env
+from tests.support.fake_clock import FakeClock
 from workers.cluster.local_cluster import run_command, start_command
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Warnings:

@@ -15,19 +15,12 @@ from noloco_rt.membership.table import Membership
 from noloco_rt.store.backend import RunStore
 from noloco_rt.store.run_mark import RunFinishedMark
 from tests.support.command_env import command_env
+from tests.support.fake_clock import FakeClock
 from workers.cluster.local_cluster import run_command
 from workers.finish import UPSTREAM_CHECK_S, UPSTREAM_GONE_S, UpstreamFinished
 from workers.run_finished import run_is_over
 
 LOST_S = 60.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _upstream(server: EmbeddedRedis, worker_id: str) -> Membership:
@@ -38,14 +31,14 @@ def _upstream(server: EmbeddedRedis, worker_id: str) -> Membership:
     return membership
 
 
-def _stage_1_rule(server: EmbeddedRedis, clock: Clock, **gone_s: float) -> UpstreamFinished:
+def _stage_1_rule(server: EmbeddedRedis, clock: FakeClock, **gone_s: float) -> UpstreamFinished:
     """Stage 1's finishing rule, always idle (nothing of its own in flight), on `clock`."""
     return UpstreamFinished(Membership(connect(server.url), run_id="default"), 1, idle=lambda: True,
                             received_from_upstream=lambda: False, lost_s=LOST_S,
                             log=get_logger(test="finish"), clock=clock, **gone_s)
 
 
-def _finished_after(rule: UpstreamFinished, clock: Clock, seconds: float) -> bool:
+def _finished_after(rule: UpstreamFinished, clock: FakeClock, seconds: float) -> bool:
     """Poll the rule as the training loop does (every 0.1 s) for `seconds` of the fake clock."""
     for _ in range(round(seconds / 0.1)):
         clock.now += 0.1
@@ -56,7 +49,7 @@ def _finished_after(rule: UpstreamFinished, clock: Clock, seconds: float) -> boo
 
 def test_a_later_stage_waits_for_an_upstream_that_vanished_unfinished():
     with EmbeddedRedis() as server:
-        clock = Clock()
+        clock = FakeClock(1000.0)
         rule = _stage_1_rule(server, clock)
         first = _upstream(server, "a" * 32)
         assert not _finished_after(rule, clock, 2.0)  # live upstream
@@ -73,7 +66,7 @@ def test_a_later_stage_waits_for_an_upstream_that_vanished_unfinished():
 
 def test_worker_upstream_gone_s_sets_the_margin_after_a_marked_finish():
     with EmbeddedRedis() as server:
-        clock = Clock()
+        clock = FakeClock(1000.0)
         rule = _stage_1_rule(server, clock, gone_s=1.0)
         upstream = _upstream(server, "a" * 32)
         upstream.mark_stage_finished(0)
@@ -84,7 +77,7 @@ def test_worker_upstream_gone_s_sets_the_margin_after_a_marked_finish():
 
 def test_a_finish_mark_stops_counting_once_the_upstream_stage_trains_again():
     with EmbeddedRedis() as server:
-        clock = Clock()
+        clock = FakeClock(1000.0)
         rule = _stage_1_rule(server, clock)
         early = _upstream(server, "a" * 32)
         early.mark_stage_finished(0)
@@ -112,7 +105,7 @@ def test_a_forward_heard_from_upstream_shows_it_live_without_a_redis_round_trip(
     # The training thread polls the rule whenever it is idle, between microbatches: while
     # forwards flow it must not wait on Redis (milliseconds on a loaded machine, a second or
     # more with Redis unreachable). Redis is gone here: any read would mark it unavailable.
-    clock = Clock()
+    clock = FakeClock(1000.0)
     heard_at: list[float | None] = [None]
     with EmbeddedRedis() as server:
         membership = Membership(connect(server.url), run_id="default")

@@ -12,19 +12,12 @@ from noloco_rt.config import load_config
 from noloco_rt.membership.records import MemberRecord, WorkerState
 from noloco_rt.model.staged import preset_model
 from noloco_rt.routing.peers import Blacklist, PeerView
+from tests.support.fake_clock import FakeClock
 from workers.counters import Counters
 from workers.data_path.context import DataContext
 from workers.data_path.downstream import Downstream
 from workers.device import HostStaging
 from workers.metrics import WorkerMetrics
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class StageOne:
@@ -57,7 +50,7 @@ class QuietLog:
         return lambda *a, **k: None
 
 
-def _downstream(clock: Clock) -> tuple[Downstream, SilentSocket, Counters]:
+def _downstream(clock: FakeClock) -> tuple[Downstream, SilentSocket, Counters]:
     cfg = load_config(environ={}, overrides=[{"pipeline": {"stages": 2}, "worker": {"max_retries": 5}}])
     peers = PeerView(StageOne(), own_id="me")
     peers.blacklist = Blacklist(base_s=1.0, clock=clock)
@@ -69,7 +62,7 @@ def _downstream(clock: Clock) -> tuple[Downstream, SilentSocket, Counters]:
 
 
 def test_a_retry_never_goes_back_to_a_peer_that_failed_the_microbatch():
-    clock = Clock()
+    clock = FakeClock()
     downstream, data, counters = _downstream(clock)
     output = torch.zeros(2, 3, 4)
     downstream.forward(output, torch.zeros(2, 3, dtype=torch.long), output, downstream.choose(exclude={"b"}))
@@ -96,7 +89,7 @@ def test_a_peer_given_up_on_that_answers_late_resolves_the_microbatch_and_teache
     """A downstream worker stalled in a blocking outer step, not dead: its late gradient is
     used (the microbatch is not lost), its round trip raises the deadline, and it is no
     longer blacklisted."""
-    clock = Clock()
+    clock = FakeClock()
     downstream, data, counters = _downstream(clock)
     peers = downstream.ctx.peers
     output = torch.zeros(2, 3, 4)
@@ -116,7 +109,7 @@ def test_a_peer_given_up_on_that_answers_late_resolves_the_microbatch_and_teache
 def test_a_reply_that_waited_for_our_training_thread_does_not_make_its_peer_look_slow():
     """The peer's round trip ends where our link took its reply: at the start our first step
     held the first replies ~240 ms, and routing passed their peer over for a second."""
-    clock = Clock()
+    clock = FakeClock()
     downstream, _, _ = _downstream(clock)
     peers = downstream.ctx.peers
     output = torch.zeros(2, 3, 4)
@@ -135,7 +128,7 @@ def test_a_reply_that_waited_for_our_training_thread_does_not_make_its_peer_look
 
 
 def test_round_trips_and_give_ups_teach_the_routing_which_peer_is_slow():
-    clock = Clock()
+    clock = FakeClock()
     downstream, data, counters = _downstream(clock)
     peers = downstream.ctx.peers
     output = torch.zeros(2, 3, 4)
@@ -158,7 +151,7 @@ def test_round_trips_and_give_ups_teach_the_routing_which_peer_is_slow():
 
 
 def test_leaving_releases_what_is_in_flight_without_blaming_the_peer():
-    clock = Clock()
+    clock = FakeClock()
     downstream, _, counters = _downstream(clock)
     peers = downstream.ctx.peers
     output = torch.zeros(2, 3, 4)
@@ -175,7 +168,7 @@ def test_leaving_releases_what_is_in_flight_without_blaming_the_peer():
 
 
 def test_a_send_the_link_reports_failed_goes_to_another_peer_unless_its_deadline_moved_on_first():
-    clock = Clock()
+    clock = FakeClock()
     downstream, data, counters = _downstream(clock)
     peers = downstream.ctx.peers
     output = torch.zeros(2, 3, 4)
@@ -207,7 +200,7 @@ class Appearing(StageOne):
 
 
 def test_a_forward_with_no_worker_downstream_yet_waits_for_one_instead_of_being_dropped():
-    clock = Clock()
+    clock = FakeClock()
     downstream, data, counters = _downstream(clock)
     views = Appearing()
     downstream.ctx.peers.views = views
@@ -224,7 +217,7 @@ def test_a_forward_with_no_worker_downstream_yet_waits_for_one_instead_of_being_
 def test_waiting_on_a_given_up_attempt_releases_its_peer_once():
     """b's attempt is given up on and waited on several times, then answers: b's count of our
     microbatches in flight stays right for the others we have there."""
-    clock = Clock()
+    clock = FakeClock()
     downstream, data, counters = _downstream(clock)
     peers = downstream.ctx.peers
     output = torch.zeros(2, 3, 4)

@@ -4,34 +4,27 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.fake_clock import FakeClock
 from workers import counters
 from workers.counters import TOKEN_WINDOW, TokenRate
 from workers.metrics import WorkerMetrics
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock(100.0)
     monkeypatch.setattr(counters.time, "monotonic", fake)
     return fake
 
 
-def test_rate_is_zero_until_two_additions(clock: Clock) -> None:
+def test_rate_is_zero_until_two_additions(clock: FakeClock) -> None:
     rate = TokenRate(WorkerMetrics())
     assert rate.per_s() == 0.0
     rate.add(256)
     assert rate.per_s() == 0.0
 
 
-def test_rate_counts_what_came_after_the_windows_first_addition(clock: Clock) -> None:
+def test_rate_counts_what_came_after_the_windows_first_addition(clock: FakeClock) -> None:
     rate = TokenRate(WorkerMetrics())
     rate.add(1000)  # before the span: not counted
     clock.now += 2.0
@@ -41,7 +34,7 @@ def test_rate_counts_what_came_after_the_windows_first_addition(clock: Clock) ->
     assert rate.per_s() == pytest.approx(512 / 4.0)
 
 
-def test_window_moves_past_old_additions(clock: Clock) -> None:
+def test_window_moves_past_old_additions(clock: FakeClock) -> None:
     """After a slow start, only the newest TOKEN_WINDOW additions set the rate, and the
     Prometheus gauge follows it; the total counter keeps everything."""
     metrics = WorkerMetrics()
