@@ -63,6 +63,7 @@ from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
 from workers.outer.bootstrap import (
+    MarkAsSeen,
     NoDonorServed,
     StageProgressLost,
     bootstrap_from_stage,
@@ -102,6 +103,8 @@ class StageWorker:
         self.metrics_addr = ""
         """host:port of the Prometheus endpoint, published in the membership record."""
         self.leave_requested = threading.Event()
+        self._bootstrap_mark = MarkAsSeen(lambda: membership.high_water.of(stage))
+        """The stage's high-water mark as our bootstrap read it (for the seed check)."""
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
         self.replica = self._stage_replica(memory)
@@ -277,7 +280,7 @@ class StageWorker:
             self.log.info("bootstrapped", donor=donor[:8], checksum=state.checksum,
                           inner_step=self.counters.inner_steps, outer_step=self.counters.outer_steps)
         elif not self._resume_from_store():
-            check_may_seed(self.stage, self.membership.high_water.of(self.stage),
+            check_may_seed(self.stage, self._bootstrap_mark.for_seed_check(),
                            allow_reseed=self.cfg.worker.allow_reseed, store_url=redact_url(self.cfg.store.url))
             self.log.info("first_of_stage", note="initialised from the run seed (or --init-from)")
         return self.durable.cursor() if self.durable is not None else None
@@ -298,7 +301,7 @@ class StageWorker:
         return bootstrap_from_stage(self.ctx, self.peers, self.snapshots, timeout_s=self.timeouts.bootstrap_s,
                                     pull_timeout_s=self.timeouts.bootstrap_pull_s, leave_requested=self.leave_requested,
                                     site=self.cfg.worker.site,
-                                    stage_high_water=lambda: self.membership.high_water.of(self.stage),
+                                    stage_high_water=self._bootstrap_mark,
                                     probe=link_probe(self.ctx, self.membership, self.cfg, worker_id=self.worker_id,
                                                      stage=self.stage))
 

@@ -68,6 +68,25 @@ def check_may_seed(stage: int, high_water: int | None, *, allow_reseed: bool, st
         f"scratch (a new run needs a new run.run_id)")
 
 
+class MarkAsSeen:
+    """The stage's high-water mark as the bootstrap last read it. A joiner that took the seed
+    because its live peers were at outer step 0 keeps that decision when one of them finishes
+    outer step 1 a moment later (it pulls us along at our first outer step): the check that
+    no trained stage restarts from the seed (check_may_seed) reads what the decision read,
+    and reads Redis afresh only when the bootstrap never asked (the stage had no member)."""
+
+    def __init__(self, read: Callable[[], int | None]) -> None:
+        self.read = read
+        self.seen: list[int | None] = []
+
+    def __call__(self) -> int | None:
+        self.seen.append(self.read())
+        return self.seen[-1]
+
+    def for_seed_check(self) -> int | None:
+        return self.seen[-1] if self.seen else self.read()
+
+
 def seeds_in_its_site(donor_sites: list[str], site: str, stage_high_water: Callable[[], int | None]) -> bool:
     """Whether a joiner starts from the seed rather than pull a donor's state from another site
     (pure): it names a site, no donor is in it, and the stage has finished no outer step (0;
