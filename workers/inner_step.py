@@ -43,21 +43,22 @@ class InnerStep:
     def maybe_step(self) -> None:
         """Step if the data path is ready: no optimizer step touches weights an in-flight
         microbatch still needs."""
-        if not self.data_path.ready_to_step():
-            return
+        if self.data_path.ready_to_step():
+            self._close_step()
+
+    def take_last_partial_step(self) -> None:
+        """The run is over: a partial inner step's gradients are stepped rather than thrown away,
+        and the outer step its data made due is taken (its partners took theirs)."""
+        if self.data_path.holds_partial_step():
+            self._close_step()
+
+    def _close_step(self) -> None:
         if self.replica.has_gradients():
             self._step()
         else:
             self.replica.inner.clear_gradients()
         self.data_path.end_step()
         self.metrics.queue_depth.set(self.data_path.queue_depth())
-
-    def take_last_partial_step(self) -> None:
-        """The run is over: a partial inner step's gradients are stepped rather than thrown away,
-        and the outer step its data made due is taken (its partners took theirs)."""
-        if self.data_path.holds_partial_step() and self.replica.has_gradients():
-            self._step()
-            self.data_path.end_step()
 
     def _step(self) -> None:
         self.replica.finish_inner_step()
