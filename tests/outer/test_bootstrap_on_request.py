@@ -245,3 +245,35 @@ def test_the_training_thread_never_waits_for_a_joiners_copy_being_compressed(mon
         preparing, state = ask_once(ctx, a)  # the newer copy, compressed for the next joiner
         assert not preparing
         assert_serves_its_state(state, a)
+
+
+class _LeavingPeers(_ListedPeers):
+    """A stage view whose members are gone from the second look on."""
+
+    def random_peers(self, stage: int, *, site: str = ""):
+        listed, self.members = self.members, []
+        return listed
+
+
+def test_a_bootstrap_that_finds_no_member_is_judged_by_the_mark_read_then_not_an_earlier_tries():
+    """A donor past step 0 while the stage's mark (lagging its heartbeat) still reads 0, nobody
+    near yet: the joiner waits a try; the donor leaves meanwhile and the mark catches up. The
+    seed check reads 2 (refusing the seed), not the 0 of the first try."""
+    from workers.outer.bootstrap import (
+        MarkAsSeen,
+        StageProgressLost,
+        bootstrap_from_stage,
+        check_may_seed,
+    )
+
+    marks = iter([0, 2])
+    mark = MarkAsSeen(lambda: next(marks))
+    with overlapped_pair() as (a, _), zmq.Context() as ctx:
+        a.step.service.log = log = RecordingLog()
+        probe = lambda donors: {d.worker_id: 0.05 for d in donors}  # noqa: E731 - nobody near: wait for a reference
+        assert bootstrap_from_stage(ctx, _LeavingPeers(_silent_members([2])), a.step.service, timeout_s=5.0,
+                                    pull_timeout_s=0.25, leave_requested=threading.Event(),
+                                    stage_high_water=mark, probe=probe) is None
+    assert mark.seen == [0, 2] and not log.events("stage_at_seed")
+    with pytest.raises(StageProgressLost, match="outer step 2"):
+        check_may_seed(0, mark.for_seed_check(), allow_reseed=False)

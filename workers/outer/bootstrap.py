@@ -72,8 +72,10 @@ class MarkAsSeen:
     """The stage's high-water mark as the bootstrap last read it. A joiner that took the seed
     because its live peers were at outer step 0 keeps that decision when one of them finishes
     outer step 1 a moment later (it pulls us along at our first outer step): the check that
-    no trained stage restarts from the seed (check_may_seed) reads what the decision read,
-    and reads Redis afresh only when the bootstrap never asked (the stage had no member)."""
+    no trained stage restarts from the seed (check_may_seed) reads what the decision read.
+    A bootstrap that finds no member reads the mark then too, so that a read of an earlier
+    try (peers at step 0 that left since) does not stand for it; with no read at all (no
+    bootstrap ran) the check asks Redis afresh."""
 
     def __init__(self, read: Callable[[], int | None]) -> None:
         self.read = read
@@ -125,6 +127,7 @@ def bootstrap_from_stage(ctx: zmq.Context, peers: PeerView, service: SnapshotSer
         peers.refresh_now(service.stage)  # start-up: a fresh view, read in this thread
         donors = peers.random_peers(service.stage, site=site)
         if not donors:
+            stage_high_water()  # read as of this decision: the seed check goes by it, not an earlier try's
             return None
         if seeds_in_its_site([d.site for d in donors], site, stage_high_water):
             service.log.info("first_in_site", site=site, donors_elsewhere=len(donors),
