@@ -5,8 +5,10 @@
 - inner and outer steps (workers/inner_step.py, workers/outer/step.py): the optimizer
   step once the step's forwards are back, every H inner steps the outer exchange;
 - snapshot service (workers/outer/service.py): answers peers from a background thread;
-- lifecycle (here, with workers/lifecycle.py): start, resume or bootstrap, the finishing
-  rule (workers/finish.py), leave, checkpoints. A heartbeat thread publishes progress.
+- starting state (workers/starting_state.py): our checkpoint, a live peer's state, the
+  stage's durable checkpoint or the seed;
+- lifecycle (here, with workers/lifecycle.py): start, the finishing rule (workers/finish.py),
+  leave, checkpoints. A heartbeat thread publishes progress.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ import zmq
 
 from noloco_rt.algo.replica import StageReplica
 from noloco_rt.config import Config
-from noloco_rt.config.redaction import redact_url
-from noloco_rt.data import DataCursor
 from noloco_rt.logs import get_logger
 from noloco_rt.membership.heartbeat import HeartbeatThread
 from noloco_rt.membership.pairing import PairingQueue
@@ -44,7 +44,6 @@ from noloco_rt.model.staged import staged_model
 from noloco_rt.net.data_link import DataLink
 from noloco_rt.net.frame_limits import data_frame_limit_bytes, exchange_frame_limit_bytes
 from noloco_rt.net.transport import DataSocket, ExchangeServer
-from noloco_rt.outer.snapshot_client import BootstrapState
 from noloco_rt.process.thread_names import name_kernel_threads
 from noloco_rt.routing.peers import PeerView
 from noloco_rt.transfer_time import stage_timeouts
@@ -62,20 +61,13 @@ from workers.inner_step import InnerStep
 from workers.lifecycle import AliveFile, WorkerCheckpoint
 from workers.methods import worker_outer_error
 from workers.metrics import WorkerMetrics, merged_counts
-from workers.outer.bootstrap import (
-    MarkAsSeen,
-    NoDonorServed,
-    StageProgressLost,
-    bootstrap_from_stage,
-    check_may_seed,
-    link_probe,
-)
 from workers.outer.device_boundary import ExchangeBoundary, quantizes_on_device
 from workers.outer.exchanger import OuterExchanger
 from workers.outer.partners import ReadinessPairing
 from workers.outer.service import SnapshotService
 from workers.outer.step import OuterStep
 from workers.run_finished import mark_run_finished
+from workers.starting_state import StartingState
 
 __all__ = ["StageWorker", "default_worker_name", "install_signal_handlers", "pick_device"]
 
@@ -103,8 +95,6 @@ class StageWorker:
         self.metrics_addr = ""
         """host:port of the Prometheus endpoint, published in the membership record."""
         self.leave_requested = threading.Event()
-        self._bootstrap_mark = MarkAsSeen(lambda: membership.high_water.of(stage))
-        """The stage's high-water mark as our bootstrap read it (for the seed check)."""
         self.heartbeat: HeartbeatThread | None = None
         self.counters = Counters()
         self.replica = self._stage_replica(memory)
@@ -239,11 +229,18 @@ class StageWorker:
                              note="chaos testing: outgoing data messages are dropped or delayed on purpose")
         self.log.info("worker_started", data_addr=self.data.address, exchange_addr=self.exchange_server.address,
                       device=str(self.device), method=self.outer.settings.method, h=self.outer.settings.h)
-        self.data_path.open_data(self.name, self._resume_or_bootstrap())
+        self.data_path.open_data(self.name, self._starting_state().resume_or_bootstrap())
         self.snapshots.state_final(self.replica, self.counters.clock_steps, self.counters.outer_steps)
         self._reserve_pinned()
         self.membership.set_state(WorkerState.ONLINE)
         self.log.info("member_online")
+
+    def _starting_state(self) -> StartingState:
+        return StartingState(self.cfg, self.stage, self.worker_id, self.outer.settings.h, ctx=self.ctx,
+                             membership=self.membership, peers=self.peers, snapshots=self.snapshots,
+                             timeouts=self.timeouts, replica=self.replica, counters=self.counters,
+                             checkpoint=self.checkpoint, durable=self.durable,
+                             leave_requested=self.leave_requested, log=self.log)
 
     def _reserve_pinned(self) -> None:
         """On CUDA, the checkpoint's pinned buffer before training starts (the durable store's
@@ -254,69 +251,6 @@ class StageWorker:
         nbytes = self.checkpoint.pinned_state_bytes()
         if self.checkpoint.writes.reserve_pinned(nbytes):
             self.log.info("pinned_reserved", bytes=nbytes, seconds=round(time.monotonic() - started, 2))
-
-    def _resume_or_bootstrap(self) -> DataCursor | None:
-        """Our checkpoint if there is one (returns its data cursor), else a live peer's state,
-        else the stage's newest durable checkpoint, else the seed where that is allowed."""
-        resumed, cursor = self.checkpoint.resume()
-        if resumed:
-            return cursor
-        try:
-            donated = self._bootstrap()
-            if donated is None and (settling_s := self.membership.settling_s()) > 0:
-                # Redis restarted moments ago (its data lost): a live peer may not have re-registered
-                # yet, and taking the seed would throw the stage's training away for this replica.
-                self.log.warning("membership_settling", wait_s=round(settling_s, 1),
-                                 note="Redis started moments ago: waiting for live peers to re-register")
-                self.leave_requested.wait(settling_s)
-                donated = self._bootstrap()
-        except NoDonorServed as exc:
-            return self._without_a_donor(exc)
-        if donated is not None:
-            donor, state = donated
-            self.replica.load_weights(slow=state.slow, fast=state.slow, momentum=state.momentum)
-            self.replica.inner.steps_taken = state.inner_steps
-            self.counters.set_steps(state.inner_steps, state.outer_steps, h=self.outer.settings.h)
-            self.log.info("bootstrapped", donor=donor[:8], checksum=state.checksum,
-                          inner_step=self.counters.inner_steps, outer_step=self.counters.outer_steps)
-        elif not self._resume_from_store():
-            check_may_seed(self.stage, self._bootstrap_mark.for_seed_check(),
-                           allow_reseed=self.cfg.worker.allow_reseed, store_url=redact_url(self.cfg.store.url))
-            self.log.info("first_of_stage", note="initialised from the run seed (or --init-from)")
-        return self.durable.cursor() if self.durable is not None else None
-
-    def _without_a_donor(self, exc: NoDonorServed) -> DataCursor | None:
-        """Listed peers served nothing: the durable store's checkpoint, else exit 3 (try again
-        later) rather than a crash, and never the seed (the stage is evidently past it)."""
-        if self.leave_requested.is_set():
-            raise exc  # told to leave while waiting for a donor: nothing to resume for
-        self.log.warning("bootstrap_unserved", error=str(exc),
-                         note="members of this stage are listed but none served its state")
-        if self._resume_from_store():
-            return self.durable.cursor() if self.durable is not None else None
-        raise StageProgressLost(f"{exc}, and there is no durable checkpoint of stage {self.stage} to resume: the "
-                                f"listed members may be gone or not real workers; try again later")
-
-    def _bootstrap(self) -> tuple[str, BootstrapState] | None:
-        return bootstrap_from_stage(self.ctx, self.peers, self.snapshots, timeout_s=self.timeouts.bootstrap_s,
-                                    pull_timeout_s=self.timeouts.bootstrap_pull_s, leave_requested=self.leave_requested,
-                                    site=self.cfg.worker.site,
-                                    stage_high_water=self._bootstrap_mark,
-                                    probe=link_probe(self.ctx, self.membership, self.cfg, worker_id=self.worker_id,
-                                                     stage=self.stage))
-
-    def _resume_from_store(self) -> bool:
-        """No live peer: continue the stage from its newest checkpoint in the durable store."""
-        loaded = self.durable.latest() if self.durable is not None else None
-        if loaded is None:
-            return False
-        self.checkpoint.apply(loaded.state)
-        info = loaded.info
-        self.log.warning("resumed_from_store", outer_step=info.outer_step, inner_step=info.inner_step,
-                         clock_step=self.counters.clock_steps, sha256=info.sha256[:16], writer=info.writer,
-                         run_reached=self.membership.high_water.of(self.stage),
-                         note="no live peer of this stage: continuing from its durable checkpoint")
-        return True
 
     def tick(self) -> None:
         self.alive.touch()
