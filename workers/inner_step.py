@@ -48,9 +48,14 @@ class InnerStep:
 
     def take_last_partial_step(self) -> None:
         """The run is over: a partial inner step's gradients are stepped rather than thrown away,
-        and the outer step its data made due is taken (its partners took theirs)."""
+        and the outer step its data made due is taken (its partners took theirs). Without one,
+        an outer step a partner has pushed for is taken: a later stage's worker none of whose
+        microbatches came from the run's last outer-step boundary (its peers took them all)
+        would otherwise leave that partner's round without it."""
         if self.data_path.holds_partial_step():
             self._close_step()
+        elif (pulled_to := self.outer.pulled_to()) is not None:
+            self.outer.take(pulled_to=pulled_to)
 
     def _close_step(self) -> None:
         if self.replica.has_gradients():
