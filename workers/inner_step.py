@@ -46,7 +46,7 @@ class InnerStep:
         if self.data_path.ready_to_step():
             self._close_step()
 
-    def take_last_partial_step(self) -> None:
+    def take_last_steps(self) -> None:
         """The run is over: a partial inner step's gradients are stepped rather than thrown away,
         and the outer step its data made due is taken (its partners took theirs). Without one,
         an outer step a partner has pushed for is taken: a later stage's worker none of whose

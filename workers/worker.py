@@ -278,7 +278,7 @@ class StageWorker:
     def finish(self) -> None:
         """Our steps are done: LEAVING (peers stop routing to us) with the final figures, for
         observers; the stage marked finished for a later stage's finishing rule."""
-        self.inner.take_last_partial_step()
+        self.inner.take_last_steps()
         self.log.info("steps_done", inner_step=self.counters.inner_steps,
                       checkpoint_failed=self.checkpoint.writes.failed_total())
         self.outer.finish()

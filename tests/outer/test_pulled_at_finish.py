@@ -1,6 +1,6 @@
 """At the end of a run, a later stage's worker that trained none of the last outer-step
 boundary's microbatches (its peers took them all) still takes that outer step when its
-partner has pushed for it (workers/inner_step.py take_last_partial_step)."""
+partner has pushed for it (workers/inner_step.py take_last_steps)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_a_worker_whose_last_boundary_data_all_went_to_peers_takes_the_outer_ste
         metrics = WorkerMetrics()
         inner = InnerStep(data_path=_AtABoundary(), replica=b.replica, outer=b.step, counters=b.counters,
                           tokens=TokenRate(metrics), metrics=metrics, log=b.log)
-        inner.take_last_partial_step()  # the run is over for b
+        inner.take_last_steps()  # the run is over for b
         assert b.counters.outer_steps == 1 and b.counters.pulled_outer_steps == 1
         b.step.finish()
         assert a.exchanger.round_over(1, wait_s=30)
@@ -44,5 +44,5 @@ def test_with_no_push_for_its_next_step_a_worker_takes_no_outer_step_at_the_end(
         metrics = WorkerMetrics()
         inner = InnerStep(data_path=_AtABoundary(), replica=b.replica, outer=b.step, counters=b.counters,
                           tokens=TokenRate(metrics), metrics=metrics, log=b.log)
-        inner.take_last_partial_step()
+        inner.take_last_steps()
         assert b.counters.outer_steps == 0 and dict(b.counters.outer_kinds) == {}
