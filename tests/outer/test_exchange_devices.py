@@ -23,6 +23,7 @@ from noloco_rt.outer.formula import OuterCoefficients, PeerOuterState, group_out
 from noloco_rt.outer.peer_checks import check_peer_distance
 from noloco_rt.outer.snapshot import PartsKind
 from tests.support.exchange_pair import (
+    assert_both_matched_once,
     exchange_parts,
     overlapped_pair,
     see_each_other_and_take_a_step,
@@ -185,11 +186,7 @@ def test_a_partners_push_for_our_next_step_pulls_us_to_it_and_the_pair_matches()
         assert b.counters.pulled_outer_steps == 1 and b.step.pulled_to() is None
         assert not b.step.due(b.counters.clock_steps)  # the next one is h inner steps away
         b.step.finish()
-        assert a.exchanger.round_over(1, wait_s=30)
-        a.step.after_inner_step()
-        for worker in (a, b):
-            assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
-            assert worker.log.errors() == []
+        assert_both_matched_once(a, b, 1)
         assert [f["skipped_steps"] for _, e, f in b.log.lines if e == "outer_step_pulled"] == [h - 3]
 
 
@@ -205,11 +202,7 @@ def test_a_worker_two_steps_behind_is_pulled_over_the_step_its_partner_took_with
         assert b.counters.outer_steps == 2 and b.counters.skipped_outer_steps == 1
         assert b.counters.clock_steps == 2 * h
         b.step.finish()
-        assert a.exchanger.round_over(2, wait_s=30)
-        a.step.after_inner_step()
-        for worker in (a, b):
-            assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
-            assert worker.log.errors() == []
+        assert_both_matched_once(a, b, 2)
 
 
 def _host_and_device_states() -> tuple[PeerOuterState, PeerOuterState]:

@@ -136,6 +136,16 @@ def see_each_other_and_take_a_step(workers: list[ExchangeParts], timeout_s: floa
     assert not any(t.is_alive() for t in threads), "an outer step did not return"
 
 
+def assert_both_matched_once(a: ExchangeParts, b: ExchangeParts, outer_step: int) -> None:
+    """b has finished; a's overlapped round for `outer_step` ends and is settled at a's next
+    inner-step boundary: each side has exactly one outer step, matched, and no error logged."""
+    assert a.exchanger.round_over(outer_step, wait_s=30)
+    a.step.after_inner_step()
+    for worker in (a, b):
+        assert dict(worker.counters.outer_kinds) == {"matched": 1}, worker.log.lines
+        assert worker.log.errors() == []
+
+
 @contextlib.contextmanager
 def overlapped_pair(*, collect_s: float = 10.0, **outer: Any) -> Iterator[tuple[ExchangeParts, ExchangeParts]]:
     """Workers a and b, each seeing the other: overlapped steps, max_delay_steps 1 (unless
