@@ -16,6 +16,6 @@ def test_a_seed_taken_beside_peers_at_step_0_stands_when_one_finishes_step_1_mea
 
 
 def test_without_a_bootstrap_read_the_check_reads_redis_and_refuses_a_trained_stage():
-    mark = MarkAsSeen(lambda: 3)  # the stage had no member: the bootstrap never asked
+    mark = MarkAsSeen(lambda: 3)  # no bootstrap read the mark (a bootstrap that finds no member reads it too)
     with pytest.raises(StageProgressLost, match="outer step 3"):
         check_may_seed(0, mark.for_seed_check(), allow_reseed=False)
